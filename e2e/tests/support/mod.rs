@@ -1,0 +1,157 @@
+//! What every end-to-end test needs: the shared cluster, a namespace of its own, polling.
+
+pub mod standin;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The repository root (where `e2e/cluster.sh` lives).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The cluster all tests share. Started by `e2e/cluster.sh up` and stopped on drop, unless
+/// `ARBITER_E2E_KUBECONFIG` names one that is already running (then it is left alone).
+pub struct Cluster {
+    pub kubeconfig: PathBuf,
+    /// The directory `cluster.sh up` made, when this process started the cluster.
+    owned_dir: Option<PathBuf>,
+}
+
+impl Cluster {
+    pub fn start_or_reuse() -> Cluster {
+        if let Some(path) = std::env::var_os("ARBITER_E2E_KUBECONFIG") {
+            return Cluster {
+                kubeconfig: path.into(),
+                owned_dir: None,
+            };
+        }
+        let script = repo_root().join("e2e/cluster.sh");
+        let out = Command::new(&script)
+            .arg("up")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "e2e/cluster.sh up failed ({})",
+            out.status
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let var = |name: &str| {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+                .map(PathBuf::from)
+                .unwrap_or_else(|| panic!("cluster.sh up printed no {name}: {stdout}"))
+        };
+        Cluster {
+            kubeconfig: var("KUBECONFIG"),
+            owned_dir: Some(var("ARBITER_E2E_DIR")),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.owned_dir {
+            let status = Command::new(repo_root().join("e2e/cluster.sh"))
+                .arg("down")
+                .arg(dir)
+                .status();
+            if !matches!(status, Ok(s) if s.success()) {
+                eprintln!(
+                    "warning: e2e/cluster.sh down {} failed: {status:?}",
+                    dir.display()
+                );
+            }
+        }
+    }
+}
+
+/// A client for the kubeconfig at `path`.
+pub async fn client_for(path: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(path).expect("reading kubeconfig");
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig is usable");
+    Client::try_from(config).expect("building a client")
+}
+
+/// One test's world: an admin client and a fresh namespace, deleted when the test ends.
+pub struct TestEnv {
+    pub client: Client,
+    pub ns: String,
+    pub kubeconfig: PathBuf,
+}
+
+impl TestEnv {
+    pub async fn new(kubeconfig: &Path, test_name: &str) -> TestEnv {
+        let client = client_for(kubeconfig).await;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let prefix: String = test_name
+            .replace(['_', ':'], "-")
+            .chars()
+            .take(40)
+            .collect();
+        let ns = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let mut obj = Namespace::default();
+        obj.metadata.name = Some(ns.clone());
+        namespaces
+            .create(&PostParams::default(), &obj)
+            .await
+            .expect("creating test namespace");
+        TestEnv {
+            client,
+            ns,
+            kubeconfig: kubeconfig.to_path_buf(),
+        }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub async fn cleanup(self) {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces
+            .delete(&self.ns, &DeleteParams::background())
+            .await;
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, or panics with `what` after `deadline`.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

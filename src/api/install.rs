@@ -1,0 +1,34 @@
+//! Installing arbiter's CRDs into a cluster (used by the operator at start-up and by tests).
+
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, CustomResourceExt, ResourceExt};
+
+use super::LeaseCandidate;
+
+/// The field manager arbiter applies its CRDs with.
+pub const FIELD_MANAGER: &str = "arbiter";
+
+/// Applies the CRDs with server-side apply and waits until the API server serves them.
+pub async fn apply_crds(client: Client, timeout: Duration) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let crd = LeaseCandidate::crd();
+    let name = crd.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("applying CRD {name}: {e}"))?;
+    tokio::time::timeout(
+        timeout,
+        await_condition(api, &name, conditions::is_crd_established()),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("CRD {name} not Established after {timeout:?}"))??;
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! The `LeaseCandidate` custom resource (`arbiter.dev/v1alpha1`).
+//!
+//! The shape follows upstream's `coordination.k8s.io/v1beta1` LeaseCandidate, plus a status
+//! subresource that the operator writes. Bad specs are refused at admission by the schema
+//! (OpenAPI + CEL rules below), so the operator only ever sees well-formed candidates.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// The built-in strategy: lowest emulationVersion, then lowest binaryVersion, then oldest
+/// candidate, then name.
+pub const OLDEST_EMULATION_VERSION: &str = "OldestEmulationVersion";
+
+/// A DNS-1123 subdomain (the rule for Lease names), as a regex inside a CEL string literal.
+const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// A candidate for one Lease. The arbiter elects among the candidates that name the same
+/// `leaseName` in the same namespace, and writes the winner into the Lease's `holderIdentity`.
+/// The candidate's `metadata.name` is its identity: the name it appears under as holder.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "arbiter.dev",
+    version = "v1alpha1",
+    kind = "LeaseCandidate",
+    doc = "A candidate for a Lease that the arbiter elects a holder for.",
+    namespaced,
+    status = "LeaseCandidateStatus",
+    shortname = "alc",
+    category = "arbiter",
+    printcolumn(name = "Lease", type_ = "string", json_path = ".spec.leaseName"),
+    printcolumn(name = "Binary", type_ = "string", json_path = ".spec.binaryVersion"),
+    printcolumn(
+        name = "Emulation",
+        type_ = "string",
+        json_path = ".spec.emulationVersion"
+    ),
+    printcolumn(name = "Strategy", type_ = "string", json_path = ".spec.strategy"),
+    printcolumn(
+        name = "Leader",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Leader\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new(
+    "self.strategy != 'OldestEmulationVersion' || has(self.emulationVersion)"
+).message("emulationVersion is required when strategy is OldestEmulationVersion"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.emulationVersion) || !isSemver(self.emulationVersion) || !isSemver(self.binaryVersion) || semver(self.emulationVersion).compareTo(semver(self.binaryVersion)) <= 0"
+).message("emulationVersion must not be greater than binaryVersion"))]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseCandidateSpec {
+    /// Name of the Lease (in the candidate's namespace) this candidate competes for. Immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("leaseName is immutable"))]
+    #[x_kube(validation = Rule::new(format!("self.matches('{DNS_SUBDOMAIN}')"))
+        .message("leaseName must be a valid Lease name: lowercase letters, digits, '-' and '.'"))]
+    #[schemars(length(min = 1, max = 253))]
+    pub lease_name: String,
+
+    /// The version of the binary the candidate runs, a semantic version such as `1.31.0`.
+    #[x_kube(validation = Rule::new("isSemver(self)")
+        .message("binaryVersion must be a semantic version MAJOR.MINOR.PATCH, such as 1.31.0"))]
+    #[schemars(length(min = 1, max = 64))]
+    pub binary_version: String,
+
+    /// The version whose behaviour the candidate emulates (at most `binaryVersion`). Required
+    /// for the OldestEmulationVersion strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isSemver(self)")
+        .message("emulationVersion must be a semantic version MAJOR.MINOR.PATCH, such as 1.31.0"))]
+    #[schemars(length(min = 1, max = 64))]
+    pub emulation_version: Option<String>,
+
+    /// How the holder is chosen: `OldestEmulationVersion`, or a qualified third-party name such
+    /// as `example.com/my-strategy` (the arbiter then creates the Lease and leaves it alone).
+    #[x_kube(validation = Rule::new("self == 'OldestEmulationVersion' || self.contains('/')")
+        .message("unknown strategy: the only built-in strategy is OldestEmulationVersion; a third-party strategy is a qualified name such as example.com/my-strategy"))]
+    #[x_kube(validation = Rule::new(
+        r"!self.contains('/') || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$')"
+    ).message("a third-party strategy must be a qualified name PREFIX/NAME with exactly one '/', such as example.com/my-strategy"))]
+    #[schemars(length(min = 1, max = 316))]
+    pub strategy: String,
+
+    /// Set by the arbiter to ask the candidate to confirm it is alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ping_time: Option<MicroTime>,
+
+    /// Set by the candidate when it registers, periodically, and to acknowledge a ping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<MicroTime>,
+}
+
+/// What the arbiter observed about a candidate.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseCandidateStatus {
+    /// `Eligible`, `Leader`, `StrategyConflict`, `SkewViolation`, ...
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` the conditions were computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
