@@ -48,7 +48,7 @@ cmd_build() {
   : >"$buildlog"
   log "building the control plane (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
   log "first build on 2 cores takes about 15 minutes; log: $buildlog"
-  local flags=(-trimpath -ldflags "-s -w")
+  local flags=(-trimpath -buildvcs=false -ldflags "-s -w")
   export CGO_ENABLED=0
   local pkg name
   for pkg in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -194,7 +194,7 @@ cmd_up() {
     --kubeconfig "$DIR/kubeconfig" --authentication-kubeconfig "$DIR/kubeconfig" \
     --authorization-kubeconfig "$DIR/kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
-    --controllers '*,-node-ipam-controller,-cloud-node-lifecycle-controller,-node-route-controller,-service-lb-controller,-persistentvolume-attach-detach-controller,-persistentvolume-binder-controller,-persistentvolume-expander-controller' \
+    --controllers '*,-node-ipam-controller,-persistentvolume-attach-detach-controller,-persistentvolume-binder-controller,-persistentvolume-expander-controller' \
     --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
     --node-monitor-grace-period 60s --profiling=false
   start kube-scheduler "$bin/kube-scheduler" \

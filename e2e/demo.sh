@@ -11,7 +11,8 @@ cargo build --quiet
 ARBITER=$PWD/target/debug/arbiter
 
 step "Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)"
-eval "$(e2e/cluster.sh up)"
+cluster_env=$(e2e/cluster.sh up)
+eval "$cluster_env"
 trap 'step "Stopping the control plane"; e2e/cluster.sh down "$ARBITER_E2E_DIR"' EXIT
 kubectl get nodes
 

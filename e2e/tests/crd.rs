@@ -90,7 +90,7 @@ async fn assert_refused(env: &TestEnv, spec: Value, expected: &str) {
 async fn established_and_served(env: Arc<TestEnv>) {
     let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
     let crd = crds
-        .get(&LeaseCandidate::crd_name())
+        .get(LeaseCandidate::crd_name())
         .await
         .expect("the CRD exists");
     let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();

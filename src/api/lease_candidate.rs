@@ -18,6 +18,8 @@ const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-
 /// A candidate for one Lease. The arbiter elects among the candidates that name the same
 /// `leaseName` in the same namespace, and writes the winner into the Lease's `holderIdentity`.
 /// The candidate's `metadata.name` is its identity: the name it appears under as holder.
+// clippy reads the repeated `printcolumn(type_ = ...)` keys of the derive as duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "arbiter.dev",

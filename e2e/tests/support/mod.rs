@@ -98,7 +98,8 @@ impl TestEnv {
         let client = client_for(kubeconfig).await;
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let prefix: String = test_name
-            .replace(['_', ':'], "-")
+            .replace("::", "-")
+            .replace('_', "-")
             .chars()
             .take(40)
             .collect();

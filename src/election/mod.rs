@@ -1,0 +1,19 @@
+//! The election rules, as pure functions: no I/O, no clocks read, no randomness.
+//!
+//! Everything the arbiter decides about a lease follows from these rules, so each one is
+//! table-tested against upstream's cases (`../shared/kep4355.md` §6) and property-tested:
+//!
+//! - [`Version`]: semantic versions compared by precedence (`1.2.0 < 1.19.0`, pre-releases
+//!   below releases, a leading `v` tolerated on read).
+//! - [`strategy::resolve`]: the strategy of the candidates with the highest binaryVersion
+//!   governs the lease; disagreement at that version is a conflict, never a guess. The result
+//!   does not depend on the order candidates are listed in.
+//! - [`oldest_emulation`]: among eligible candidates, the lowest emulationVersion leads, then
+//!   the lowest binaryVersion, the oldest candidate, and the lowest name: a total order, so the
+//!   same candidates always elect the same holder.
+
+pub mod oldest_emulation;
+pub mod strategy;
+mod version;
+
+pub use version::{Version, VersionError};
