@@ -12,6 +12,7 @@
 //!   the lowest binaryVersion, the oldest candidate, and the lowest name: a total order, so the
 //!   same candidates always elect the same holder.
 
+pub mod decide;
 pub mod oldest_emulation;
 pub mod strategy;
 mod version;

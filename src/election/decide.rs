@@ -1,0 +1,428 @@
+//! The next step for one lease, from what the arbiter currently knows.
+//!
+//! [`decide`] takes the lease's candidates, the Lease record (if any) and the arbiter's own
+//! observations, and returns one [`Action`] plus the standing of every candidate (for status
+//! conditions). It is the whole election policy:
+//!
+//! - Only an **eligible** candidate can be elected: its versions parse, its pod (if it has one)
+//!   is running, it did not ignore the last ping, and it does not break the skew rule when
+//!   skew is refused. Before electing, the arbiter **pings** (`spec.pingTime`) the eligible
+//!   candidates whose liveness it does not know, waits up to the ack window for their
+//!   `renewTime >= pingTime`, and elects only among those that acknowledged.
+//! - A **live holder** (lease not expired on the arbiter's clock, holder not released, its pod
+//!   not confirmed stopped) is never replaced directly. A better candidate gets it only through
+//!   a **handover request** (`preferredHolder`), after which the holder releases.
+//! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
+//!   **assigned** at once to the best acknowledged candidate.
+//! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
+//!   holder, and never touches the holder.
+//! - A **strategy conflict** changes nothing; it is reported.
+//!
+//! Expiry is `unchanged_for >= duration`, where `unchanged_for` is measured by the caller on its
+//! monotonic clock since it first saw the current Lease record: no wall clock is trusted for it.
+//! Ping and ack times are compared with each other and with `now` only for the arbiter's own
+//! `pingTime`, which it wrote with its own clock.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::oldest_emulation::{self, Ranked};
+use super::strategy::{self, Resolution};
+use super::{Version, VersionError};
+use crate::api::OLDEST_EMULATION_VERSION;
+
+/// What the arbiter knows of the pod a candidate belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodState {
+    /// The candidate is not owned by a pod: its liveness alone counts.
+    NoPod,
+    /// The pod is running and not being deleted.
+    Running,
+    /// The pod exists but is pending, not ready or terminating: not electable, and its
+    /// processes may still run.
+    NotRunning,
+    /// The pod reached a terminal phase, or was removed after its containers stopped: proof
+    /// that its processes are gone.
+    Stopped,
+    /// The pod is not known (not yet seen, or force-deleted): not electable, and no proof.
+    Missing,
+}
+
+impl PodState {
+    fn electable(self) -> bool {
+        matches!(self, PodState::NoPod | PodState::Running)
+    }
+}
+
+/// A candidate as the arbiter sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub name: String,
+    pub binary_version: String,
+    pub emulation_version: Option<String>,
+    pub strategy: String,
+    pub created: DateTime<Utc>,
+    pub ping_time: Option<DateTime<Utc>>,
+    pub renew_time: Option<DateTime<Utc>>,
+    pub pod: PodState,
+}
+
+/// The Lease record as last seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// `None` when there is no holder (`holderIdentity` unset or `""`).
+    pub holder: Option<String>,
+    pub preferred_holder: Option<String>,
+    pub strategy: Option<String>,
+    pub duration: Duration,
+    /// How long the record has been unchanged, on the arbiter's monotonic clock, since the
+    /// arbiter first saw it (after a restart: since the restart).
+    pub unchanged_for: Duration,
+}
+
+impl Lease {
+    pub fn expired(&self) -> bool {
+        self.unchanged_for >= self.duration
+    }
+}
+
+/// Tunables of the election.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// How long a pinged candidate has to acknowledge.
+    pub ack_window: Duration,
+    /// How long an acknowledgement counts as proof of life.
+    pub ack_valid_for: Duration,
+    /// The most minor versions a candidate's binaryVersion may be from the oldest live one.
+    pub max_skew: Option<u64>,
+    /// Refuse to elect candidates that break `max_skew` (otherwise they are only reported).
+    pub refuse_skew: bool,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules {
+            ack_window: Duration::from_secs(5),
+            ack_valid_for: Duration::from_secs(10),
+            max_skew: None,
+            refuse_skew: false,
+        }
+    }
+}
+
+/// Whether a candidate answered the arbiter's last ping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    /// Acknowledged a ping sent within `ack_valid_for`.
+    Acked,
+    /// Pinged within the ack window and not answered yet.
+    Pending,
+    /// Did not answer within the ack window. Not pinged again until it renews on its own.
+    Unresponsive,
+    /// Never pinged, or its last acknowledgement is too old.
+    Unknown,
+}
+
+/// Where a candidate stands for this lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Standing {
+    Eligible(Liveness),
+    Ineligible(Reason),
+}
+
+/// Why a candidate cannot be elected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    InvalidVersion(VersionError),
+    /// The OldestEmulationVersion strategy governs the lease and this candidate has no
+    /// emulationVersion.
+    NoEmulationVersion,
+    PodNotRunning(PodState),
+    Unresponsive,
+    /// Its binaryVersion is too far from the oldest live one, and skew is refused.
+    Skew(SkewViolation),
+}
+
+/// A live candidate whose binaryVersion is more than `max_skew` minor versions from the oldest
+/// live candidate's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkewViolation {
+    pub candidate: String,
+    pub version: Version,
+    pub oldest: Version,
+}
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing to change.
+    Nothing,
+    /// Create the Lease (term 1 when a holder is named).
+    CreateLease {
+        holder: Option<String>,
+        strategy: String,
+    },
+    /// Name a new holder by compare-and-swap: term + 1, preferred holder cleared.
+    Assign { holder: String },
+    /// Set `pingTime` on these candidates to learn whether they are alive.
+    Ping { candidates: Vec<String> },
+    /// Pings are outstanding; decide again when they are answered or the window ends.
+    WaitForAcks,
+    /// Ask the live holder to hand over to `to` (set the preferred holder).
+    RequestHandover { to: String },
+    /// The handover to `to` was requested; wait for the holder to release (or expire).
+    WaitForRelease { to: String },
+    /// The preferred holder is stale (the holder is best again): clear it.
+    ClearPreferredHolder,
+    /// Write the resolved third-party strategy on the Lease (never touching its holder).
+    SetStrategy { strategy: String },
+    /// Candidates disagree on the strategy: change nothing.
+    StrategyConflict,
+    /// An election is needed and nobody can be elected.
+    NoEligibleCandidate,
+}
+
+/// The decision for one lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    pub strategy: Resolution,
+    /// Every candidate's standing, by name.
+    pub standings: BTreeMap<String, Standing>,
+    /// Reported whether or not skew is refused.
+    pub skew_violations: Vec<SkewViolation>,
+}
+
+/// A candidate's liveness at `now`, judged from the arbiter's own ping time.
+pub fn liveness(candidate: &Candidate, now: DateTime<Utc>, rules: &Rules) -> Liveness {
+    let Some(ping) = candidate.ping_time else {
+        return Liveness::Unknown;
+    };
+    let since_ping = (now - ping).to_std().unwrap_or(Duration::ZERO);
+    let acked = candidate.renew_time.is_some_and(|renew| renew >= ping);
+    match (acked, since_ping) {
+        (true, age) if age <= rules.ack_valid_for => Liveness::Acked,
+        (true, _) => Liveness::Unknown,
+        (false, age) if age < rules.ack_window => Liveness::Pending,
+        (false, _) => Liveness::Unresponsive,
+    }
+}
+
+struct Parsed<'a> {
+    candidate: &'a Candidate,
+    binary: Result<Version, VersionError>,
+    emulation: Option<Result<Version, VersionError>>,
+    liveness: Liveness,
+}
+
+/// Decides the next action for one lease. `candidates` are those naming this lease in its
+/// namespace; their order does not matter.
+pub fn decide(
+    candidates: &[Candidate],
+    lease: Option<&Lease>,
+    now: DateTime<Utc>,
+    rules: &Rules,
+) -> Decision {
+    let parsed: Vec<Parsed> = candidates
+        .iter()
+        .map(|c| Parsed {
+            candidate: c,
+            binary: Version::parse(&c.binary_version),
+            emulation: c.emulation_version.as_deref().map(Version::parse),
+            liveness: liveness(c, now, rules),
+        })
+        .collect();
+
+    // Candidates whose pods are gone or not running do not get a say in the strategy.
+    let resolution = strategy::resolve(parsed.iter().filter(|p| p.candidate.pod.electable()).map(
+        |p| {
+            (
+                p.candidate.name.as_str(),
+                p.binary.as_ref().ok(),
+                p.candidate.strategy.as_str(),
+            )
+        },
+    ));
+    let oev = matches!(&resolution, Resolution::Strategy(s) if s == OLDEST_EMULATION_VERSION);
+    let skew = skew_violations(&parsed, rules);
+    let standings = standings(&parsed, oev, &skew, rules);
+    let decision = |action| Decision {
+        action,
+        strategy: resolution.clone(),
+        standings: standings.clone(),
+        skew_violations: skew.clone(),
+    };
+
+    let strategy = match &resolution {
+        Resolution::NoCandidates => return decision(Action::Nothing),
+        Resolution::Conflict { .. } => return decision(Action::StrategyConflict),
+        Resolution::Strategy(s) => s.clone(),
+    };
+    if !oev {
+        return decision(match lease {
+            None => Action::CreateLease {
+                holder: None,
+                strategy,
+            },
+            Some(l) if l.strategy.as_deref() != Some(&strategy) => Action::SetStrategy { strategy },
+            Some(_) => Action::Nothing,
+        });
+    }
+
+    let eligible: Vec<&Parsed> = parsed
+        .iter()
+        .filter(|p| matches!(standings[&p.candidate.name], Standing::Eligible(_)))
+        .collect();
+    let ranked: Vec<(Ranked, Liveness)> = eligible.iter().filter_map(|p| rank(p)).collect();
+    let best_of = |filter: &dyn Fn(Liveness) -> bool| {
+        oldest_emulation::pick_best(ranked.iter().filter(|(_, l)| filter(*l)).map(|(r, _)| r))
+            .map(|r| r.name.to_string())
+    };
+    let liveness_of = |name: &str| ranked.iter().find(|(r, _)| r.name == name).map(|(_, l)| *l);
+
+    let holder_live = lease.is_some_and(|l| {
+        let Some(holder) = &l.holder else {
+            return false;
+        };
+        let stopped = candidates
+            .iter()
+            .any(|c| &c.name == holder && c.pod == PodState::Stopped);
+        !l.expired() && !stopped
+    });
+
+    if let (true, Some(l)) = (holder_live, lease) {
+        let holder = l.holder.as_deref().unwrap_or_default();
+        let action = match best_of(&|_| true) {
+            None => Action::Nothing,
+            Some(best) if best == holder => match &l.preferred_holder {
+                Some(_) => Action::ClearPreferredHolder,
+                None => Action::Nothing,
+            },
+            Some(best) => match liveness_of(&best) {
+                Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&best) => {
+                    Action::WaitForRelease { to: best }
+                }
+                Some(Liveness::Acked) => Action::RequestHandover { to: best },
+                Some(Liveness::Pending) => Action::WaitForAcks,
+                _ => Action::Ping {
+                    candidates: vec![best],
+                },
+            },
+        };
+        return decision(action);
+    }
+
+    // An election: learn who is alive, then elect the best of those that answered.
+    let mut unknown: Vec<String> = ranked
+        .iter()
+        .filter(|(_, l)| *l == Liveness::Unknown)
+        .map(|(r, _)| r.name.to_string())
+        .collect();
+    if !unknown.is_empty() {
+        unknown.sort();
+        return decision(Action::Ping {
+            candidates: unknown,
+        });
+    }
+    if ranked.iter().any(|(_, l)| *l == Liveness::Pending) {
+        return decision(Action::WaitForAcks);
+    }
+    let action = match (best_of(&|l| l == Liveness::Acked), lease) {
+        (None, _) => Action::NoEligibleCandidate,
+        (Some(holder), None) => Action::CreateLease {
+            holder: Some(holder),
+            strategy,
+        },
+        (Some(holder), Some(_)) => Action::Assign { holder },
+    };
+    decision(action)
+}
+
+/// The candidate's place in the OldestEmulationVersion order, if its versions parse.
+fn rank<'a>(p: &'a Parsed<'a>) -> Option<(Ranked<'a>, Liveness)> {
+    let (Ok(binary), Some(Ok(emulation))) = (&p.binary, &p.emulation) else {
+        return None;
+    };
+    let c = p.candidate;
+    Some((
+        Ranked {
+            name: &c.name,
+            emulation,
+            binary,
+            created: c.created,
+        },
+        p.liveness,
+    ))
+}
+
+/// The oldest binaryVersion among live candidates: the reference for the skew rule.
+fn oldest_live(parsed: &[Parsed]) -> Option<Version> {
+    parsed
+        .iter()
+        .filter(|p| p.candidate.pod.electable() && p.liveness != Liveness::Unresponsive)
+        .filter_map(|p| p.binary.as_ref().ok())
+        .min()
+        .cloned()
+}
+
+/// Live candidates whose binaryVersion is more than `max_skew` minor versions (or a major
+/// version) from the oldest live one, sorted by name.
+fn skew_violations(parsed: &[Parsed], rules: &Rules) -> Vec<SkewViolation> {
+    let (Some(max), Some(oldest)) = (rules.max_skew, oldest_live(parsed)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<SkewViolation> = parsed
+        .iter()
+        .filter(|p| p.candidate.pod.electable() && p.liveness != Liveness::Unresponsive)
+        .filter_map(|p| {
+            let v = p.binary.as_ref().ok()?;
+            v.minor_distance(&oldest)
+                .is_none_or(|d| d > max)
+                .then(|| SkewViolation {
+                    candidate: p.candidate.name.clone(),
+                    version: v.clone(),
+                    oldest: oldest.clone(),
+                })
+        })
+        .collect();
+    out.sort_by(|a, b| a.candidate.cmp(&b.candidate));
+    out
+}
+
+fn standings(
+    parsed: &[Parsed],
+    oev: bool,
+    skew: &[SkewViolation],
+    rules: &Rules,
+) -> BTreeMap<String, Standing> {
+    parsed
+        .iter()
+        .map(|p| {
+            let c = p.candidate;
+            let violation = skew
+                .iter()
+                .find(|v| v.candidate == c.name)
+                .filter(|_| rules.refuse_skew);
+            let standing = match (&p.binary, &p.emulation) {
+                (Err(e), _) | (_, Some(Err(e))) => {
+                    Standing::Ineligible(Reason::InvalidVersion(e.clone()))
+                }
+                (Ok(_), None) if oev => Standing::Ineligible(Reason::NoEmulationVersion),
+                _ if !c.pod.electable() => Standing::Ineligible(Reason::PodNotRunning(c.pod)),
+                _ if p.liveness == Liveness::Unresponsive => {
+                    Standing::Ineligible(Reason::Unresponsive)
+                }
+                _ if violation.is_some() => {
+                    Standing::Ineligible(Reason::Skew(violation.cloned().expect("checked")))
+                }
+                _ => Standing::Eligible(p.liveness),
+            };
+            (c.name.clone(), standing)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

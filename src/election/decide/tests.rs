@@ -1,0 +1,577 @@
+//! Table tests (upstream's cases from kep4355.md §6.2, and ours) and property tests.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use proptest::prelude::*;
+
+use super::*;
+
+const OEV: &str = OLDEST_EMULATION_VERSION;
+
+fn t0() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+        .unwrap()
+        .into()
+}
+
+fn secs(s: i64) -> TimeDelta {
+    TimeDelta::seconds(s)
+}
+
+/// A candidate at `version` (emulation = binary), created at t0, acknowledged a ping at now.
+fn acked(name: &str, version: &str, now: DateTime<Utc>) -> Candidate {
+    Candidate {
+        name: name.into(),
+        binary_version: version.into(),
+        emulation_version: Some(version.into()),
+        strategy: OEV.into(),
+        created: t0(),
+        ping_time: Some(now),
+        renew_time: Some(now),
+        pod: PodState::Running,
+    }
+}
+
+fn never_pinged(name: &str, version: &str) -> Candidate {
+    Candidate {
+        ping_time: None,
+        renew_time: Some(t0()),
+        ..acked(name, version, t0())
+    }
+}
+
+fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
+    Lease {
+        holder: holder.map(str::to_string),
+        preferred_holder: None,
+        strategy: Some(OEV.into()),
+        duration: Duration::from_secs(15),
+        unchanged_for: Duration::from_secs(unchanged_for),
+    }
+}
+
+fn act(cands: &[Candidate], lease: Option<&Lease>, now: DateTime<Utc>) -> Action {
+    decide(cands, lease, now, &Rules::default()).action
+}
+
+fn create(holder: &str) -> Action {
+    Action::CreateLease {
+        holder: Some(holder.into()),
+        strategy: OEV.into(),
+    }
+}
+
+fn assign(holder: &str) -> Action {
+    Action::Assign {
+        holder: holder.into(),
+    }
+}
+
+// ---- kep4355.md §6.2 TestReconcileElectionStep, in arbiter's terms ----
+
+#[test]
+fn no_candidates_leaves_the_lease_alone() {
+    let now = t0();
+    assert_eq!(act(&[], None, now), Action::Nothing);
+    assert_eq!(act(&[], Some(&lease(Some("x"), 100)), now), Action::Nothing);
+}
+
+#[test]
+fn single_acknowledged_candidate_creates_the_lease() {
+    let now = t0();
+    assert_eq!(
+        act(&[acked("id-1", "1.19.0", now)], None, now),
+        create("id-1")
+    );
+}
+
+#[test]
+fn candidates_are_pinged_before_an_election() {
+    let now = t0() + secs(60);
+    let cands = [
+        never_pinged("id-2", "1.19.0"),
+        never_pinged("id-1", "1.19.0"),
+    ];
+    assert_eq!(
+        act(&cands, None, now),
+        Action::Ping {
+            candidates: vec!["id-1".into(), "id-2".into()]
+        }
+    );
+}
+
+#[test]
+fn better_candidate_gets_a_handover_request_not_the_lease() {
+    let now = t0();
+    let cands = [acked("id-1", "1.19.0", now), acked("id-2", "1.18.0", now)];
+    let live = lease(Some("id-1"), 1);
+    assert_eq!(
+        act(&cands, Some(&live), now),
+        Action::RequestHandover { to: "id-2".into() }
+    );
+    let requested = Lease {
+        preferred_holder: Some("id-2".into()),
+        ..live
+    };
+    assert_eq!(
+        act(&cands, Some(&requested), now),
+        Action::WaitForRelease { to: "id-2".into() }
+    );
+}
+
+#[test]
+fn only_candidates_that_acknowledged_are_elected() {
+    let now = t0() + secs(60);
+    let silent = Candidate {
+        ping_time: Some(now - secs(10)),
+        renew_time: Some(now - secs(20)),
+        ..acked("id-1", "1.19.0", now)
+    };
+    let cands = [silent, acked("id-2", "1.20.0", now)];
+    assert_eq!(act(&cands, None, now), create("id-2"));
+}
+
+#[test]
+fn expired_lease_is_assigned_to_the_best_candidate() {
+    let now = t0();
+    assert_eq!(
+        act(
+            &[acked("id-1", "1.19.0", now)],
+            Some(&lease(Some("id-expired"), 15)),
+            now
+        ),
+        assign("id-1")
+    );
+}
+
+#[test]
+fn no_acknowledged_candidate_is_reported() {
+    let now = t0() + secs(120);
+    let silent = Candidate {
+        ping_time: Some(now - secs(60)),
+        renew_time: Some(now - secs(120)),
+        ..acked("id-1", "1.19.0", now)
+    };
+    let d = decide(&[silent], None, now, &Rules::default());
+    assert_eq!(d.action, Action::NoEligibleCandidate);
+    assert_eq!(
+        d.standings["id-1"],
+        Standing::Ineligible(Reason::Unresponsive)
+    );
+}
+
+#[test]
+fn outstanding_ping_is_waited_for() {
+    let now = t0() + secs(60);
+    let pinged = Candidate {
+        ping_time: Some(now),
+        renew_time: Some(now - secs(60)),
+        ..acked("id-1", "1.19.0", now)
+    };
+    assert_eq!(
+        act(&[pinged.clone(), acked("id-2", "1.20.0", now)], None, now),
+        Action::WaitForAcks
+    );
+    // After the window, the silent one no longer blocks.
+    let later = now + secs(5);
+    let d = decide(
+        &[pinged, acked("id-2", "1.20.0", later)],
+        None,
+        later,
+        &Rules::default(),
+    );
+    assert_eq!(d.action, create("id-2"));
+}
+
+#[test]
+fn third_party_strategy_creates_a_holderless_lease_and_never_touches_the_holder() {
+    let now = t0();
+    let c = Candidate {
+        strategy: "foo.com/bar".into(),
+        emulation_version: None,
+        ..acked("id-1", "1.19.0", now)
+    };
+    let strategy = "foo.com/bar".to_string();
+    assert_eq!(
+        act(std::slice::from_ref(&c), None, now),
+        Action::CreateLease {
+            holder: None,
+            strategy: strategy.clone()
+        }
+    );
+    let expired = lease(Some("id-expired"), 100);
+    assert_eq!(
+        act(std::slice::from_ref(&c), Some(&expired), now),
+        Action::SetStrategy {
+            strategy: strategy.clone()
+        }
+    );
+    let tagged = Lease {
+        strategy: Some(strategy),
+        ..expired
+    };
+    assert_eq!(act(&[c], Some(&tagged), now), Action::Nothing);
+}
+
+// ---- beyond upstream ----
+
+#[test]
+fn live_holder_that_is_best_is_left_alone() {
+    let now = t0();
+    let cands = [acked("id-1", "1.19.0", now), acked("id-2", "1.20.0", now)];
+    assert_eq!(
+        act(&cands, Some(&lease(Some("id-1"), 3)), now),
+        Action::Nothing
+    );
+}
+
+#[test]
+fn stale_preferred_holder_is_cleared() {
+    // kep4355.md E4: the preferred candidate went away; upstream stalls.
+    let now = t0();
+    let requested = Lease {
+        preferred_holder: Some("gone".into()),
+        ..lease(Some("id-1"), 3)
+    };
+    assert_eq!(
+        act(&[acked("id-1", "1.19.0", now)], Some(&requested), now),
+        Action::ClearPreferredHolder
+    );
+}
+
+#[test]
+fn released_lease_is_assigned_at_once() {
+    let now = t0();
+    let released = Lease {
+        preferred_holder: Some("id-2".into()),
+        ..lease(None, 0)
+    };
+    let cands = [acked("id-1", "1.20.0", now), acked("id-2", "1.19.0", now)];
+    assert_eq!(act(&cands, Some(&released), now), assign("id-2"));
+}
+
+#[test]
+fn holder_whose_pod_stopped_is_replaced_at_once() {
+    let now = t0();
+    let dead = Candidate {
+        pod: PodState::Stopped,
+        ..acked("id-1", "1.19.0", now)
+    };
+    let cands = [dead, acked("id-2", "1.20.0", now)];
+    assert_eq!(
+        act(&cands, Some(&lease(Some("id-1"), 1)), now),
+        assign("id-2")
+    );
+}
+
+#[test]
+fn holder_whose_pod_vanished_waits_for_expiry() {
+    // A force-deleted pod is no proof that its processes stopped.
+    let now = t0();
+    let vanished = Candidate {
+        pod: PodState::Missing,
+        ..acked("id-1", "1.19.0", now)
+    };
+    let cands = [vanished.clone(), acked("id-2", "1.20.0", now)];
+    assert_eq!(
+        act(&cands, Some(&lease(Some("id-1"), 1)), now),
+        Action::RequestHandover { to: "id-2".into() }
+    );
+    assert_eq!(
+        act(&cands, Some(&lease(Some("id-1"), 15)), now),
+        assign("id-2")
+    );
+}
+
+#[test]
+fn unknown_better_candidate_is_pinged_before_a_handover() {
+    let now = t0() + secs(60);
+    let cands = [acked("id-1", "1.20.0", now), never_pinged("id-2", "1.19.0")];
+    assert_eq!(
+        act(&cands, Some(&lease(Some("id-1"), 1)), now),
+        Action::Ping {
+            candidates: vec!["id-2".into()]
+        }
+    );
+}
+
+#[test]
+fn strategy_conflict_changes_nothing() {
+    let now = t0();
+    let other = Candidate {
+        strategy: "foo.com/bar".into(),
+        ..acked("id-2", "1.20.0", now)
+    };
+    let d = decide(
+        &[acked("id-1", "1.20.0", now), other],
+        Some(&lease(None, 100)),
+        now,
+        &Rules::default(),
+    );
+    assert_eq!(d.action, Action::StrategyConflict);
+    assert!(matches!(d.strategy, Resolution::Conflict { .. }));
+}
+
+#[test]
+fn candidates_that_cannot_be_ranked_are_ineligible() {
+    let now = t0();
+    let bad = Candidate {
+        binary_version: "abc".into(),
+        ..acked("bad", "1.0.0", now)
+    };
+    let no_emulation = Candidate {
+        emulation_version: None,
+        strategy: "foo.com/bar".into(),
+        ..acked("noemu", "1.0.0", now)
+    };
+    let pending_pod = Candidate {
+        pod: PodState::NotRunning,
+        ..acked("pending", "1.0.0", now)
+    };
+    let d = decide(
+        &[bad, no_emulation, pending_pod, acked("ok", "1.20.0", now)],
+        None,
+        now,
+        &Rules::default(),
+    );
+    assert_eq!(d.action, create("ok"));
+    assert!(matches!(
+        d.standings["bad"],
+        Standing::Ineligible(Reason::InvalidVersion(_))
+    ));
+    assert_eq!(
+        d.standings["noemu"],
+        Standing::Ineligible(Reason::NoEmulationVersion)
+    );
+    assert_eq!(
+        d.standings["pending"],
+        Standing::Ineligible(Reason::PodNotRunning(PodState::NotRunning))
+    );
+    assert_eq!(d.standings["ok"], Standing::Eligible(Liveness::Acked));
+}
+
+#[test]
+fn skew_is_reported_and_refused_when_asked() {
+    let now = t0();
+    let cands = [
+        acked("old", "1.30.0", now),
+        acked("new", "1.33.0", now),
+        acked("near", "1.31.0", now),
+    ];
+    let report = Rules {
+        max_skew: Some(1),
+        ..Rules::default()
+    };
+    let d = decide(&cands, None, now, &report);
+    assert_eq!(
+        d.skew_violations
+            .iter()
+            .map(|v| v.candidate.as_str())
+            .collect::<Vec<_>>(),
+        ["new"]
+    );
+    assert_eq!(d.standings["new"], Standing::Eligible(Liveness::Acked));
+    let refuse = Rules {
+        refuse_skew: true,
+        ..report
+    };
+    let d = decide(&cands, None, now, &refuse);
+    assert!(
+        matches!(&d.standings["new"], Standing::Ineligible(Reason::Skew(v)) if v.oldest.to_string() == "1.30.0")
+    );
+    assert_eq!(d.action, create("old"));
+}
+
+#[test]
+fn liveness_from_the_arbiters_own_ping_time() {
+    let rules = Rules::default();
+    let now = t0() + secs(100);
+    let at = |ping: Option<i64>, renew: Option<i64>| {
+        let c = Candidate {
+            ping_time: ping.map(|s| now - secs(s)),
+            renew_time: renew.map(|s| now - secs(s)),
+            ..acked("c", "1.0.0", now)
+        };
+        liveness(&c, now, &rules)
+    };
+    assert_eq!(at(None, Some(0)), Liveness::Unknown);
+    assert_eq!(at(Some(2), Some(1)), Liveness::Acked);
+    assert_eq!(
+        at(Some(2), Some(2)),
+        Liveness::Acked,
+        "renewTime == pingTime is an ack"
+    );
+    assert_eq!(
+        at(Some(60), Some(59)),
+        Liveness::Unknown,
+        "an old ack proves nothing now"
+    );
+    assert_eq!(at(Some(2), Some(30)), Liveness::Pending);
+    assert_eq!(at(Some(2), None), Liveness::Pending);
+    assert_eq!(at(Some(6), Some(30)), Liveness::Unresponsive);
+}
+
+// ---- properties ----
+
+fn candidate_strategy() -> impl Strategy<Value = Candidate> {
+    let versions = prop::sample::select(vec![
+        "1.29.0",
+        "1.30.0",
+        "1.30.1",
+        "1.31.0-rc.1",
+        "1.31.0",
+        "2.0.0",
+        "abc",
+    ]);
+    let strategies = prop::sample::select(vec![OEV, OEV, OEV, "foo.com/bar"]);
+    let pods = prop::sample::select(vec![
+        PodState::NoPod,
+        PodState::Running,
+        PodState::Running,
+        PodState::NotRunning,
+        PodState::Stopped,
+        PodState::Missing,
+    ]);
+    (
+        versions.clone(),
+        prop::option::weighted(0.9, versions),
+        strategies,
+        0i64..3,
+        prop::option::of(0i64..20),
+        prop::option::of(0i64..30),
+        pods,
+    )
+        .prop_map(
+            |(binary, emulation, strategy, created, ping, renew, pod)| Candidate {
+                name: String::new(),
+                binary_version: binary.into(),
+                emulation_version: emulation.map(str::to_string),
+                strategy: strategy.into(),
+                created: t0() + secs(created),
+                ping_time: ping.map(|s| t0() + secs(100 - s)),
+                renew_time: renew.map(|s| t0() + secs(100 - s)),
+                pod,
+            },
+        )
+}
+
+fn candidates_strategy() -> impl Strategy<Value = Vec<Candidate>> {
+    prop::collection::vec(candidate_strategy(), 0..7).prop_map(|mut cs| {
+        for (i, c) in cs.iter_mut().enumerate() {
+            c.name = format!("c{i}");
+        }
+        cs
+    })
+}
+
+fn lease_strategy() -> impl Strategy<Value = Option<Lease>> {
+    prop::option::of((
+        prop::option::of(prop::sample::select(vec!["c0", "c1", "c2", "legacy"])),
+        prop::option::of(prop::sample::select(vec!["c0", "c3", "gone"])),
+        0u64..30,
+    ))
+    .prop_map(|l| {
+        l.map(|(holder, preferred, unchanged)| Lease {
+            preferred_holder: preferred.map(str::to_string),
+            ..lease(holder, unchanged)
+        })
+    })
+}
+
+fn rules_strategy() -> impl Strategy<Value = Rules> {
+    (prop::option::of(0u64..3), any::<bool>()).prop_map(|(max_skew, refuse_skew)| Rules {
+        max_skew,
+        refuse_skew,
+        ..Rules::default()
+    })
+}
+
+fn now() -> DateTime<Utc> {
+    t0() + secs(100)
+}
+
+/// The holder named by an action, if it names one.
+fn elected(action: &Action) -> Option<&str> {
+    match action {
+        Action::CreateLease {
+            holder: Some(h), ..
+        }
+        | Action::Assign { holder: h } => Some(h),
+        Action::RequestHandover { to } => Some(to),
+        _ => None,
+    }
+}
+
+proptest! {
+    #[test]
+    fn permuting_candidates_never_changes_the_decision(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+        seed in any::<u64>(),
+    ) {
+        let before = decide(&cands, lease.as_ref(), now(), &rules);
+        let mut shuffled = cands.clone();
+        // A deterministic shuffle from the seed.
+        let mut state = seed;
+        for i in (1..shuffled.len()).rev() {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            shuffled.swap(i, (state >> 33) as usize % (i + 1));
+        }
+        prop_assert_eq!(&before, &decide(&shuffled, lease.as_ref(), now(), &rules));
+        prop_assert_eq!(&before, &decide(&cands, lease.as_ref(), now(), &rules), "deterministic");
+    }
+
+    #[test]
+    fn only_eligible_acknowledged_candidates_are_elected(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        if let Some(name) = elected(&d.action) {
+            prop_assert_eq!(d.standings.get(name), Some(&Standing::Eligible(Liveness::Acked)), "{:?}", d.action);
+            let c = cands.iter().find(|c| c.name == name).unwrap();
+            prop_assert!(c.pod.electable());
+        }
+    }
+
+    #[test]
+    fn a_live_holder_is_only_ever_asked_to_hand_over(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let Some(l) = &lease else { return Ok(()) };
+        let Some(holder) = &l.holder else { return Ok(()) };
+        let holder_stopped = cands.iter().any(|c| &c.name == holder && c.pod == PodState::Stopped);
+        if l.expired() || holder_stopped { return Ok(()) }
+        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        prop_assert!(
+            !matches!(d.action, Action::Assign { .. } | Action::CreateLease { .. }),
+            "live holder {} replaced: {:?}", holder, d.action
+        );
+    }
+
+    #[test]
+    fn the_elected_candidate_is_the_best_acknowledged_one(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        if let Action::CreateLease { holder: Some(h), .. } | Action::Assign { holder: h } = &d.action {
+            let me = cands.iter().find(|c| &c.name == h).unwrap();
+            let key = |c: &Candidate| (
+                Version::parse(c.emulation_version.as_deref().unwrap()).unwrap(),
+                Version::parse(&c.binary_version).unwrap(),
+                c.created,
+                c.name.clone(),
+            );
+            for other in cands.iter().filter(|c| d.standings[&c.name] == Standing::Eligible(Liveness::Acked)) {
+                prop_assert!(key(me) <= key(other), "{} elected over better {}", h, other.name);
+            }
+        }
+    }
+}
