@@ -6,3 +6,5 @@
 pub mod api;
 pub mod cli;
 pub mod election;
+pub mod lease;
+pub mod operator;

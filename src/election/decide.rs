@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 
 use super::oldest_emulation::{self, Ranked};
 use super::strategy::{self, Resolution};
@@ -63,9 +63,9 @@ pub struct Candidate {
     pub binary_version: String,
     pub emulation_version: Option<String>,
     pub strategy: String,
-    pub created: DateTime<Utc>,
-    pub ping_time: Option<DateTime<Utc>>,
-    pub renew_time: Option<DateTime<Utc>>,
+    pub created: Timestamp,
+    pub ping_time: Option<Timestamp>,
+    pub renew_time: Option<Timestamp>,
     pub pod: PodState,
 }
 
@@ -196,11 +196,11 @@ pub struct Decision {
 }
 
 /// A candidate's liveness at `now`, judged from the arbiter's own ping time.
-pub fn liveness(candidate: &Candidate, now: DateTime<Utc>, rules: &Rules) -> Liveness {
+pub fn liveness(candidate: &Candidate, now: Timestamp, rules: &Rules) -> Liveness {
     let Some(ping) = candidate.ping_time else {
         return Liveness::Unknown;
     };
-    let since_ping = (now - ping).to_std().unwrap_or(Duration::ZERO);
+    let since_ping = Duration::try_from(now.duration_since(ping)).unwrap_or(Duration::ZERO);
     let acked = candidate.renew_time.is_some_and(|renew| renew >= ping);
     match (acked, since_ping) {
         (true, age) if age <= rules.ack_valid_for => Liveness::Acked,
@@ -222,7 +222,7 @@ struct Parsed<'a> {
 pub fn decide(
     candidates: &[Candidate],
     lease: Option<&Lease>,
-    now: DateTime<Utc>,
+    now: Timestamp,
     rules: &Rules,
 ) -> Decision {
     let parsed: Vec<Parsed> = candidates

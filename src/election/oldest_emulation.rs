@@ -7,7 +7,7 @@
 
 use std::cmp::Ordering;
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 
 use super::Version;
 
@@ -17,7 +17,7 @@ pub struct Ranked<'a> {
     pub name: &'a str,
     pub emulation: &'a Version,
     pub binary: &'a Version,
-    pub created: DateTime<Utc>,
+    pub created: Timestamp,
 }
 
 /// `Less` when `a` should lead rather than `b`.
@@ -42,16 +42,16 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Duration;
+    use jiff::SignedDuration;
 
     struct C {
         name: &'static str,
         emulation: Version,
         binary: Version,
-        created: DateTime<Utc>,
+        created: Timestamp,
     }
 
-    fn c(name: &'static str, emulation: &str, binary: &str, created: DateTime<Utc>) -> C {
+    fn c(name: &'static str, emulation: &str, binary: &str, created: Timestamp) -> C {
         C {
             name,
             emulation: Version::parse(emulation).unwrap(),
@@ -79,8 +79,8 @@ mod tests {
     /// kep4355.md §6.1 `TestPickBestLeaderOldestEmulationVersion`.
     #[test]
     fn upstream_pick_best_cases() {
-        let now = Utc::now();
-        let hour_ago = now - Duration::hours(1);
+        let now = Timestamp::now();
+        let hour_ago = now - SignedDuration::from_hours(1);
         assert_eq!(best(&[]), None);
         assert_eq!(best(&[c("c1", "0.1.0", "0.1.0", now)]), Some("c1"));
         // different emulation
@@ -113,11 +113,11 @@ mod tests {
     /// are not ranked at all).
     #[test]
     fn upstream_compare_cases() {
-        let t = Utc::now();
+        let t = Timestamp::now();
         let cases = [
             // identical versions, lhs created 1 ns later: rhs leads
             (
-                c("l", "1.20.0", "1.21.0", t + Duration::nanoseconds(1)),
+                c("l", "1.20.0", "1.21.0", t + SignedDuration::from_nanos(1)),
                 c("r", "1.20.0", "1.21.0", t),
                 Ordering::Greater,
             ),
@@ -156,7 +156,7 @@ mod tests {
     /// 1.19/1.19, 1.20/1.19 elect the 1.19/1.19 candidate.
     #[test]
     fn upstream_multiple_candidates_case() {
-        let t = Utc::now();
+        let t = Timestamp::now();
         let cs = [
             c("baz1", "1.20.0", "1.20.0", t),
             c("baz2", "1.19.0", "1.20.0", t),
@@ -168,7 +168,7 @@ mod tests {
 
     #[test]
     fn name_breaks_full_ties() {
-        let t = Utc::now();
+        let t = Timestamp::now();
         assert_eq!(
             best(&[c("b", "1.0.0", "1.0.0", t), c("a", "1.0.0", "1.0.0", t)]),
             Some("a")

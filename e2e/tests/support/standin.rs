@@ -87,7 +87,10 @@ impl StandIn {
             .spawn()
             .unwrap_or_else(|e| panic!("starting stand-in process {program}: {e}"));
         let pid = child.id().expect("child has a pid") as i32;
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let now = jiff::Timestamp::now()
+            .round(jiff::Unit::Second)
+            .unwrap()
+            .to_string();
         set_status(
             &pods,
             name,
@@ -182,14 +185,7 @@ async fn kubelet(
                 let code = status.map(exit_code).unwrap_or(-1);
                 let _ = killpg(Pid::from_raw(pid), send(Signal::SIGKILL)); // leftovers of the "container"
                 exit_tx.send_replace(Some(code));
-                let phase = if code == 0 { "Succeeded" } else { "Failed" };
-                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-                let _ = pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": {
-                    "phase": phase,
-                    "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
-                    "containerStatuses": [{"name": "main", "image": "", "imageID": "", "ready": false,
-                        "restartCount": 0, "state": {"terminated": {"exitCode": code, "finishedAt": now}}}],
-                }}))).await;
+                report_exit(&pods, &name, code).await;
                 // Keep serving deletion of the (now terminal) pod.
                 if wait_for_deletion(&mut events).await {
                     finalize(&pods, &name, &uid).await;
@@ -210,6 +206,7 @@ async fn kubelet(
                     };
                     let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL); // the rest of the group
                     exit_tx.send_replace(Some(code));
+                    report_exit(&pods, &name, code).await;
                     finalize(&pods, &name, &uid).await;
                     return;
                 }
@@ -229,6 +226,25 @@ async fn wait_for_deletion(
         }
     }
     false
+}
+
+/// Reports the container terminated and the pod terminal, as a kubelet does before it removes
+/// a deleted pod.
+async fn report_exit(pods: &Api<Pod>, name: &str, code: i32) {
+    let phase = if code == 0 { "Succeeded" } else { "Failed" };
+    let now = jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap()
+        .to_string();
+    let status = json!({"status": {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+        "containerStatuses": [{"name": "main", "image": "", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": code, "finishedAt": now}}}],
+    }});
+    let _ = pods
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await;
 }
 
 /// Removes the Pod object once its process is gone, as the kubelet does (grace 0, same uid).

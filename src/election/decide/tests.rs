@@ -2,25 +2,23 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 
 use super::*;
 
 const OEV: &str = OLDEST_EMULATION_VERSION;
 
-fn t0() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
-        .unwrap()
-        .into()
+fn t0() -> Timestamp {
+    "2026-01-01T00:00:00Z".parse().unwrap()
 }
 
-fn secs(s: i64) -> TimeDelta {
-    TimeDelta::seconds(s)
+fn secs(s: i64) -> SignedDuration {
+    SignedDuration::from_secs(s)
 }
 
 /// A candidate at `version` (emulation = binary), created at t0, acknowledged a ping at now.
-fn acked(name: &str, version: &str, now: DateTime<Utc>) -> Candidate {
+fn acked(name: &str, version: &str, now: Timestamp) -> Candidate {
     Candidate {
         name: name.into(),
         binary_version: version.into(),
@@ -51,7 +49,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
     }
 }
 
-fn act(cands: &[Candidate], lease: Option<&Lease>, now: DateTime<Utc>) -> Action {
+fn act(cands: &[Candidate], lease: Option<&Lease>, now: Timestamp) -> Action {
     decide(cands, lease, now, &Rules::default()).action
 }
 
@@ -487,7 +485,7 @@ fn rules_strategy() -> impl Strategy<Value = Rules> {
     })
 }
 
-fn now() -> DateTime<Utc> {
+fn now() -> Timestamp {
     t0() + secs(100)
 }
 

@@ -1,0 +1,195 @@
+//! The Lease protocol's one write path: compare-and-swap on `metadata.resourceVersion`.
+//!
+//! The operator (assigning holders, requesting handovers, its own HA lease) and candidates
+//! (renewing, releasing) write Leases only through [`LeaseStore`], so every write is either a
+//! create that fails if the Lease exists, or a replace that fails if anyone wrote since the
+//! version read. Nobody force-applies a Lease.
+//!
+//! `strategy` and `preferredHolder` are upstream fields that the API server drops unless the
+//! CoordinatedLeaderElection gate is on, so they are also written as annotations, and read from
+//! either.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+
+/// Label on every Lease the arbiter manages (the operator watches only these).
+pub const MANAGED_LABEL: &str = "arbiter.dev/managed";
+pub const STRATEGY_ANNOTATION: &str = "arbiter.dev/strategy";
+pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
+/// The holding agent's process incarnation (a random id per start).
+pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
+
+/// A write that lost the compare-and-swap, or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CasError {
+    /// Someone else wrote first (409), or the Lease already exists on create.
+    #[error("lease {0} changed since it was read")]
+    Conflict(String),
+    #[error("lease {0} not found")]
+    NotFound(String),
+    #[error("writing lease {name}: {source}")]
+    Api {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Lease reads and compare-and-swap writes in one namespace.
+#[derive(Clone)]
+pub struct LeaseStore {
+    api: Api<Lease>,
+}
+
+impl LeaseStore {
+    pub fn new(client: Client, namespace: &str) -> LeaseStore {
+        LeaseStore {
+            api: Api::namespaced(client, namespace),
+        }
+    }
+
+    pub async fn get(&self, name: &str) -> Result<Option<Lease>, kube::Error> {
+        self.api.get_opt(name).await
+    }
+
+    /// Creates `lease`; fails with [`CasError::Conflict`] if it already exists.
+    pub async fn create(&self, lease: &Lease) -> Result<Lease, CasError> {
+        let name = lease.name_any();
+        self.api
+            .create(&PostParams::default(), lease)
+            .await
+            .map_err(|e| classify(name, e))
+    }
+
+    /// Replaces `lease`, which must carry the resourceVersion it was read at.
+    pub async fn replace(&self, lease: &Lease) -> Result<Lease, CasError> {
+        let name = lease.name_any();
+        assert!(
+            lease.resource_version().is_some(),
+            "a Lease replace without resourceVersion is not a CAS"
+        );
+        self.api
+            .replace(&name, &PostParams::default(), lease)
+            .await
+            .map_err(|e| classify(name, e))
+    }
+}
+
+fn classify(name: String, e: kube::Error) -> CasError {
+    match &e {
+        kube::Error::Api(s) if s.code == 409 => CasError::Conflict(name),
+        kube::Error::Api(s) if s.code == 404 => CasError::NotFound(name),
+        _ => CasError::Api { name, source: e },
+    }
+}
+
+/// The current holder; `None` when unset or released (`""`).
+pub fn holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()?
+        .holder_identity
+        .as_deref()
+        .filter(|h| !h.is_empty())
+}
+
+/// The preferred holder, from the field or the annotation.
+pub fn preferred_holder(lease: &Lease) -> Option<&str> {
+    let field = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.preferred_holder.as_deref());
+    field
+        .or_else(|| {
+            lease
+                .annotations()
+                .get(PREFERRED_HOLDER_ANNOTATION)
+                .map(String::as_str)
+        })
+        .filter(|h| !h.is_empty())
+}
+
+/// The strategy, from the field or the annotation.
+pub fn strategy(lease: &Lease) -> Option<&str> {
+    let field = lease.spec.as_ref().and_then(|s| s.strategy.as_deref());
+    field
+        .or_else(|| {
+            lease
+                .annotations()
+                .get(STRATEGY_ANNOTATION)
+                .map(String::as_str)
+        })
+        .filter(|s| !s.is_empty())
+}
+
+/// The term (fencing token): `leaseTransitions`.
+pub fn term(lease: &Lease) -> i32 {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0)
+}
+
+pub fn duration(lease: &Lease) -> Option<Duration> {
+    let secs = lease.spec.as_ref()?.lease_duration_seconds?;
+    Some(Duration::from_secs(secs.max(0) as u64))
+}
+
+pub fn now() -> MicroTime {
+    MicroTime(jiff::Timestamp::now())
+}
+
+/// Sets or clears the preferred holder, in the field and the annotation.
+pub fn set_preferred_holder(lease: &mut Lease, preferred: Option<&str>) {
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.preferred_holder = preferred.map(str::to_string);
+    set_annotation(lease, PREFERRED_HOLDER_ANNOTATION, preferred);
+}
+
+/// Sets the strategy in the field and the annotation.
+pub fn set_strategy(lease: &mut Lease, strategy: &str) {
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.strategy = Some(strategy.to_string());
+    set_annotation(lease, STRATEGY_ANNOTATION, Some(strategy));
+}
+
+pub fn set_annotation(lease: &mut Lease, key: &str, value: Option<&str>) {
+    let annotations: &mut BTreeMap<String, String> = lease.annotations_mut();
+    match value {
+        Some(v) => annotations.insert(key.to_string(), v.to_string()),
+        None => annotations.remove(key),
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_holder_is_no_holder_and_annotations_stand_in_for_gated_fields() {
+        let mut lease = Lease::default();
+        assert_eq!(holder(&lease), None);
+        lease.spec = Some(LeaseSpec {
+            holder_identity: Some(String::new()),
+            ..LeaseSpec::default()
+        });
+        assert_eq!(holder(&lease), None);
+        // The API server dropped the gated fields; the annotations remain.
+        set_preferred_holder(&mut lease, Some("b"));
+        set_strategy(&mut lease, "OldestEmulationVersion");
+        let spec = lease.spec.as_mut().unwrap();
+        spec.preferred_holder = None;
+        spec.strategy = None;
+        assert_eq!(preferred_holder(&lease), Some("b"));
+        assert_eq!(strategy(&lease), Some("OldestEmulationVersion"));
+        set_preferred_holder(&mut lease, None);
+        assert_eq!(preferred_holder(&lease), None);
+        assert_eq!(term(&lease), 0);
+    }
+}

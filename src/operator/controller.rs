@@ -1,0 +1,554 @@
+//! The arbiter's controller: caches, the per-lease reconcile, and carrying out decisions.
+//!
+//! Watches LeaseCandidates, the Leases it manages (label `arbiter.dev/managed`), and Pods (to
+//! know whether a candidate's pod runs). Every change enqueues the affected `(namespace,
+//! leaseName)`; one worker reconciles keys one at a time: build the pure inputs, call
+//! [`election::decide::decide`], carry out the one action it returns (every Lease write a
+//! compare-and-swap), update candidates' conditions, emit Events.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::metrics::Metrics;
+use super::queue::{Enqueue, LeaseKey, Queue};
+use super::{Settings, status, terms};
+use crate::api::LeaseCandidate;
+use crate::election::decide::{self, Action, Decision, PodState};
+use crate::lease::{self, LeaseStore, MANAGED_LABEL};
+
+/// The caches every replica keeps warm, leader or not.
+#[derive(Clone)]
+pub struct Caches {
+    pub candidates: Store<LeaseCandidate>,
+    pub leases: Store<Lease>,
+    pub pods: Store<Pod>,
+    /// Uids of deleted pods whose containers had all stopped: proof that their processes are
+    /// gone (a pod removed while still running, e.g. force-deleted, is not proof).
+    pub stopped_pods: Arc<Mutex<HashSet<String>>>,
+}
+
+/// The three watches, as one stream that ends only on error. Each event enqueues the leases it
+/// may affect.
+pub fn watch_all(
+    client: Client,
+    namespace: Option<&str>,
+    enqueue: Enqueue,
+) -> (Caches, BoxStream<'static, anyhow::Error>) {
+    let (candidates, cw) = reflector::store();
+    let (leases, lw) = reflector::store();
+    let (pods, pw) = reflector::store();
+    let stopped_pods = Arc::new(Mutex::new(HashSet::new()));
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let caches = Caches {
+        candidates,
+        leases,
+        pods,
+        stopped_pods: stopped_pods.clone(),
+    };
+
+    let e = enqueue.clone();
+    let candidate_events = watcher(
+        api::<LeaseCandidate>(&client, namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(cw)
+    .map(move |ev| {
+        for c in touched(ev?) {
+            e.key(key_of(&c));
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+    let e = enqueue.clone();
+    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+    let lease_events = watcher(api::<Lease>(&client, namespace), managed)
+        .default_backoff()
+        .reflect(lw)
+        .map(move |ev| {
+            for l in touched(ev?) {
+                e.key(LeaseKey {
+                    namespace: l.namespace().unwrap_or_default(),
+                    name: l.name_any(),
+                });
+            }
+            Ok(())
+        });
+    let e = enqueue;
+    let cands = caches.candidates.clone();
+    let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
+        .default_backoff()
+        .reflect(pw)
+        .map(move |ev| {
+            let ev = ev?;
+            if let watcher::Event::Delete(pod) = &ev
+                && containers_stopped(pod)
+            {
+                stopped_pods
+                    .lock()
+                    .unwrap()
+                    .insert(pod.uid().unwrap_or_default());
+            }
+            for pod in touched(ev) {
+                let uid = pod.uid();
+                for c in cands.state() {
+                    if owner_pod(&c).map(|(_, u)| Some(u)) == Some(uid.clone()) {
+                        e.key(key_of(&c));
+                    }
+                }
+            }
+            Ok(())
+        });
+    let errors = futures::stream::select(
+        candidate_events,
+        futures::stream::select(lease_events, pod_events),
+    )
+    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
+    .boxed();
+    (caches, errors)
+}
+
+fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
+    match ev {
+        watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => {
+            vec![o]
+        }
+        watcher::Event::Init | watcher::Event::InitDone => vec![],
+    }
+}
+
+fn key_of(c: &LeaseCandidate) -> LeaseKey {
+    LeaseKey {
+        namespace: c.namespace().unwrap_or_default(),
+        name: c.spec.lease_name.clone(),
+    }
+}
+
+/// The Pod a candidate belongs to: `(name, uid)` of its controlling Pod owner reference.
+fn owner_pod(c: &LeaseCandidate) -> Option<(String, String)> {
+    c.owner_references()
+        .iter()
+        .find(|o| o.kind == "Pod" && o.api_version == "v1")
+        .map(|o| (o.name.clone(), o.uid.clone()))
+}
+
+/// A deleted pod whose every container had terminated (what a kubelet reports before it
+/// removes the object), or that had reached a terminal phase.
+fn containers_stopped(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    !statuses.is_empty()
+        && statuses
+            .iter()
+            .all(|s| s.state.as_ref().is_some_and(|st| st.terminated.is_some()))
+}
+
+/// The arbiter's view of a candidate's pod.
+fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
+    let Some((name, uid)) = owner_pod(c) else {
+        return PodState::NoPod;
+    };
+    let ns = c.namespace().unwrap_or_default();
+    match caches.pods.get(&ObjectRef::new(&name).within(&ns)) {
+        Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            match phase {
+                Some("Succeeded" | "Failed") => PodState::Stopped,
+                _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
+                Some("Running") => PodState::Running,
+                _ => PodState::NotRunning,
+            }
+        }
+        _ if caches.stopped_pods.lock().unwrap().contains(&uid) => PodState::Stopped,
+        _ => PodState::Missing,
+    }
+}
+
+/// What the worker remembers between reconciles: when it first saw each Lease record.
+#[derive(Default)]
+struct Observed {
+    records: HashMap<LeaseKey, (String, Instant)>,
+}
+
+impl Observed {
+    /// How long the Lease record has been unchanged, on this process's monotonic clock.
+    fn unchanged_for(&mut self, key: &LeaseKey, lease: &Lease) -> Duration {
+        let fingerprint = serde_json::to_string(&lease.spec).unwrap_or_default();
+        let now = Instant::now();
+        let entry = self
+            .records
+            .entry(key.clone())
+            .or_insert_with(|| (fingerprint.clone(), now));
+        if entry.0 != fingerprint {
+            *entry = (fingerprint, now);
+        }
+        now - entry.1
+    }
+}
+
+/// The leader's reconcile loop. Returns only if the queue closes.
+pub async fn run(
+    client: Client,
+    caches: Caches,
+    mut queue: Queue,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+) {
+    let recorder = Recorder::new(client.clone(), settings.reporter());
+    let mut observed = Observed::default();
+    while let Some(key) = queue.next().await {
+        let start = Instant::now();
+        let requeue = match reconcile(
+            &client,
+            &caches,
+            &recorder,
+            &mut observed,
+            &settings,
+            &metrics,
+            &key,
+        )
+        .await
+        {
+            Ok(after) => after,
+            Err(err) => {
+                metrics.reconcile_errors.inc();
+                tracing::warn!(lease = %key, error = %format!("{err:#}"), "reconcile failed; retrying");
+                Some(Duration::from_secs(2))
+            }
+        };
+        metrics
+            .reconcile_duration
+            .observe(start.elapsed().as_secs_f64());
+        if let Some(after) = requeue {
+            queue.requeue(key, after);
+        }
+    }
+}
+
+async fn reconcile(
+    client: &Client,
+    caches: &Caches,
+    recorder: &Recorder,
+    observed: &mut Observed,
+    settings: &Settings,
+    metrics: &Metrics,
+    key: &LeaseKey,
+) -> anyhow::Result<Option<Duration>> {
+    let mut candidates: Vec<Arc<LeaseCandidate>> = caches
+        .candidates
+        .state()
+        .into_iter()
+        .filter(|c| {
+            c.namespace().as_deref() == Some(key.namespace.as_str())
+                && c.spec.lease_name == key.name
+        })
+        .collect();
+    candidates.sort_by_key(|c| c.name_any());
+    let lease = caches
+        .leases
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    metrics.candidates(key, candidates.len());
+
+    let inputs: Vec<decide::Candidate> = candidates
+        .iter()
+        .map(|c| decide::Candidate {
+            name: c.name_any(),
+            binary_version: c.spec.binary_version.clone(),
+            emulation_version: c.spec.emulation_version.clone(),
+            strategy: c.spec.strategy.clone(),
+            created: c
+                .creation_timestamp()
+                .map(|t| t.0)
+                .unwrap_or_else(jiff::Timestamp::now),
+            ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
+            renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
+            pod: pod_state(c, caches),
+        })
+        .collect();
+    let lease_view = lease.as_ref().map(|l| decide::Lease {
+        holder: lease::holder(l).map(str::to_string),
+        preferred_holder: lease::preferred_holder(l).map(str::to_string),
+        strategy: lease::strategy(l).map(str::to_string),
+        duration: lease::duration(l).unwrap_or(settings.lease_duration),
+        unchanged_for: observed.unchanged_for(key, l),
+    });
+    let decision = decide::decide(
+        &inputs,
+        lease_view.as_ref(),
+        jiff::Timestamp::now(),
+        &settings.rules,
+    );
+    tracing::debug!(lease = %key, action = ?decision.action, "decided");
+
+    let outcome = act(client, key, lease.as_deref(), &decision, settings).await?;
+    let holder = outcome
+        .as_ref()
+        .and_then(|l| lease::holder(l))
+        .or(lease.as_deref().and_then(lease::holder));
+    let term = outcome
+        .as_ref()
+        .or(lease.as_deref())
+        .map(lease::term)
+        .unwrap_or(0);
+    report(
+        client,
+        recorder,
+        metrics,
+        key,
+        &candidates,
+        &decision,
+        holder,
+        term,
+    )
+    .await;
+
+    // When to look again, even if nothing changes: at the holder's expiry, or after a wait.
+    Ok(match &decision.action {
+        Action::Nothing | Action::WaitForRelease { .. } => lease_view
+            .filter(|l| l.holder.is_some())
+            .map(|l| l.duration.saturating_sub(l.unchanged_for) + Duration::from_millis(100)),
+        Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
+        Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
+        _ => Some(Duration::from_secs(1)),
+    })
+}
+
+/// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
+async fn act(
+    client: &Client,
+    key: &LeaseKey,
+    lease: Option<&Lease>,
+    decision: &Decision,
+    settings: &Settings,
+) -> anyhow::Result<Option<Lease>> {
+    let store = LeaseStore::new(client.clone(), &key.namespace);
+    let duration = settings.lease_duration.as_secs() as i32;
+    let written = match (&decision.action, lease) {
+        (Action::CreateLease { holder, strategy }, _) => {
+            let mut l = Lease::default();
+            l.metadata.name = Some(key.name.clone());
+            l.metadata.namespace = Some(key.namespace.clone());
+            l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
+            l.spec = Some(LeaseSpec {
+                lease_duration_seconds: Some(duration),
+                ..LeaseSpec::default()
+            });
+            lease::set_strategy(&mut l, strategy);
+            if let Some(holder) = holder {
+                let term = terms::reserve(client.clone(), &key.namespace, &key.name, 0).await?;
+                assign(&mut l, holder, term, duration);
+            }
+            Some(store.create(&l).await?)
+        }
+        (Action::Assign { holder }, Some(current)) => {
+            let term = terms::reserve(
+                client.clone(),
+                &key.namespace,
+                &key.name,
+                lease::term(current),
+            )
+            .await?;
+            let mut l = current.clone();
+            assign(&mut l, holder, term, duration);
+            Some(store.replace(&l).await?)
+        }
+        (Action::RequestHandover { to }, Some(current)) => {
+            let mut l = current.clone();
+            lease::set_preferred_holder(&mut l, Some(to));
+            Some(store.replace(&l).await?)
+        }
+        (Action::ClearPreferredHolder, Some(current)) => {
+            let mut l = current.clone();
+            lease::set_preferred_holder(&mut l, None);
+            Some(store.replace(&l).await?)
+        }
+        (Action::SetStrategy { strategy }, Some(current)) => {
+            let mut l = current.clone();
+            lease::set_strategy(&mut l, strategy);
+            Some(store.replace(&l).await?)
+        }
+        (Action::Ping { candidates }, _) => {
+            let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+            let ping = json!({ "spec": { "pingTime": lease::now() } });
+            for name in candidates {
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&ping))
+                    .await?;
+            }
+            None
+        }
+        _ => None,
+    };
+    if let Some(l) = &written {
+        tracing::info!(lease = %key, action = ?decision.action, holder = ?lease::holder(l), term = lease::term(l), "lease written");
+    }
+    Ok(written)
+}
+
+/// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, and no
+/// incarnation until the new holder's agent renews.
+fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32) {
+    let now = lease::now();
+    let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = Some(holder.to_string());
+    spec.lease_transitions = Some(term);
+    spec.acquire_time = Some(now.clone());
+    spec.renew_time = Some(now);
+    spec.lease_duration_seconds = Some(duration);
+    lease::set_preferred_holder(l, None);
+    lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
+}
+
+/// Conditions on candidates, Events and metrics for what was decided and done.
+#[allow(clippy::too_many_arguments)]
+async fn report(
+    client: &Client,
+    recorder: &Recorder,
+    metrics: &Metrics,
+    key: &LeaseKey,
+    candidates: &[Arc<LeaseCandidate>],
+    decision: &Decision,
+    holder: Option<&str>,
+    term: i32,
+) {
+    let facts = status::LeaseFacts {
+        lease: &key.name,
+        holder,
+        term,
+    };
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+    for c in candidates {
+        let name = c.name_any();
+        let current = c
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let desired = status::conditions(&name, c.meta().generation, decision, &facts);
+        let Some(conditions) = status::merge(current, desired) else {
+            continue;
+        };
+        // Events on transitions only, so a steady state is quiet.
+        let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
+        let mut events = Vec::new();
+        if became(status::LEADER) {
+            events.push((
+                EventType::Normal,
+                "Elected",
+                format!("elected holder of lease {} at term {term}", key.name),
+            ));
+        }
+        if status::is_true(current, status::LEADER) && !status::is_true(&conditions, status::LEADER)
+        {
+            events.push((
+                EventType::Normal,
+                "Deposed",
+                format!("no longer holds lease {}", key.name),
+            ));
+        }
+        if became(status::STRATEGY_CONFLICT) {
+            metrics.strategy_conflicts.inc();
+            events.push((
+                EventType::Warning,
+                "StrategyConflict",
+                message(&conditions, status::STRATEGY_CONFLICT),
+            ));
+        }
+        if became(status::SKEW_VIOLATION) {
+            metrics.skew_violations.inc();
+            events.push((
+                EventType::Warning,
+                "SkewViolation",
+                message(&conditions, status::SKEW_VIOLATION),
+            ));
+        }
+        let patch = json!({ "status": { "conditions": conditions, "observedGeneration": c.meta().generation } });
+        if let Err(e) = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
+        }
+        for (type_, reason, note) in events {
+            publish(recorder, &c.object_ref(&()), type_, reason, note).await;
+        }
+    }
+    if let Action::RequestHandover { to } = &decision.action
+        && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
+    {
+        metrics.handovers.inc();
+        let note = format!("asked to hand lease {} over to {to}", key.name);
+        publish(
+            recorder,
+            &h.object_ref(&()),
+            EventType::Normal,
+            "HandoverRequested",
+            note,
+        )
+        .await;
+    }
+    if matches!(
+        decision.action,
+        Action::Assign { .. }
+            | Action::CreateLease {
+                holder: Some(_),
+                ..
+            }
+    ) {
+        metrics.leader_changes.inc();
+    }
+}
+
+fn message(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> String {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
+async fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, reference).await {
+        tracing::warn!(reason, error = %e, "publishing event failed");
+    }
+}

@@ -1,0 +1,156 @@
+//! The operator's own high availability: one replica acts, chosen through a Lease.
+//!
+//! Replicas race for the Lease by compare-and-swap. A holder renews every retry period; one
+//! that has not renewed for the renew deadline (on its monotonic clock) gives up by exiting the
+//! process. Others take over only after the record has been unchanged for the lease duration on
+//! *their* monotonic clock, or at once when the holder released it (on SIGTERM).
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::ResourceExt;
+
+use crate::lease::{self, CasError, LeaseStore};
+
+#[derive(Clone, Debug)]
+pub struct Timings {
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+pub struct Elector {
+    store: LeaseStore,
+    name: String,
+    identity: String,
+    timings: Timings,
+}
+
+/// Leadership was lost (the renew deadline passed); the caller must stop acting at once.
+#[derive(Debug, thiserror::Error)]
+#[error("lost leadership of lease {name}: no successful renew for {since:?}")]
+pub struct Lost {
+    pub name: String,
+    pub since: Duration,
+}
+
+impl Elector {
+    pub fn new(store: LeaseStore, name: &str, identity: &str, timings: Timings) -> Elector {
+        Elector {
+            store,
+            name: name.into(),
+            identity: identity.into(),
+            timings,
+        }
+    }
+
+    /// Waits until this replica holds the Lease.
+    pub async fn acquire(&self) {
+        let mut seen: Option<(String, Instant)> = None;
+        loop {
+            match self.try_acquire(&mut seen).await {
+                Ok(true) => return,
+                Ok(false) => {}
+                Err(e) => tracing::debug!(error = %e, "acquire attempt failed"),
+            }
+            tokio::time::sleep(self.timings.retry_period).await;
+        }
+    }
+
+    async fn try_acquire(&self, seen: &mut Option<(String, Instant)>) -> anyhow::Result<bool> {
+        let Some(current) = self.store.get(&self.name).await? else {
+            let mut l = Lease::default();
+            l.metadata.name = Some(self.name.clone());
+            l.spec = Some(self.record(1));
+            self.store.create(&l).await?;
+            tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease (created)");
+            return Ok(true);
+        };
+        let fingerprint = serde_json::to_string(&current.spec)?;
+        let now = Instant::now();
+        let first_seen = match seen {
+            Some((f, t)) if *f == fingerprint => *t,
+            _ => {
+                *seen = Some((fingerprint, now));
+                now
+            }
+        };
+        let free = match lease::holder(&current) {
+            None => true,
+            Some(h) if h == self.identity => true,
+            Some(_) => {
+                now - first_seen >= lease::duration(&current).unwrap_or(self.timings.lease_duration)
+            }
+        };
+        if !free {
+            return Ok(false);
+        }
+        let mut l = current.clone();
+        l.spec = Some(self.record(lease::term(&current) + 1));
+        self.store.replace(&l).await?;
+        tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease");
+        Ok(true)
+    }
+
+    fn record(&self, term: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(self.timings.lease_duration.as_secs() as i32),
+            lease_transitions: Some(term),
+            acquire_time: Some(lease::now()),
+            renew_time: Some(lease::now()),
+            ..LeaseSpec::default()
+        }
+    }
+
+    /// Renews every retry period; returns when leadership is lost.
+    pub async fn keep(&self) -> Lost {
+        let mut last_ok = Instant::now();
+        loop {
+            tokio::time::sleep(self.timings.retry_period).await;
+            match self.renew().await {
+                Ok(()) => last_ok = Instant::now(),
+                Err(e) => tracing::warn!(error = %e, "renewing the operator lease failed"),
+            }
+            let since = last_ok.elapsed();
+            if since >= self.timings.renew_deadline {
+                return Lost {
+                    name: self.name.clone(),
+                    since,
+                };
+            }
+        }
+    }
+
+    async fn renew(&self) -> anyhow::Result<()> {
+        let Some(mut l) = self.store.get(&self.name).await? else {
+            anyhow::bail!("operator lease {} was deleted", self.name)
+        };
+        if lease::holder(&l) != Some(self.identity.as_str()) {
+            anyhow::bail!(
+                "operator lease {} is now held by {:?}",
+                self.name,
+                lease::holder(&l)
+            );
+        }
+        l.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(lease::now());
+        self.store.replace(&l).await?;
+        Ok(())
+    }
+
+    /// Gives the Lease up (holder `""`) so a standby takes over at once.
+    pub async fn release(&self) -> Result<(), CasError> {
+        let Ok(Some(mut l)) = self.store.get(&self.name).await else {
+            return Ok(());
+        };
+        if lease::holder(&l) != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(String::new());
+        spec.renew_time = Some(lease::now());
+        self.store.replace(&l).await?;
+        tracing::info!(lease = %l.name_any(), "released operator lease");
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! Prometheus metrics and the `/metrics`, `/livez`, `/readyz` endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::queue::LeaseKey;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeaseLabels {
+    pub namespace: String,
+    pub lease: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub leader_changes: Counter,
+    pub handovers: Counter,
+    pub strategy_conflicts: Counter,
+    pub skew_violations: Counter,
+    pub reconcile_errors: Counter,
+    pub reconcile_duration: Histogram,
+    pub candidates_per_lease: Family<LeaseLabels, Gauge>,
+    /// 1 on the replica that acts, 0 on standbys.
+    pub active: Gauge,
+    /// Set once the caches have synced.
+    pub ready: AtomicBool,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("arbiter");
+        let m = Metrics {
+            leader_changes: Counter::default(),
+            handovers: Counter::default(),
+            strategy_conflicts: Counter::default(),
+            skew_violations: Counter::default(),
+            reconcile_errors: Counter::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            candidates_per_lease: Family::default(),
+            active: Gauge::default(),
+            ready: AtomicBool::new(false),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "leader_changes",
+            "Holders assigned (elections)",
+            m.leader_changes.clone(),
+        );
+        registry.register(
+            "handovers_requested",
+            "Handovers requested from a live holder",
+            m.handovers.clone(),
+        );
+        registry.register(
+            "strategy_conflicts",
+            "Candidates that entered a strategy conflict",
+            m.strategy_conflicts.clone(),
+        );
+        registry.register(
+            "skew_violations",
+            "Candidates that entered a skew violation",
+            m.skew_violations.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed and were retried",
+            m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time per reconcile",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "candidates",
+            "Candidates per lease",
+            m.candidates_per_lease.clone(),
+        );
+        registry.register(
+            "operator_active",
+            "1 on the operator replica that acts",
+            m.active.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    pub fn candidates(&self, key: &LeaseKey, n: usize) {
+        let labels = LeaseLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+        };
+        self.candidates_per_lease
+            .get_or_create(&labels)
+            .set(n as i64);
+    }
+
+    fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encoding to a String cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Serves `/metrics`, `/livez` and `/readyz` until the process ends.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(m): State<Arc<Metrics>>| async move { m.encode() }),
+        )
+        .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(m): State<Arc<Metrics>>| async move {
+                if m.ready.load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ok")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+                }
+            }),
+        )
+        .with_state(metrics);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+    axum::serve(listener, app).await?;
+    Ok(())
+}

@@ -1,0 +1,227 @@
+//! `arbiter operator`: the arbiter. Elects a holder per lease and hands leases over.
+//!
+//! Every replica keeps its caches warm; one replica acts, chosen through its own Lease
+//! ([`ha`]). The acting replica reconciles leases ([`controller`]); if it cannot renew its own
+//! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
+
+pub mod controller;
+pub mod ha;
+pub mod metrics;
+pub mod queue;
+pub mod status;
+pub mod terms;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::runtime::events::Reporter;
+
+use crate::election::decide::Rules;
+use crate::lease::LeaseStore;
+
+/// `arbiter operator` flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Settings {
+    /// Namespace of the operator's own HA Lease (default: POD_NAMESPACE, else the in-cluster
+    /// namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Only arbitrate leases in this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// Name of the operator's own HA Lease.
+    #[arg(long, default_value = "arbiter-operator")]
+    pub leader_election_lease: String,
+    /// This replica's identity in the HA Lease (default: POD_NAME, else the hostname, plus a
+    /// random suffix).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// leaseDurationSeconds written on the Leases the arbiter assigns.
+    #[arg(long, default_value = "15s", value_parser = humantime_duration)]
+    pub lease_duration: Duration,
+    /// How long a pinged candidate has to acknowledge.
+    #[arg(long, default_value = "5s", value_parser = humantime_duration)]
+    pub ack_window: Duration,
+    /// Report candidates whose binaryVersion is more than this many minor versions from the
+    /// oldest live candidate's.
+    #[arg(long)]
+    pub max_skew: Option<u64>,
+    /// Also refuse to elect such candidates (needs --max-skew).
+    #[arg(long, requires = "max_skew")]
+    pub refuse_skew: bool,
+    /// Operator HA: lease duration, renew deadline, retry period.
+    #[arg(long, default_value = "15s", value_parser = humantime_duration)]
+    pub ha_lease_duration: Duration,
+    #[arg(long, default_value = "10s", value_parser = humantime_duration)]
+    pub ha_renew_deadline: Duration,
+    #[arg(long, default_value = "2s", value_parser = humantime_duration)]
+    pub ha_retry_period: Duration,
+    /// Address for /metrics, /livez and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_address: SocketAddr,
+    /// Apply the LeaseCandidate CRD at start-up (server-side apply).
+    #[arg(long)]
+    pub install_crds: bool,
+    #[arg(skip)]
+    pub rules: Rules,
+}
+
+fn humantime_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): use e.g. 15s, 500ms, 1m"))
+}
+
+impl Settings {
+    pub fn reporter(&self) -> Reporter {
+        Reporter {
+            controller: "arbiter".into(),
+            instance: self.identity.clone(),
+        }
+    }
+
+    fn validate(&mut self) -> anyhow::Result<()> {
+        if self.ha_retry_period >= self.ha_renew_deadline
+            || self.ha_renew_deadline >= self.ha_lease_duration
+        {
+            anyhow::bail!("need --ha-retry-period < --ha-renew-deadline < --ha-lease-duration");
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            anyhow::bail!("--lease-duration must be at least 1s");
+        }
+        self.rules = Rules {
+            ack_window: self.ack_window,
+            ack_valid_for: self.ack_window * 2,
+            max_skew: self.max_skew,
+            refuse_skew: self.refuse_skew,
+        };
+        Ok(())
+    }
+}
+
+/// Runs the operator until it loses leadership, a watch dies, or SIGTERM/SIGINT.
+pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
+    settings.validate()?;
+    let client = Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?;
+    let namespace = settings
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = format!(
+        "{}-{:08x}",
+        settings
+            .identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "arbiter".into()),
+        rand_u32()
+    );
+    settings.identity = Some(identity.clone());
+    if settings.install_crds {
+        crate::api::apply_crds(client.clone(), Duration::from_secs(60)).await?;
+    }
+    check_crd(&client).await?;
+
+    let metrics = Arc::new(metrics::Metrics::new());
+    let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
+    let (enqueue, queue) = queue::queue();
+    let (caches, mut watch_errors) =
+        controller::watch_all(client.clone(), settings.watch_namespace.as_deref(), enqueue);
+    // Watch errors are retried with backoff inside the stream; log them. The stream ends only if
+    // the watches do, which must take the process down.
+    let watches = tokio::spawn(async move {
+        while let Some(e) = watch_errors.next().await {
+            tracing::warn!(error = %e, "watch error (retrying)");
+        }
+    });
+    let sync = {
+        let (c, l, p) = (
+            caches.candidates.clone(),
+            caches.leases.clone(),
+            caches.pods.clone(),
+        );
+        let m = metrics.clone();
+        async move {
+            let _ = tokio::join!(
+                c.wait_until_ready(),
+                l.wait_until_ready(),
+                p.wait_until_ready()
+            );
+            m.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!("caches synced");
+        }
+    };
+
+    let timings = ha::Timings {
+        lease_duration: settings.ha_lease_duration,
+        renew_deadline: settings.ha_renew_deadline,
+        retry_period: settings.ha_retry_period,
+    };
+    let elector = ha::Elector::new(
+        LeaseStore::new(client.clone(), &namespace),
+        &settings.leader_election_lease,
+        &identity,
+        timings,
+    );
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+
+    tracing::info!(%identity, %namespace, "standing by for the operator lease");
+    tokio::select! {
+        _ = async { sync.await; elector.acquire().await } => {}
+        _ = &mut shutdown => return Ok(()),
+        r = server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+        _ = watches => anyhow::bail!("watches ended"),
+    }
+    metrics.active.set(1);
+    tracing::info!(%identity, "acting as the arbiter");
+    let result = tokio::select! {
+        lost = elector.keep() => Err(anyhow::Error::new(lost)),
+        _ = controller::run(client.clone(), caches, queue, settings.clone(), metrics.clone()) => Err(anyhow::anyhow!("work queue closed")),
+        _ = &mut shutdown => Ok(()),
+    };
+    if result.is_ok() {
+        // A clean stop: hand the operator lease to a standby at once.
+        if let Err(e) = elector.release().await {
+            tracing::warn!(error = %e, "releasing the operator lease failed; a standby takes over at expiry");
+        }
+    }
+    result
+}
+
+/// A clear error when the CRD is not installed, instead of a watch that retries forever.
+async fn check_crd(client: &Client) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    let name = crate::api::LeaseCandidate::crd_name();
+    match kube::Api::<CustomResourceDefinition>::all(client.clone()).get_opt(name).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => anyhow::bail!("CRD {name} is not installed: apply crds/ (or run with --install-crds)"),
+        // Without RBAC to read CRDs, find out by listing candidates instead.
+        Err(_) => kube::Api::<crate::api::LeaseCandidate>::all(client.clone())
+            .list(&kube::api::ListParams::default().limit(1))
+            .await
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("cannot list LeaseCandidates (is CRD {name} installed, and may this account list it?): {e}")),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish() as u32
+}

@@ -1,0 +1,123 @@
+//! A work queue of lease keys: deduplicated, with delayed requeues, one worker.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::time::{DelayQueue, delay_queue};
+
+/// A lease: `(namespace, name)`. Every decision is made per key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for LeaseKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The sending side: anything that notices a change enqueues the affected lease.
+#[derive(Clone)]
+pub struct Enqueue(mpsc::UnboundedSender<LeaseKey>);
+
+impl Enqueue {
+    pub fn key(&self, key: LeaseKey) {
+        // The receiver lives as long as the worker; if it is gone the process is exiting.
+        let _ = self.0.send(key);
+    }
+}
+
+/// The receiving side, owned by the worker.
+pub struct Queue {
+    rx: mpsc::UnboundedReceiver<LeaseKey>,
+    ready: BTreeSet<LeaseKey>,
+    delayed: DelayQueue<LeaseKey>,
+    delay_keys: HashMap<LeaseKey, delay_queue::Key>,
+}
+
+pub fn queue() -> (Enqueue, Queue) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let q = Queue {
+        rx,
+        ready: BTreeSet::new(),
+        delayed: DelayQueue::new(),
+        delay_keys: HashMap::new(),
+    };
+    (Enqueue(tx), q)
+}
+
+impl Queue {
+    /// The next key to reconcile; `None` when every sender is gone.
+    pub async fn next(&mut self) -> Option<LeaseKey> {
+        loop {
+            // Drain whatever is already waiting so duplicates collapse.
+            while let Ok(key) = self.rx.try_recv() {
+                self.ready.insert(key);
+            }
+            if let Some(key) = self.ready.pop_first() {
+                if let Some(k) = self.delay_keys.remove(&key) {
+                    self.delayed.remove(&k);
+                }
+                return Some(key);
+            }
+            tokio::select! {
+                key = self.rx.recv() => { self.ready.insert(key?); }
+                Some(expired) = self.delayed.next(), if !self.delayed.is_empty() => {
+                    let key = expired.into_inner();
+                    self.delay_keys.remove(&key);
+                    self.ready.insert(key);
+                }
+            }
+        }
+    }
+
+    /// Reconcile `key` again after `after`, unless it is already due sooner.
+    pub fn requeue(&mut self, key: LeaseKey, after: Duration) {
+        match self.delay_keys.get(&key) {
+            Some(k) if self.delayed.deadline(k) <= tokio::time::Instant::now() + after => {}
+            Some(k) => self.delayed.reset(k, after),
+            None => {
+                let k = self.delayed.insert(key.clone(), after);
+                self.delay_keys.insert(key, k);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: &str) -> LeaseKey {
+        LeaseKey {
+            namespace: "ns".into(),
+            name: n.into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn duplicates_collapse_and_delays_fire() {
+        let (tx, mut q) = queue();
+        tx.key(key("a"));
+        tx.key(key("a"));
+        tx.key(key("b"));
+        assert_eq!(q.next().await, Some(key("a")));
+        assert_eq!(q.next().await, Some(key("b")));
+        q.requeue(key("c"), Duration::from_secs(10));
+        q.requeue(key("c"), Duration::from_secs(2)); // sooner wins
+        q.requeue(key("c"), Duration::from_secs(30)); // later is ignored
+        let start = tokio::time::Instant::now();
+        assert_eq!(q.next().await, Some(key("c")));
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        // A key enqueued directly drops its pending delay.
+        q.requeue(key("d"), Duration::from_secs(5));
+        tx.key(key("d"));
+        assert_eq!(q.next().await, Some(key("d")));
+        drop(tx);
+        assert_eq!(q.next().await, None);
+    }
+}

@@ -1,0 +1,179 @@
+//! Status conditions on LeaseCandidates, derived from a decision.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::election::decide::{Decision, Reason, Standing};
+use crate::election::strategy::Resolution;
+
+pub const LEADER: &str = "Leader";
+pub const ELIGIBLE: &str = "Eligible";
+pub const STRATEGY_CONFLICT: &str = "StrategyConflict";
+pub const SKEW_VIOLATION: &str = "SkewViolation";
+
+/// What the conditions are computed from, besides the decision.
+pub struct LeaseFacts<'a> {
+    pub lease: &'a str,
+    pub holder: Option<&'a str>,
+    pub term: i32,
+}
+
+fn cond(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: generation,
+        last_transition_time: Time(jiff::Timestamp::now()),
+    }
+}
+
+/// The conditions `candidate` should carry.
+pub fn conditions(
+    candidate: &str,
+    generation: Option<i64>,
+    decision: &Decision,
+    facts: &LeaseFacts,
+) -> Vec<Condition> {
+    let leader = match facts.holder {
+        Some(h) if h == candidate => cond(
+            LEADER,
+            true,
+            "Holder",
+            format!("holds lease {} at term {}", facts.lease, facts.term),
+            generation,
+        ),
+        Some(h) => cond(
+            LEADER,
+            false,
+            "NotHolder",
+            format!("lease {} is held by {h}", facts.lease),
+            generation,
+        ),
+        None => cond(
+            LEADER,
+            false,
+            "NoHolder",
+            format!("lease {} has no holder", facts.lease),
+            generation,
+        ),
+    };
+    let eligible = match decision.standings.get(candidate) {
+        Some(Standing::Eligible(liveness)) => cond(
+            ELIGIBLE,
+            true,
+            "Eligible",
+            format!("can be elected (liveness: {liveness:?})"),
+            generation,
+        ),
+        Some(Standing::Ineligible(reason)) => {
+            let (r, msg) = match reason {
+                Reason::InvalidVersion(e) => ("InvalidVersion", e.to_string()),
+                Reason::NoEmulationVersion => (
+                    "NoEmulationVersion",
+                    "OldestEmulationVersion needs an emulationVersion".to_string(),
+                ),
+                Reason::PodNotRunning(state) => {
+                    ("PodNotRunning", format!("the candidate's pod is {state:?}"))
+                }
+                Reason::Unresponsive => (
+                    "Unresponsive",
+                    "did not acknowledge the arbiter's ping".to_string(),
+                ),
+                Reason::Skew(v) => (
+                    "SkewViolation",
+                    format!(
+                        "binaryVersion {} is too far from the oldest live candidate's {}",
+                        v.version, v.oldest
+                    ),
+                ),
+            };
+            cond(ELIGIBLE, false, r, msg, generation)
+        }
+        None => cond(
+            ELIGIBLE,
+            false,
+            "Unknown",
+            "not considered".into(),
+            generation,
+        ),
+    };
+    let conflict = match &decision.strategy {
+        Resolution::Conflict {
+            version,
+            strategies,
+            candidates,
+        } if candidates.iter().any(|c| c == candidate) => cond(
+            STRATEGY_CONFLICT,
+            true,
+            "StrategyConflict",
+            format!(
+                "candidates at binaryVersion {version} declare different strategies ({}); the lease is left unchanged until they agree",
+                strategies.join(", ")
+            ),
+            generation,
+        ),
+        _ => cond(
+            STRATEGY_CONFLICT,
+            false,
+            "NoConflict",
+            "strategies agree".into(),
+            generation,
+        ),
+    };
+    let skew = match decision
+        .skew_violations
+        .iter()
+        .find(|v| v.candidate == candidate)
+    {
+        Some(v) => cond(
+            SKEW_VIOLATION,
+            true,
+            "SkewViolation",
+            format!(
+                "binaryVersion {} is more minor versions than allowed from the oldest live {}",
+                v.version, v.oldest
+            ),
+            generation,
+        ),
+        None => cond(
+            SKEW_VIOLATION,
+            false,
+            "WithinSkew",
+            "within the allowed version skew".into(),
+            generation,
+        ),
+    };
+    vec![leader, eligible, conflict, skew]
+}
+
+/// `desired` with the transition times of unchanged conditions carried over from `current`;
+/// `None` if nothing but those times would change.
+pub fn merge(current: &[Condition], mut desired: Vec<Condition>) -> Option<Vec<Condition>> {
+    let mut changed = current.len() != desired.len();
+    for d in &mut desired {
+        match current.iter().find(|c| c.type_ == d.type_) {
+            Some(c) if c.status == d.status => {
+                d.last_transition_time = c.last_transition_time.clone();
+                changed |= c.reason != d.reason
+                    || c.message != d.message
+                    || c.observed_generation != d.observed_generation;
+            }
+            _ => changed = true,
+        }
+    }
+    changed.then_some(desired)
+}
+
+/// Whether `type_` is True in `conditions`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
