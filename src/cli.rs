@@ -18,7 +18,7 @@ pub enum Command {
     /// Print the CustomResourceDefinition YAML (what `crds/` holds), for `kubectl apply -f -`.
     Crd,
     /// Run the arbiter: elect a holder per lease, hand leases over, report status.
-    Operator(crate::operator::Settings),
+    Operator(Box<crate::operator::Settings>),
 }
 
 /// Runs the parsed command line.
@@ -29,7 +29,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::api::crd_yaml()?);
             Ok(())
         }
-        Command::Operator(settings) => crate::operator::run(settings).await,
+        Command::Operator(settings) => crate::operator::run(*settings).await,
     }
 }
 

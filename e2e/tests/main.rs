@@ -5,6 +5,7 @@
 
 mod control_plane;
 mod crd;
+mod operator;
 mod support;
 
 use std::future::Future;
@@ -37,6 +38,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     let mut all = Vec::new();
     all.extend(crd::tests());
     all.extend(control_plane::tests());
+    all.extend(operator::tests());
     all
 }
 

@@ -13,7 +13,8 @@
 //!   not confirmed stopped) is never replaced directly. A better candidate gets it only through
 //!   a **handover request** (`preferredHolder`), after which the holder releases.
 //! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
-//!   **assigned** at once to the best acknowledged candidate.
+//!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
+//!   stopped renewing) is passed over while anyone else can lead.
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
 //!   holder, and never touches the holder.
 //! - A **strategy conflict** changes nothing; it is reported.
@@ -314,8 +315,19 @@ pub fn decide(
         return decision(action);
     }
 
-    // An election: learn who is alive, then elect the best of those that answered.
-    let mut unknown: Vec<String> = ranked
+    // An election: learn who is alive, then elect the best of those that answered. A holder
+    // whose term lapsed without a renew does not get the next term while anyone else can take
+    // it: re-electing it would only repeat the lapse.
+    let lapsed = lease
+        .filter(|l| l.expired())
+        .and_then(|l| l.holder.as_deref());
+    let pool: Vec<&(Ranked, Liveness)> = match lapsed {
+        Some(h) if ranked.iter().any(|(r, _)| r.name != h) => {
+            ranked.iter().filter(|(r, _)| r.name != h).collect()
+        }
+        _ => ranked.iter().collect(),
+    };
+    let mut unknown: Vec<String> = pool
         .iter()
         .filter(|(_, l)| *l == Liveness::Unknown)
         .map(|(r, _)| r.name.to_string())
@@ -326,10 +338,15 @@ pub fn decide(
             candidates: unknown,
         });
     }
-    if ranked.iter().any(|(_, l)| *l == Liveness::Pending) {
+    if pool.iter().any(|(_, l)| *l == Liveness::Pending) {
         return decision(Action::WaitForAcks);
     }
-    let action = match (best_of(&|l| l == Liveness::Acked), lease) {
+    let acked = pool
+        .iter()
+        .filter(|(_, l)| *l == Liveness::Acked)
+        .map(|(r, _)| r);
+    let best = oldest_emulation::pick_best(acked).map(|r| r.name.to_string());
+    let action = match (best, lease) {
         (None, _) => Action::NoEligibleCandidate,
         (Some(holder), None) => Action::CreateLease {
             holder: Some(holder),

@@ -144,6 +144,26 @@ fn expired_lease_is_assigned_to_the_best_candidate() {
 }
 
 #[test]
+fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
+    let now = t0();
+    let cands = [
+        acked("lapsed", "1.19.0", now),
+        acked("other", "1.20.0", now),
+    ];
+    assert_eq!(
+        act(&cands, Some(&lease(Some("lapsed"), 15)), now),
+        assign("other")
+    );
+    // Alone, it may lead again (a new term).
+    assert_eq!(
+        act(&cands[..1], Some(&lease(Some("lapsed"), 15)), now),
+        assign("lapsed")
+    );
+    // A released lease is no lapse: the best candidate gets it back.
+    assert_eq!(act(&cands, Some(&lease(None, 15)), now), assign("lapsed"));
+}
+
+#[test]
 fn no_acknowledged_candidate_is_reported() {
     let now = t0() + secs(120);
     let silent = Candidate {
@@ -559,6 +579,7 @@ proptest! {
         rules in rules_strategy(),
     ) {
         let d = decide(&cands, lease.as_ref(), now(), &rules);
+        let lapsed = lease.as_ref().filter(|l| l.expired()).and_then(|l| l.holder.clone());
         if let Action::CreateLease { holder: Some(h), .. } | Action::Assign { holder: h } = &d.action {
             let me = cands.iter().find(|c| &c.name == h).unwrap();
             let key = |c: &Candidate| (
@@ -567,7 +588,9 @@ proptest! {
                 c.created,
                 c.name.clone(),
             );
-            for other in cands.iter().filter(|c| d.standings[&c.name] == Standing::Eligible(Liveness::Acked)) {
+            let rivals = cands.iter().filter(|c| d.standings[&c.name] == Standing::Eligible(Liveness::Acked));
+            // The lapsed holder is passed over when anyone else can lead.
+            for other in rivals.filter(|c| Some(&c.name) != lapsed.as_ref() || lapsed.as_ref() == Some(h)) {
                 prop_assert!(key(me) <= key(other), "{} elected over better {}", h, other.name);
             }
         }

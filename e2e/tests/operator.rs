@@ -1,0 +1,409 @@
+//! `arbiter operator` against the real control plane: elections, handover, expiry, confirmed
+//! death, third-party strategies, conflicts, terms, and its own high availability.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arbiter::api::{LeaseCandidate, OLDEST_EMULATION_VERSION as OEV};
+use arbiter::lease;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::operator::{
+    Operator, Responder, create_candidate, hold_and_release, wait_for_holder,
+};
+use crate::support::standin::StandIn;
+use crate::support::{TestEnv, eventually};
+
+crate::tests![operator:
+    single_candidate_is_elected,
+    oldest_emulation_version_wins,
+    better_candidate_gets_the_lease_through_handover,
+    expired_lease_goes_to_a_live_candidate,
+    holder_pod_stopped_is_replaced_before_expiry,
+    third_party_strategy_gets_a_holderless_lease,
+    strategy_conflict_is_reported_and_changes_nothing,
+    term_survives_lease_deletion,
+    standby_operator_takes_over_on_sigterm,
+    standby_operator_takes_over_after_sigkill,
+    operator_without_rbac_exits_with_a_clear_error,
+];
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+async fn condition(env: &TestEnv, candidate: &str, type_: &str) -> Option<(String, String)> {
+    let api: Api<LeaseCandidate> = env.api();
+    let c = api.get(candidate).await.ok()?;
+    let cond = c
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    Some((cond.status, cond.reason))
+}
+
+async fn events_for(env: &TestEnv, name: &str) -> Vec<(String, String)> {
+    let api: Api<Event> = env.api();
+    let list = api.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+async fn single_candidate_is_elected(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["c1"]);
+    create_candidate(&env, "c1", "demo", "1.31.0", Some("1.31.0"), OEV, None).await;
+    let l = wait_for_holder(&env, "demo", "c1", DEADLINE).await;
+    assert_eq!(lease::term(&l), 1);
+    assert_eq!(
+        l.labels().get(lease::MANAGED_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(lease::strategy(&l), Some(OEV));
+    assert_eq!(lease::duration(&l), Some(Duration::from_secs(15)));
+    let leader = eventually("c1's Leader condition", DEADLINE, || {
+        condition(&env, "c1", "Leader")
+    })
+    .await;
+    assert_eq!(leader, ("True".into(), "Holder".into()));
+    let eligible = condition(&env, "c1", "Eligible").await.unwrap();
+    assert_eq!(eligible.0, "True");
+    let events = eventually("an Elected event", DEADLINE, || async {
+        let ev = events_for(&env, "c1").await;
+        ev.iter().any(|(r, _)| r == "Elected").then_some(ev)
+    })
+    .await;
+    assert!(
+        events.iter().any(|(_, m)| m.contains("term 1")),
+        "{events:?}"
+    );
+}
+
+/// kep4355.md §6.7 TestMultipleLeaseCandidate: (binary/emulation) 1.20/1.20, 1.20/1.19,
+/// 1.19/1.19, 1.20/1.19 elect baz3 (1.19/1.19).
+async fn oldest_emulation_version_wins(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(
+        env.client.clone(),
+        &env.ns,
+        &["baz1", "baz2", "baz3", "baz4"],
+    );
+    for (name, bin, emu) in [
+        ("baz1", "1.20.0", "1.20.0"),
+        ("baz2", "1.20.0", "1.19.0"),
+        ("baz3", "1.19.0", "1.19.0"),
+        ("baz4", "1.20.0", "1.19.0"),
+    ] {
+        create_candidate(&env, name, "multi", bin, Some(emu), OEV, None).await;
+    }
+    wait_for_holder(&env, "multi", "baz3", DEADLINE).await;
+    for other in ["baz1", "baz2", "baz4"] {
+        let leader = eventually("Leader=False/NotHolder on the others", DEADLINE, || async {
+            condition(&env, other, "Leader")
+                .await
+                .filter(|c| c.1 == "NotHolder")
+        })
+        .await;
+        assert_eq!(leader.0, "False");
+    }
+}
+
+async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["bar1", "bar2"]);
+    let holders = hold_and_release(env.client.clone(), &env.ns, "swap", &["bar1", "bar2"]);
+    create_candidate(&env, "bar1", "swap", "1.20.0", Some("1.20.0"), OEV, None).await;
+    wait_for_holder(&env, "swap", "bar1", DEADLINE).await;
+    create_candidate(&env, "bar2", "swap", "1.19.0", Some("1.19.0"), OEV, None).await;
+    // bar1 is live (renewed every 200 ms), so bar2 gets it only through bar1's release.
+    let api: Api<Lease> = env.api();
+    let requested = eventually("a handover request to bar2", DEADLINE, || async {
+        let l = api.get("swap").await.ok()?;
+        (lease::preferred_holder(&l) == Some("bar2")).then_some(l)
+    })
+    .await;
+    assert_eq!(
+        lease::holder(&requested),
+        Some("bar1"),
+        "the live holder is asked, not replaced"
+    );
+    let released_at = Instant::now();
+    let l = wait_for_holder(&env, "swap", "bar2", DEADLINE).await;
+    let gap = released_at.elapsed();
+    assert_eq!(lease::term(&l), 2);
+    assert_eq!(
+        lease::preferred_holder(&l),
+        None,
+        "the preferred holder is cleared on assignment"
+    );
+    assert!(
+        gap < Duration::from_secs(5),
+        "handover took {gap:?}; the lease duration is 15 s"
+    );
+    let events = events_for(&env, "bar1").await;
+    assert!(
+        events.iter().any(|(r, _)| r == "HandoverRequested"),
+        "{events:?}"
+    );
+    holders.abort();
+}
+
+async fn expired_lease_goes_to_a_live_candidate(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &["--lease-duration", "4s"]);
+    let r = Responder::start(env.client.clone(), &env.ns, &["old", "young"]);
+    create_candidate(&env, "old", "exp", "1.19.0", Some("1.19.0"), OEV, None).await;
+    let first = wait_for_holder(&env, "exp", "old", DEADLINE).await;
+    let assigned_at = Instant::now();
+    // "old" never renews and goes silent; "young" (newer, so not preferred) is alive.
+    r.silence("old");
+    create_candidate(&env, "young", "exp", "1.20.0", Some("1.20.0"), OEV, None).await;
+    let l = wait_for_holder(&env, "exp", "young", DEADLINE).await;
+    let waited = assigned_at.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4),
+        "reassigned after {waited:?}, before the 4 s lease expired"
+    );
+    assert_eq!(lease::term(&l), lease::term(&first) + 1);
+    let eligible = eventually("old to be Unresponsive", DEADLINE, || async {
+        condition(&env, "old", "Eligible")
+            .await
+            .filter(|c| c.1 == "Unresponsive")
+    })
+    .await;
+    assert_eq!(eligible.0, "False");
+}
+
+fn owned_by(si: &StandIn) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: si.name.clone(),
+        uid: si.uid.clone(),
+        ..OwnerReference::default()
+    }
+}
+
+async fn holder_pod_stopped_is_replaced_before_expiry(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &["--lease-duration", "60s"]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["pod-a", "pod-b"]);
+    let sleep = ["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"];
+    let a = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "pod-a",
+        BTreeMap::new(),
+        5,
+        "sh",
+        &sleep,
+    )
+    .await;
+    let b = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "pod-b",
+        BTreeMap::new(),
+        5,
+        "sh",
+        &sleep,
+    )
+    .await;
+    create_candidate(
+        &env,
+        "pod-a",
+        "dead",
+        "1.19.0",
+        Some("1.19.0"),
+        OEV,
+        Some(owned_by(&a)),
+    )
+    .await;
+    create_candidate(
+        &env,
+        "pod-b",
+        "dead",
+        "1.20.0",
+        Some("1.20.0"),
+        OEV,
+        Some(owned_by(&b)),
+    )
+    .await;
+    wait_for_holder(&env, "dead", "pod-a", DEADLINE).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    pods.delete("pod-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    a.wait_exit(DEADLINE).await;
+    let stopped = Instant::now();
+    // The holder's pod is confirmed stopped: no need to wait out the 60 s lease.
+    wait_for_holder(&env, "dead", "pod-b", Duration::from_secs(20)).await;
+    assert!(stopped.elapsed() < Duration::from_secs(20));
+}
+
+async fn third_party_strategy_gets_a_holderless_lease(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["foo1"]);
+    create_candidate(&env, "foo1", "tp", "1.20.0", None, "foo.com/bar", None).await;
+    let api: Api<Lease> = env.api();
+    let l = eventually("the third-party lease", DEADLINE, || async {
+        api.get_opt("tp").await.ok()?
+    })
+    .await;
+    assert_eq!(lease::strategy(&l), Some("foo.com/bar"));
+    assert_eq!(lease::holder(&l), None);
+    // Left alone: still no holder a while later, though a candidate is alive.
+    let later = eventually("Eligible condition on foo1", DEADLINE, || {
+        condition(&env, "foo1", "Leader")
+    })
+    .await;
+    assert_eq!(later.0, "False");
+    assert_eq!(lease::holder(&api.get("tp").await.unwrap()), None);
+}
+
+async fn strategy_conflict_is_reported_and_changes_nothing(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["x", "y"]);
+    create_candidate(&env, "x", "conflict", "1.31.0", Some("1.31.0"), OEV, None).await;
+    create_candidate(
+        &env,
+        "y",
+        "conflict",
+        "1.31.0",
+        None,
+        "example.com/other",
+        None,
+    )
+    .await;
+    // x may be elected before y shows up; either way, once both exist nothing changes.
+    for name in ["x", "y"] {
+        let c = eventually("StrategyConflict=True", DEADLINE, || async {
+            condition(&env, name, "StrategyConflict")
+                .await
+                .filter(|c| c.0 == "True")
+        })
+        .await;
+        assert_eq!(c.1, "StrategyConflict");
+    }
+    let events = eventually("a StrategyConflict event", DEADLINE, || async {
+        let ev = events_for(&env, "y").await;
+        ev.iter()
+            .any(|(r, _)| r == "StrategyConflict")
+            .then_some(ev)
+    })
+    .await;
+    assert!(
+        events.iter().any(|(_, m)| m.contains("example.com/other")),
+        "{events:?}"
+    );
+    let api: Api<Lease> = env.api();
+    if let Some(l) = api.get_opt("conflict").await.unwrap() {
+        assert_ne!(lease::holder(&l), Some("y"));
+    }
+}
+
+async fn term_survives_lease_deletion(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["t1"]);
+    create_candidate(&env, "t1", "terms", "1.0.0", Some("1.0.0"), OEV, None).await;
+    let first = wait_for_holder(&env, "terms", "t1", DEADLINE).await;
+    let api: Api<Lease> = env.api();
+    api.delete("terms", &DeleteParams::default()).await.unwrap();
+    let second = eventually("the lease to be recreated", DEADLINE, || async {
+        let l = api.get_opt("terms").await.ok()??;
+        (l.uid() != first.uid() && lease::holder(&l).is_some()).then_some(l)
+    })
+    .await;
+    assert!(
+        lease::term(&second) > lease::term(&first),
+        "term went from {} to {}",
+        lease::term(&first),
+        lease::term(&second)
+    );
+}
+
+/// The operator's own HA lease holder, if any.
+async fn ha_holder(env: &TestEnv) -> Option<String> {
+    let api: Api<Lease> = env.api();
+    api.get_opt("arbiter-operator")
+        .await
+        .ok()?
+        .as_ref()
+        .and_then(lease::holder)
+        .map(str::to_string)
+}
+
+async fn two_operators(env: &TestEnv) -> (Operator, Operator, String) {
+    let ha = [
+        "--ha-lease-duration",
+        "6s",
+        "--ha-renew-deadline",
+        "4s",
+        "--ha-retry-period",
+        "1s",
+    ];
+    let first = Operator::start(env, &ha);
+    let active = eventually("an active operator", DEADLINE, || ha_holder(env)).await;
+    let second = Operator::start(env, &ha);
+    (first, second, active)
+}
+
+async fn standby_operator_takes_over_on_sigterm(env: Arc<TestEnv>) {
+    let (mut first, _second, active) = two_operators(&env).await;
+    let _r = Responder::start(env.client.clone(), &env.ns, &["h1", "h2"]);
+    create_candidate(&env, "h1", "ha", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "ha", "h1", DEADLINE).await;
+    kill(Pid::from_raw(first.pid()), Signal::SIGTERM).unwrap();
+    assert_eq!(first.wait_exit(DEADLINE).await, Some(0));
+    let stopped = Instant::now();
+    let next = eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| *h != active)
+    })
+    .await;
+    assert!(
+        stopped.elapsed() < Duration::from_secs(4),
+        "takeover after release took {:?}",
+        stopped.elapsed()
+    );
+    assert_ne!(next, active);
+    // The new active replica arbitrates: a new lease gets a holder.
+    create_candidate(&env, "h2", "ha2", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "ha2", "h2", DEADLINE).await;
+}
+
+async fn standby_operator_takes_over_after_sigkill(env: Arc<TestEnv>) {
+    let (mut first, _second, active) = two_operators(&env).await;
+    kill(Pid::from_raw(first.pid()), Signal::SIGKILL).unwrap();
+    first.wait_exit(DEADLINE).await;
+    let killed = Instant::now();
+    eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| *h != active)
+    })
+    .await;
+    // Not before the 6 s HA lease expired on the standby's clock.
+    assert!(
+        killed.elapsed() >= Duration::from_secs(4),
+        "took over after {:?}",
+        killed.elapsed()
+    );
+}
+
+async fn operator_without_rbac_exits_with_a_clear_error(env: Arc<TestEnv>) {
+    let unprivileged = env.kubeconfig.with_file_name("kubeconfig-unprivileged");
+    let mut op = Operator::start_with(&unprivileged, &env.ns, &[]);
+    let code = op.wait_exit(DEADLINE).await;
+    assert_eq!(code, Some(1));
+    let logs = op.logs();
+    assert!(logs.contains("cannot list LeaseCandidates"), "{logs}");
+    assert!(logs.contains("forbidden") || logs.contains("403"), "{logs}");
+    // It never took the operator lease.
+    let api: Api<Lease> = env.api();
+    assert!(api.get_opt("arbiter-operator").await.unwrap().is_none());
+}

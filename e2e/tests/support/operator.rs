@@ -1,0 +1,225 @@
+//! The real `arbiter operator` as a child process, scoped to one test's namespace, and helpers
+//! that play candidates by answering its pings.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arbiter::api::{LeaseCandidate, LeaseCandidateSpec};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use super::{TestEnv, eventually};
+
+/// A running `arbiter operator`, killed on drop. Its log is kept in a file for failures.
+pub struct Operator {
+    child: Child,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Operator {
+    /// Starts the operator for `env`'s namespace, with `extra` flags.
+    pub fn start(env: &TestEnv, extra: &[&str]) -> Operator {
+        Self::start_with(&env.kubeconfig, &env.ns, extra)
+    }
+
+    pub fn start_with(kubeconfig: &Path, ns: &str, extra: &[&str]) -> Operator {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("operator.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_arbiter"))
+            .arg("operator")
+            .args([
+                "--namespace",
+                ns,
+                "--watch-namespace",
+                ns,
+                "--metrics-address",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,arbiter=debug")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("starting arbiter operator");
+        Operator {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit and returns its status code.
+    pub async fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                start.elapsed() < deadline,
+                "operator still running after {deadline:?}:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- operator log ({}) ---\n{}",
+                self.log.display(),
+                self.logs()
+            );
+        }
+    }
+}
+
+/// Creates a candidate (its renewTime set, as a registering candidate does).
+pub async fn create_candidate(
+    env: &TestEnv,
+    name: &str,
+    lease: &str,
+    binary: &str,
+    emulation: Option<&str>,
+    strategy: &str,
+    owner: Option<OwnerReference>,
+) -> LeaseCandidate {
+    let api: Api<LeaseCandidate> = env.api();
+    let mut c = LeaseCandidate::new(
+        name,
+        LeaseCandidateSpec {
+            lease_name: lease.into(),
+            binary_version: binary.into(),
+            emulation_version: emulation.map(str::to_string),
+            strategy: strategy.into(),
+            ping_time: None,
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+        },
+    );
+    c.metadata.owner_references = owner.map(|o| vec![o]);
+    api.create(&PostParams::default(), &c)
+        .await
+        .unwrap_or_else(|e| panic!("creating candidate {name}: {e}"))
+}
+
+/// Answers the arbiter's pings for the candidates named in `alive`, as candidate agents do:
+/// `renewTime` set to at least `pingTime`. Remove a name to make that candidate go silent.
+pub struct Responder {
+    pub alive: Arc<Mutex<HashSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Responder {
+    pub fn start(client: Client, ns: &str, alive: &[&str]) -> Responder {
+        let alive = Arc::new(Mutex::new(
+            alive.iter().map(|s| s.to_string()).collect::<HashSet<_>>(),
+        ));
+        let api: Api<LeaseCandidate> = Api::namespaced(client, ns);
+        let set = alive.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api.clone(), watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(ev) = events.next().await {
+                let Ok(c) = ev else { continue };
+                let (Some(ping), renew) = (&c.spec.ping_time, &c.spec.renew_time) else {
+                    continue;
+                };
+                let answered = renew.as_ref().is_some_and(|r| r.0 >= ping.0);
+                if answered || !set.lock().unwrap().contains(&c.name_any()) {
+                    continue;
+                }
+                let ack = ping.0.max(jiff::Timestamp::now());
+                let patch = json!({"spec": {"renewTime": MicroTime(ack)}});
+                let _ = api
+                    .patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+                    .await;
+            }
+        });
+        Responder { alive, task }
+    }
+
+    pub fn silence(&self, name: &str) {
+        self.alive.lock().unwrap().remove(name);
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Plays a well-behaved holder for every name in `names`: renews the Lease while it names one of
+/// them, and releases it (holder `""`, by compare-and-swap) when a different preferred holder is
+/// set. Returns the task; abort it to make the holders stop renewing.
+pub fn hold_and_release(
+    client: Client,
+    ns: &str,
+    lease: &str,
+    names: &[&str],
+) -> tokio::task::JoinHandle<()> {
+    let store = arbiter::lease::LeaseStore::new(client, ns);
+    let (lease, names): (String, Vec<String>) =
+        (lease.into(), names.iter().map(|s| s.to_string()).collect());
+    tokio::spawn(async move {
+        loop {
+            if let Ok(Some(mut l)) = store.get(&lease).await
+                && let Some(holder) = arbiter::lease::holder(&l).map(str::to_string)
+                && names.contains(&holder)
+            {
+                let release = arbiter::lease::preferred_holder(&l).is_some_and(|p| p != holder);
+                let spec = l.spec.as_mut().unwrap();
+                if release {
+                    spec.holder_identity = Some(String::new());
+                }
+                spec.renew_time = Some(arbiter::lease::now());
+                let _ = store.replace(&l).await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+/// Waits until the Lease names `holder`, and returns it.
+pub async fn wait_for_holder(
+    env: &TestEnv,
+    lease: &str,
+    holder: &str,
+    deadline: Duration,
+) -> Lease {
+    let api: Api<Lease> = env.api();
+    eventually(
+        &format!("lease {lease} held by {holder}"),
+        deadline,
+        || async {
+            let l = api.get_opt(lease).await.ok()??;
+            (arbiter::lease::holder(&l) == Some(holder)).then_some(l)
+        },
+    )
+    .await
+}
