@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod election;
 pub mod lease;
 pub mod operator;

@@ -27,6 +27,8 @@ crate::tests![operator:
     better_candidate_gets_the_lease_through_handover,
     expired_lease_goes_to_a_live_candidate,
     holder_pod_stopped_is_replaced_before_expiry,
+    lapsed_holder_pod_still_running_is_evicted,
+    eviction_blocked_by_pdb_is_reported_and_retried,
     third_party_strategy_gets_a_holderless_lease,
     strategy_conflict_is_reported_and_changes_nothing,
     term_survives_lease_deletion,
@@ -406,4 +408,118 @@ async fn operator_without_rbac_exits_with_a_clear_error(env: Arc<TestEnv>) {
     // It never took the operator lease.
     let api: Api<Lease> = env.api();
     assert!(api.get_opt("arbiter-operator").await.unwrap().is_none());
+}
+
+/// Two stand-in pods without agents as candidates of lease `name`; `a` is the best. Returns
+/// them once `a` holds the lease; only `b`'s lease renewals are played, so `a`'s term lapses.
+async fn lapsing_pair(
+    env: &TestEnv,
+    lease_name: &str,
+) -> (StandIn, StandIn, Responder, tokio::task::JoinHandle<()>) {
+    let r = Responder::start(env.client.clone(), &env.ns, &["pod-a", "pod-b"]);
+    let sleep = ["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"];
+    let labels = BTreeMap::from([("app".to_string(), "pair".to_string())]);
+    let a = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "pod-a",
+        labels.clone(),
+        5,
+        "sh",
+        &sleep,
+    )
+    .await;
+    let b = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "pod-b",
+        labels,
+        5,
+        "sh",
+        &sleep,
+    )
+    .await;
+    create_candidate(
+        env,
+        "pod-a",
+        lease_name,
+        "1.19.0",
+        Some("1.19.0"),
+        OEV,
+        Some(owned_by(&a)),
+    )
+    .await;
+    wait_for_holder(env, lease_name, "pod-a", DEADLINE).await;
+    let renew_b = hold_and_release(env.client.clone(), &env.ns, lease_name, &["pod-b"]);
+    create_candidate(
+        env,
+        "pod-b",
+        lease_name,
+        "1.20.0",
+        Some("1.20.0"),
+        OEV,
+        Some(owned_by(&b)),
+    )
+    .await;
+    (a, b, r, renew_b)
+}
+
+async fn lapsed_holder_pod_still_running_is_evicted(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &["--lease-duration", "3s"]);
+    let (a, _b, _r, renew_b) = lapsing_pair(&env, "lapse").await;
+    // pod-a never renews: its term lapses, pod-b gets the lease, and pod-a, still running with
+    // the same containers, is evicted: the stand-in kubelet sees the deletion and stops it.
+    wait_for_holder(&env, "lapse", "pod-b", DEADLINE).await;
+    assert_eq!(
+        a.wait_exit(DEADLINE).await,
+        0,
+        "pod-a's process was stopped by SIGTERM"
+    );
+    let events = eventually(
+        "an Evicted event on pod-a's candidate",
+        DEADLINE,
+        || async {
+            let ev = events_for(&env, "pod-a").await;
+            ev.iter().any(|(r, _)| r == "Evicted").then_some(ev)
+        },
+    )
+    .await;
+    assert!(
+        events.iter().any(|(_, m)| m.contains("(evict)")),
+        "{events:?}"
+    );
+    renew_b.abort();
+}
+
+async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let pdbs: Api<PodDisruptionBudget> = env.api();
+    let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pair"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "pair"}}},
+    }))
+    .unwrap();
+    pdbs.create(&Default::default(), &pdb).await.unwrap();
+    // The disruption controller must have computed the budget before evictions are judged.
+    eventually("the PDB to be observed", DEADLINE, || async {
+        let p = pdbs.get("pair").await.ok()?;
+        (p.status?.observed_generation? >= 1).then_some(())
+    })
+    .await;
+    let _op = Operator::start(&env, &["--lease-duration", "3s"]);
+    let (a, _b, _r, renew_b) = lapsing_pair(&env, "blocked").await;
+    wait_for_holder(&env, "blocked", "pod-b", DEADLINE).await;
+    eventually("an EvictionBlocked event", DEADLINE, || async {
+        events_for(&env, "pod-a")
+            .await
+            .iter()
+            .any(|(r, _)| r == "EvictionBlocked")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(a.exited(), None, "the PDB kept pod-a running");
+    // Lifting the budget lets the retry through.
+    pdbs.delete("pair", &DeleteParams::default()).await.unwrap();
+    assert_eq!(a.wait_exit(DEADLINE).await, 0);
+    renew_b.abort();
 }

@@ -165,8 +165,13 @@ pub enum Action {
         holder: Option<String>,
         strategy: String,
     },
-    /// Name a new holder by compare-and-swap: term + 1, preferred holder cleared.
-    Assign { holder: String },
+    /// Name a new holder by compare-and-swap: term + 1, preferred holder cleared. `lapsed`
+    /// names the previous holder when its term lapsed (it stopped renewing) rather than ended
+    /// by release or confirmed death: its pod may need to be forced to stop.
+    Assign {
+        holder: String,
+        lapsed: Option<String>,
+    },
     /// Set `pingTime` on these candidates to learn whether they are alive.
     Ping { candidates: Vec<String> },
     /// Pings are outstanding; decide again when they are answered or the window ends.
@@ -352,7 +357,10 @@ pub fn decide(
             holder: Some(holder),
             strategy,
         },
-        (Some(holder), Some(_)) => Action::Assign { holder },
+        (Some(holder), Some(_)) => Action::Assign {
+            lapsed: lapsed.filter(|l| *l != holder).map(str::to_string),
+            holder,
+        },
     };
     decision(action)
 }

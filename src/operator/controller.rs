@@ -21,7 +21,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::metrics::Metrics;
+use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
+use super::metrics::{MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
 use super::{Settings, status, terms};
 use crate::api::LeaseCandidate;
@@ -189,28 +190,6 @@ fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
     }
 }
 
-/// What the worker remembers between reconciles: when it first saw each Lease record.
-#[derive(Default)]
-struct Observed {
-    records: HashMap<LeaseKey, (String, Instant)>,
-}
-
-impl Observed {
-    /// How long the Lease record has been unchanged, on this process's monotonic clock.
-    fn unchanged_for(&mut self, key: &LeaseKey, lease: &Lease) -> Duration {
-        let fingerprint = serde_json::to_string(&lease.spec).unwrap_or_default();
-        let now = Instant::now();
-        let entry = self
-            .records
-            .entry(key.clone())
-            .or_insert_with(|| (fingerprint.clone(), now));
-        if entry.0 != fingerprint {
-            *entry = (fingerprint, now);
-        }
-        now - entry.1
-    }
-}
-
 /// The leader's reconcile loop. Returns only if the queue closes.
 pub async fn run(
     client: Client,
@@ -220,28 +199,27 @@ pub async fn run(
     metrics: Arc<Metrics>,
 ) {
     let recorder = Recorder::new(client.clone(), settings.reporter());
-    let mut observed = Observed::default();
+    let mut worker = Worker {
+        client,
+        caches,
+        recorder,
+        settings,
+        metrics,
+        seen: HashMap::new(),
+        deposer: Deposer::default(),
+    };
     while let Some(key) = queue.next().await {
         let start = Instant::now();
-        let requeue = match reconcile(
-            &client,
-            &caches,
-            &recorder,
-            &mut observed,
-            &settings,
-            &metrics,
-            &key,
-        )
-        .await
-        {
+        let requeue = match worker.reconcile(&key).await {
             Ok(after) => after,
             Err(err) => {
-                metrics.reconcile_errors.inc();
+                worker.metrics.reconcile_errors.inc();
                 tracing::warn!(lease = %key, error = %format!("{err:#}"), "reconcile failed; retrying");
                 Some(Duration::from_secs(2))
             }
         };
-        metrics
+        worker
+            .metrics
             .reconcile_duration
             .observe(start.elapsed().as_secs_f64());
         if let Some(after) = requeue {
@@ -250,168 +228,307 @@ pub async fn run(
     }
 }
 
-async fn reconcile(
-    client: &Client,
-    caches: &Caches,
-    recorder: &Recorder,
-    observed: &mut Observed,
-    settings: &Settings,
-    metrics: &Metrics,
-    key: &LeaseKey,
-) -> anyhow::Result<Option<Duration>> {
-    let mut candidates: Vec<Arc<LeaseCandidate>> = caches
-        .candidates
-        .state()
-        .into_iter()
-        .filter(|c| {
-            c.namespace().as_deref() == Some(key.namespace.as_str())
-                && c.spec.lease_name == key.name
-        })
-        .collect();
-    candidates.sort_by_key(|c| c.name_any());
-    let lease = caches
-        .leases
-        .get(&ObjectRef::new(&key.name).within(&key.namespace));
-    metrics.candidates(key, candidates.len());
-
-    let inputs: Vec<decide::Candidate> = candidates
-        .iter()
-        .map(|c| decide::Candidate {
-            name: c.name_any(),
-            binary_version: c.spec.binary_version.clone(),
-            emulation_version: c.spec.emulation_version.clone(),
-            strategy: c.spec.strategy.clone(),
-            created: c
-                .creation_timestamp()
-                .map(|t| t.0)
-                .unwrap_or_else(jiff::Timestamp::now),
-            ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
-            renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
-            pod: pod_state(c, caches),
-        })
-        .collect();
-    let lease_view = lease.as_ref().map(|l| decide::Lease {
-        holder: lease::holder(l).map(str::to_string),
-        preferred_holder: lease::preferred_holder(l).map(str::to_string),
-        strategy: lease::strategy(l).map(str::to_string),
-        duration: lease::duration(l).unwrap_or(settings.lease_duration),
-        unchanged_for: observed.unchanged_for(key, l),
-    });
-    let decision = decide::decide(
-        &inputs,
-        lease_view.as_ref(),
-        jiff::Timestamp::now(),
-        &settings.rules,
-    );
-    tracing::debug!(lease = %key, action = ?decision.action, "decided");
-
-    let outcome = act(client, key, lease.as_deref(), &decision, settings).await?;
-    let holder = outcome
-        .as_ref()
-        .and_then(|l| lease::holder(l))
-        .or(lease.as_deref().and_then(lease::holder));
-    let term = outcome
-        .as_ref()
-        .or(lease.as_deref())
-        .map(lease::term)
-        .unwrap_or(0);
-    report(
-        client,
-        recorder,
-        metrics,
-        key,
-        &candidates,
-        &decision,
-        holder,
-        term,
-    )
-    .await;
-
-    // When to look again, even if nothing changes: at the holder's expiry, or after a wait.
-    Ok(match &decision.action {
-        Action::Nothing | Action::WaitForRelease { .. } => lease_view
-            .filter(|l| l.holder.is_some())
-            .map(|l| l.duration.saturating_sub(l.unchanged_for) + Duration::from_millis(100)),
-        Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
-        Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
-        _ => Some(Duration::from_secs(1)),
-    })
+/// What one reconcile needs, and what the worker remembers between reconciles.
+struct Worker {
+    client: Client,
+    caches: Caches,
+    recorder: Recorder,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    /// Per lease: the record last seen, when this process first saw it, and its holder.
+    seen: HashMap<LeaseKey, Seen>,
+    deposer: Deposer,
 }
 
-/// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
-async fn act(
-    client: &Client,
-    key: &LeaseKey,
-    lease: Option<&Lease>,
-    decision: &Decision,
-    settings: &Settings,
-) -> anyhow::Result<Option<Lease>> {
-    let store = LeaseStore::new(client.clone(), &key.namespace);
-    let duration = settings.lease_duration.as_secs() as i32;
-    let written = match (&decision.action, lease) {
-        (Action::CreateLease { holder, strategy }, _) => {
-            let mut l = Lease::default();
-            l.metadata.name = Some(key.name.clone());
-            l.metadata.namespace = Some(key.namespace.clone());
-            l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
-            l.spec = Some(LeaseSpec {
-                lease_duration_seconds: Some(duration),
-                ..LeaseSpec::default()
-            });
-            lease::set_strategy(&mut l, strategy);
-            if let Some(holder) = holder {
-                let term = terms::reserve(client.clone(), &key.namespace, &key.name, 0).await?;
-                assign(&mut l, holder, term, duration);
+struct Seen {
+    fingerprint: String,
+    since: Instant,
+    holder: Option<String>,
+}
+
+impl Worker {
+    /// How long the Lease record has been unchanged, on this process's monotonic clock, and
+    /// the holder it had before if it just released.
+    fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>) {
+        let fingerprint = serde_json::to_string(&lease.spec).unwrap_or_default();
+        let holder = lease::holder(lease).map(str::to_string);
+        let now = Instant::now();
+        let seen = self.seen.entry(key.clone()).or_insert_with(|| Seen {
+            fingerprint: String::new(),
+            since: now,
+            holder: holder.clone(),
+        });
+        let mut released = None;
+        if seen.fingerprint != fingerprint {
+            if !seen.fingerprint.is_empty() && holder.is_none() {
+                released = seen.holder.clone();
             }
-            Some(store.create(&l).await?)
+            *seen = Seen {
+                fingerprint,
+                since: if seen.fingerprint.is_empty() {
+                    seen.since
+                } else {
+                    now
+                },
+                holder,
+            };
         }
-        (Action::Assign { holder }, Some(current)) => {
-            let term = terms::reserve(
-                client.clone(),
-                &key.namespace,
-                &key.name,
-                lease::term(current),
-            )
-            .await?;
-            let mut l = current.clone();
-            assign(&mut l, holder, term, duration);
-            Some(store.replace(&l).await?)
-        }
-        (Action::RequestHandover { to }, Some(current)) => {
-            let mut l = current.clone();
-            lease::set_preferred_holder(&mut l, Some(to));
-            Some(store.replace(&l).await?)
-        }
-        (Action::ClearPreferredHolder, Some(current)) => {
-            let mut l = current.clone();
-            lease::set_preferred_holder(&mut l, None);
-            Some(store.replace(&l).await?)
-        }
-        (Action::SetStrategy { strategy }, Some(current)) => {
-            let mut l = current.clone();
-            lease::set_strategy(&mut l, strategy);
-            Some(store.replace(&l).await?)
-        }
-        (Action::Ping { candidates }, _) => {
-            let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
-            let ping = json!({ "spec": { "pingTime": lease::now() } });
-            for name in candidates {
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&ping))
-                    .await?;
-            }
-            None
-        }
-        _ => None,
-    };
-    if let Some(l) = &written {
-        tracing::info!(lease = %key, action = ?decision.action, holder = ?lease::holder(l), term = lease::term(l), "lease written");
+        (now - seen.since, released)
     }
-    Ok(written)
+
+    fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
+        let (name, uid) = owner_pod(candidate)?;
+        let pod = self
+            .caches
+            .pods
+            .get(&ObjectRef::new(&name).within(&candidate.namespace()?))?;
+        (pod.uid().as_deref() == Some(uid.as_str())).then_some(pod)
+    }
+
+    async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Option<Duration>> {
+        let mut candidates: Vec<Arc<LeaseCandidate>> = self
+            .caches
+            .candidates
+            .state()
+            .into_iter()
+            .filter(|c| {
+                c.namespace().as_deref() == Some(key.namespace.as_str())
+                    && c.spec.lease_name == key.name
+            })
+            .collect();
+        candidates.sort_by_key(|c| c.name_any());
+        let lease = self
+            .caches
+            .leases
+            .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        self.metrics.candidates(key, candidates.len());
+
+        let inputs: Vec<decide::Candidate> = candidates
+            .iter()
+            .map(|c| decide::Candidate {
+                name: c.name_any(),
+                binary_version: c.spec.binary_version.clone(),
+                emulation_version: c.spec.emulation_version.clone(),
+                strategy: c.spec.strategy.clone(),
+                created: c
+                    .creation_timestamp()
+                    .map(|t| t.0)
+                    .unwrap_or_else(jiff::Timestamp::now),
+                ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
+                renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
+                pod: pod_state(c, &self.caches),
+            })
+            .collect();
+        let mut released = None;
+        let lease_view = match lease.as_deref() {
+            None => None,
+            Some(l) => {
+                let (unchanged_for, r) = self.observe(key, l);
+                released = r;
+                Some(decide::Lease {
+                    holder: lease::holder(l).map(str::to_string),
+                    preferred_holder: lease::preferred_holder(l).map(str::to_string),
+                    strategy: lease::strategy(l).map(str::to_string),
+                    duration: lease::duration(l).unwrap_or(self.settings.lease_duration),
+                    unchanged_for,
+                })
+            }
+        };
+        if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
+            let note = format!("released lease {}", key.name);
+            publish(
+                &self.recorder,
+                &h.object_ref(&()),
+                EventType::Normal,
+                "Released",
+                note,
+            )
+            .await;
+        }
+        let decision = decide::decide(
+            &inputs,
+            lease_view.as_ref(),
+            jiff::Timestamp::now(),
+            &self.settings.rules,
+        );
+        tracing::debug!(lease = %key, action = ?decision.action, "decided");
+
+        let written = self
+            .act(key, lease.as_deref(), &candidates, &decision)
+            .await?;
+        let holder = written
+            .as_ref()
+            .and_then(|l| lease::holder(l))
+            .or(lease.as_deref().and_then(lease::holder));
+        let term = written
+            .as_ref()
+            .or(lease.as_deref())
+            .map(lease::term)
+            .unwrap_or(0);
+        report(
+            &self.client,
+            &self.recorder,
+            &self.metrics,
+            key,
+            &candidates,
+            &decision,
+            holder,
+            term,
+        )
+        .await;
+
+        // A lapsed holder whose pod kept running with the same containers is forced out.
+        if let (
+            Some(_),
+            Action::Assign {
+                lapsed: Some(h), ..
+            },
+            Some(old),
+        ) = (&written, &decision.action, lease.as_deref())
+            && let Some(c) = candidates.iter().find(|c| c.name_any() == *h)
+            && let Some(pod) = self.pod_of(c)
+        {
+            let recorded = old
+                .annotations()
+                .get(RESTARTS_ANNOTATION)
+                .and_then(|v| v.parse::<i64>().ok());
+            tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
+            if recorded == Some(depose::restarts(&pod)) {
+                self.deposer.add(
+                    key,
+                    Target::new(
+                        h,
+                        &pod.name_any(),
+                        &pod.uid().unwrap_or_default(),
+                        depose::restarts(&pod),
+                    ),
+                );
+            }
+        }
+        let pods = self.caches.pods.clone();
+        let ns = key.namespace.clone();
+        let (outcomes, retry) = self
+            .deposer
+            .attempt(&self.client, key, self.settings.on_depose, |name| {
+                pods.get(&ObjectRef::new(name).within(&ns))
+                    .map(|p| (*p).clone())
+            })
+            .await;
+        for (target, outcome) in outcomes {
+            tracing::info!(lease = %key, pod = %target.pod, outcome = ?outcome, "forced exit");
+            if let depose::Outcome::Forced(policy) = &outcome {
+                self.metrics
+                    .forced_depositions
+                    .get_or_create(&MethodLabels {
+                        method: policy.as_str().into(),
+                    })
+                    .inc();
+            }
+            let (Some((type_, reason, note)), Some(c)) = (
+                outcome.event(&target),
+                candidates.iter().find(|c| c.name_any() == target.candidate),
+            ) else {
+                continue;
+            };
+            publish(&self.recorder, &c.object_ref(&()), type_, reason, note).await;
+        }
+
+        // When to look again, even if nothing changes: at the holder's expiry, or after a wait.
+        let after = match &decision.action {
+            Action::Nothing | Action::WaitForRelease { .. } => lease_view
+                .filter(|l| l.holder.is_some())
+                .map(|l| l.duration.saturating_sub(l.unchanged_for) + Duration::from_millis(100)),
+            Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
+            Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
+            _ => Some(Duration::from_secs(1)),
+        };
+        Ok(match (after, retry) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
+        })
+    }
+
+    /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
+    async fn act(
+        &self,
+        key: &LeaseKey,
+        lease: Option<&Lease>,
+        candidates: &[Arc<LeaseCandidate>],
+        decision: &Decision,
+    ) -> anyhow::Result<Option<Lease>> {
+        let client = &self.client;
+        let store = LeaseStore::new(client.clone(), &key.namespace);
+        let duration = self.settings.lease_duration.as_secs() as i32;
+        // The new holder's pod restarts, recorded to recognise a lapsed holder that never exited.
+        let restarts_of = |holder: &str| {
+            let c = candidates.iter().find(|c| c.name_any() == holder)?;
+            self.pod_of(c).map(|p| depose::restarts(&p))
+        };
+        let written = match (&decision.action, lease) {
+            (Action::CreateLease { holder, strategy }, _) => {
+                let mut l = Lease::default();
+                l.metadata.name = Some(key.name.clone());
+                l.metadata.namespace = Some(key.namespace.clone());
+                l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
+                l.spec = Some(LeaseSpec {
+                    lease_duration_seconds: Some(duration),
+                    ..LeaseSpec::default()
+                });
+                lease::set_strategy(&mut l, strategy);
+                if let Some(holder) = holder {
+                    let term = terms::reserve(client.clone(), &key.namespace, &key.name, 0).await?;
+                    assign(&mut l, holder, term, duration, restarts_of(holder));
+                }
+                Some(store.create(&l).await?)
+            }
+            (Action::Assign { holder, .. }, Some(current)) => {
+                let term = terms::reserve(
+                    client.clone(),
+                    &key.namespace,
+                    &key.name,
+                    lease::term(current),
+                )
+                .await?;
+                let mut l = current.clone();
+                assign(&mut l, holder, term, duration, restarts_of(holder));
+                Some(store.replace(&l).await?)
+            }
+            (Action::RequestHandover { to }, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_preferred_holder(&mut l, Some(to));
+                Some(store.replace(&l).await?)
+            }
+            (Action::ClearPreferredHolder, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_preferred_holder(&mut l, None);
+                Some(store.replace(&l).await?)
+            }
+            (Action::SetStrategy { strategy }, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_strategy(&mut l, strategy);
+                Some(store.replace(&l).await?)
+            }
+            (Action::Ping { candidates }, _) => {
+                let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+                let ping = json!({ "spec": { "pingTime": lease::now() } });
+                for name in candidates {
+                    api.patch(name, &PatchParams::default(), &Patch::Merge(&ping))
+                        .await?;
+                }
+                None
+            }
+            _ => None,
+        };
+        if let Some(l) = &written {
+            tracing::info!(lease = %key, action = ?decision.action, holder = ?lease::holder(l), term = lease::term(l), "lease written");
+        }
+        Ok(written)
+    }
 }
 
-/// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, and no
-/// incarnation until the new holder's agent renews.
-fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32) {
+/// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, no
+/// incarnation until the new holder's agent renews, and the holder pod's restart count.
+fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod_restarts: Option<i64>) {
     let now = lease::now();
     let spec = l.spec.get_or_insert_with(LeaseSpec::default);
     spec.holder_identity = Some(holder.to_string());
@@ -421,6 +538,11 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32) {
     spec.lease_duration_seconds = Some(duration);
     lease::set_preferred_holder(l, None);
     lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
+    lease::set_annotation(
+        l,
+        RESTARTS_ANNOTATION,
+        pod_restarts.map(|n| n.to_string()).as_deref(),
+    );
 }
 
 /// Conditions on candidates, Events and metrics for what was decided and done.

@@ -23,6 +23,11 @@ pub struct LeaseLabels {
     pub lease: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub leader_changes: Counter,
@@ -30,6 +35,8 @@ pub struct Metrics {
     pub strategy_conflicts: Counter,
     pub skew_violations: Counter,
     pub reconcile_errors: Counter,
+    /// Deposed holders' pods forced out, by method (evict, delete).
+    pub forced_depositions: Family<MethodLabels, Counter>,
     pub reconcile_duration: Histogram,
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
     /// 1 on the replica that acts, 0 on standbys.
@@ -47,6 +54,7 @@ impl Metrics {
             strategy_conflicts: Counter::default(),
             skew_violations: Counter::default(),
             reconcile_errors: Counter::default(),
+            forced_depositions: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             candidates_per_lease: Family::default(),
             active: Gauge::default(),

@@ -5,6 +5,7 @@
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
 pub mod controller;
+pub mod depose;
 pub mod ha;
 pub mod metrics;
 pub mod queue;
@@ -62,6 +63,9 @@ pub struct Settings {
     /// Address for /metrics, /livez and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_address: SocketAddr,
+    /// What to do with a deposed holder's pod that keeps running after its term lapsed.
+    #[arg(long, value_enum, default_value = "evict")]
+    pub on_depose: depose::OnDepose,
     /// Apply the LeaseCandidate CRD at start-up (server-side apply).
     #[arg(long)]
     pub install_crds: bool,
@@ -104,9 +108,7 @@ impl Settings {
 /// Runs the operator until it loses leadership, a watch dies, or SIGTERM/SIGINT.
 pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     settings.validate()?;
-    let client = Client::try_default()
-        .await
-        .map_err(|e| anyhow::anyhow!("connecting to the API server: {e}"))?;
+    let client = crate::client::connect().await?;
     let namespace = settings
         .namespace
         .clone()

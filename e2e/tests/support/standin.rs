@@ -132,6 +132,11 @@ impl StandIn {
         }
     }
 
+    /// The exit, if the process has exited.
+    pub fn exited(&self) -> Option<Exit> {
+        *self.exit.borrow()
+    }
+
     /// Waits until the process has exited (or panics after `deadline`).
     pub async fn wait_exit(&self, deadline: Duration) -> Exit {
         let mut rx = self.exit.clone();

@@ -63,6 +63,14 @@ fn create(holder: &str) -> Action {
 fn assign(holder: &str) -> Action {
     Action::Assign {
         holder: holder.into(),
+        lapsed: None,
+    }
+}
+
+fn assign_after_lapse(holder: &str, lapsed: &str) -> Action {
+    Action::Assign {
+        holder: holder.into(),
+        lapsed: Some(lapsed.into()),
     }
 }
 
@@ -139,7 +147,7 @@ fn expired_lease_is_assigned_to_the_best_candidate() {
             Some(&lease(Some("id-expired"), 15)),
             now
         ),
-        assign("id-1")
+        assign_after_lapse("id-1", "id-expired")
     );
 }
 
@@ -152,7 +160,7 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
     ];
     assert_eq!(
         act(&cands, Some(&lease(Some("lapsed"), 15)), now),
-        assign("other")
+        assign_after_lapse("other", "lapsed")
     );
     // Alone, it may lead again (a new term).
     assert_eq!(
@@ -298,7 +306,7 @@ fn holder_whose_pod_vanished_waits_for_expiry() {
     );
     assert_eq!(
         act(&cands, Some(&lease(Some("id-1"), 15)), now),
-        assign("id-2")
+        assign_after_lapse("id-2", "id-1")
     );
 }
 
@@ -515,7 +523,7 @@ fn elected(action: &Action) -> Option<&str> {
         Action::CreateLease {
             holder: Some(h), ..
         }
-        | Action::Assign { holder: h } => Some(h),
+        | Action::Assign { holder: h, .. } => Some(h),
         Action::RequestHandover { to } => Some(to),
         _ => None,
     }
@@ -580,7 +588,7 @@ proptest! {
     ) {
         let d = decide(&cands, lease.as_ref(), now(), &rules);
         let lapsed = lease.as_ref().filter(|l| l.expired()).and_then(|l| l.holder.clone());
-        if let Action::CreateLease { holder: Some(h), .. } | Action::Assign { holder: h } = &d.action {
+        if let Action::CreateLease { holder: Some(h), .. } | Action::Assign { holder: h, .. } = &d.action {
             let me = cands.iter().find(|c| &c.name == h).unwrap();
             let key = |c: &Candidate| (
                 Version::parse(c.emulation_version.as_deref().unwrap()).unwrap(),

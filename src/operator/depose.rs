@@ -1,0 +1,212 @@
+//! Forced exit: making a deposed holder's pod stop when its agent did not.
+//!
+//! When a holder's term lapses (it stopped renewing) and the lease goes to someone else, a
+//! well-behaved agent has already killed its workload and exited, so its container restarted.
+//! The arbiter records the holder pod's container restart count on the Lease when it assigns
+//! (annotation `arbiter.dev/holder-restarts`); if, after the lapse, that pod still runs with
+//! the same count, nothing in it exited (a hung or paused agent, or a workload without one),
+//! and the pod is evicted (policy `evict`, which honours PodDisruptionBudgets), deleted
+//! (`delete`), or only reported (`none`). A PDB refusal is reported as an Event and retried
+//! with backoff until the pod is gone or restarts.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, EvictParams};
+use kube::runtime::events::EventType;
+use kube::{Client, ResourceExt};
+
+use super::queue::LeaseKey;
+
+pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
+
+/// What to do with a deposed holder's pod that is still running.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDepose {
+    /// Evict it (honours PodDisruptionBudgets; retried while a PDB refuses).
+    Evict,
+    /// Delete it (ignores PodDisruptionBudgets).
+    Delete,
+    /// Only report it (Event `DeposedStillRunning`).
+    None,
+}
+
+impl OnDepose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDepose::Evict => "evict",
+            OnDepose::Delete => "delete",
+            OnDepose::None => "none",
+        }
+    }
+}
+
+/// Total container restarts of a pod.
+pub fn restarts(pod: &Pod) -> i64 {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    statuses.iter().map(|s| i64::from(s.restart_count)).sum()
+}
+
+/// A deposed holder's pod to force out.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub candidate: String,
+    pub pod: String,
+    pub uid: String,
+    pub restarts: i64,
+    attempts: u32,
+    next: Instant,
+}
+
+impl Target {
+    pub fn new(candidate: &str, pod: &str, uid: &str, restarts: i64) -> Target {
+        Target {
+            candidate: candidate.into(),
+            pod: pod.into(),
+            uid: uid.into(),
+            restarts,
+            attempts: 0,
+            next: Instant::now(),
+        }
+    }
+}
+
+/// What happened to a target on one attempt, for Events and metrics.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The pod stopped by itself (gone, restarted, or terminal): nothing to do.
+    Stopped,
+    Forced(OnDepose),
+    Reported,
+    Blocked(String),
+    Failed(String),
+}
+
+/// Outstanding forced exits, per lease.
+#[derive(Default)]
+pub struct Deposer {
+    pending: HashMap<LeaseKey, Vec<Target>>,
+}
+
+impl Deposer {
+    pub fn add(&mut self, key: &LeaseKey, target: Target) {
+        let list = self.pending.entry(key.clone()).or_default();
+        if !list.iter().any(|t| t.uid == target.uid) {
+            list.push(target);
+        }
+    }
+
+    /// Attempts every due target of `key`. Returns the outcomes, and when to try again.
+    pub async fn attempt(
+        &mut self,
+        client: &Client,
+        key: &LeaseKey,
+        policy: OnDepose,
+        current: impl Fn(&str) -> Option<Pod>,
+    ) -> (Vec<(Target, Outcome)>, Option<Duration>) {
+        let Some(list) = self.pending.remove(key) else {
+            return (Vec::new(), None);
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+        let mut outcomes = Vec::new();
+        let mut keep = Vec::new();
+        for mut t in list {
+            if t.next > Instant::now() {
+                keep.push(t);
+                continue;
+            }
+            let still_running = current(&t.pod).is_some_and(|p| {
+                p.uid().as_deref() == Some(t.uid.as_str())
+                    && p.metadata.deletion_timestamp.is_none()
+                    && restarts(&p) == t.restarts
+                    && !matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    )
+            });
+            if !still_running {
+                outcomes.push((t, Outcome::Stopped));
+                continue;
+            }
+            let result = match policy {
+                OnDepose::None => Ok(Outcome::Reported),
+                OnDepose::Evict => pods
+                    .evict(&t.pod, &EvictParams::default())
+                    .await
+                    .map(|_| Outcome::Forced(policy)),
+                OnDepose::Delete => pods
+                    .delete(&t.pod, &DeleteParams::default())
+                    .await
+                    .map(|_| Outcome::Forced(policy)),
+            };
+            match result {
+                Ok(outcome) => outcomes.push((t, outcome)),
+                Err(kube::Error::Api(s)) if s.code == 404 => outcomes.push((t, Outcome::Stopped)),
+                Err(e) => {
+                    let blocked = matches!(&e, kube::Error::Api(s) if s.code == 429);
+                    t.attempts += 1;
+                    t.next = Instant::now() + Duration::from_secs(1 << t.attempts.min(6));
+                    let outcome = if blocked {
+                        Outcome::Blocked(e.to_string())
+                    } else {
+                        Outcome::Failed(e.to_string())
+                    };
+                    outcomes.push((t.clone(), outcome));
+                    keep.push(t);
+                }
+            }
+        }
+        let retry = keep
+            .iter()
+            .map(|t| t.next.saturating_duration_since(Instant::now()))
+            .min();
+        if !keep.is_empty() {
+            self.pending.insert(key.clone(), keep);
+        }
+        (outcomes, retry)
+    }
+}
+
+impl Outcome {
+    /// The Event to publish on the deposed candidate, if any.
+    pub fn event(&self, t: &Target) -> Option<(EventType, &'static str, String)> {
+        match self {
+            Outcome::Stopped => None,
+            Outcome::Forced(p) => Some((
+                EventType::Normal,
+                "Evicted",
+                format!(
+                    "pod {} kept running after its term lapsed; forced out ({})",
+                    t.pod,
+                    p.as_str()
+                ),
+            )),
+            Outcome::Reported => Some((
+                EventType::Warning,
+                "DeposedStillRunning",
+                format!(
+                    "pod {} kept running after its term lapsed (policy none: left running)",
+                    t.pod
+                ),
+            )),
+            Outcome::Blocked(e) => Some((
+                EventType::Warning,
+                "EvictionBlocked",
+                format!(
+                    "evicting pod {} was refused, retrying with backoff: {e}",
+                    t.pod
+                ),
+            )),
+            Outcome::Failed(e) => Some((
+                EventType::Warning,
+                "EvictionFailed",
+                format!("forcing pod {} out failed, retrying: {e}", t.pod),
+            )),
+        }
+    }
+}
