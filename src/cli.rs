@@ -19,17 +19,35 @@ pub enum Command {
     Crd,
     /// Run the arbiter: elect a holder per lease, hand leases over, report status.
     Operator(Box<crate::operator::Settings>),
+    /// Run CMD only while this candidate holds the lease: `arbiter run [flags] -- CMD [ARGS...]`.
+    Run(Box<crate::agent::Settings>),
+    /// Internal: started by `arbiter run` to kill CMD's process group if the agent dies.
+    #[command(hide = true)]
+    Guard {
+        #[arg(long)]
+        pgid: i32,
+        #[arg(long)]
+        parent: i32,
+    },
 }
 
-/// Runs the parsed command line.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Parses durations such as `15s`, `500ms`, `1m`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): use e.g. 15s, 500ms, 1m"))
+}
+
+/// Runs the parsed command line; returns the process exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     init_logging(&cli.log_format);
     match cli.command {
         Command::Crd => {
             print!("{}", crate::api::crd_yaml()?);
-            Ok(())
+            Ok(0)
         }
-        Command::Operator(settings) => crate::operator::run(*settings).await,
+        Command::Operator(settings) => crate::operator::run(*settings).await.map(|()| 0),
+        Command::Run(settings) => crate::agent::run(*settings).await,
+        Command::Guard { pgid, parent } => crate::agent::guard(pgid, parent).map(|()| 0),
     }
 }
 

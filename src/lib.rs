@@ -3,9 +3,19 @@
 //! Candidates declare themselves in a [`api::LeaseCandidate`]; the operator elects one holder
 //! per Lease by version and skew rules, and the deposed holder stops before anyone else leads.
 
+pub mod agent;
 pub mod api;
+pub mod candidate;
 pub mod cli;
 pub mod client;
 pub mod election;
 pub mod lease;
 pub mod operator;
+
+/// A random id for process incarnations and replica identities (not for cryptography).
+pub(crate) fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}

@@ -4,7 +4,7 @@ use clap::Parser;
 async fn main() -> std::process::ExitCode {
     let cli = arbiter::cli::Cli::parse();
     match arbiter::cli::run(cli).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
             tracing::error!("{err:#}");
             eprintln!("error: {err:#}");

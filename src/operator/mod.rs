@@ -41,10 +41,10 @@ pub struct Settings {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// leaseDurationSeconds written on the Leases the arbiter assigns.
-    #[arg(long, default_value = "15s", value_parser = humantime_duration)]
+    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
     pub lease_duration: Duration,
     /// How long a pinged candidate has to acknowledge.
-    #[arg(long, default_value = "5s", value_parser = humantime_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::cli::parse_duration)]
     pub ack_window: Duration,
     /// Report candidates whose binaryVersion is more than this many minor versions from the
     /// oldest live candidate's.
@@ -54,11 +54,11 @@ pub struct Settings {
     #[arg(long, requires = "max_skew")]
     pub refuse_skew: bool,
     /// Operator HA: lease duration, renew deadline, retry period.
-    #[arg(long, default_value = "15s", value_parser = humantime_duration)]
+    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
     pub ha_lease_duration: Duration,
-    #[arg(long, default_value = "10s", value_parser = humantime_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
     pub ha_renew_deadline: Duration,
-    #[arg(long, default_value = "2s", value_parser = humantime_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
     pub ha_retry_period: Duration,
     /// Address for /metrics, /livez and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
@@ -71,11 +71,6 @@ pub struct Settings {
     pub install_crds: bool,
     #[arg(skip)]
     pub rules: Rules,
-}
-
-fn humantime_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("invalid duration {s:?} ({e}): use e.g. 15s, 500ms, 1m"))
 }
 
 impl Settings {
@@ -120,7 +115,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| "arbiter".into()),
-        rand_u32()
+        crate::random_id() as u32
     );
     settings.identity = Some(identity.clone());
     if settings.install_crds {
@@ -219,11 +214,4 @@ async fn shutdown_signal() {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
     }
-}
-
-fn rand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.finish() as u32
 }

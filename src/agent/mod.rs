@@ -1,0 +1,204 @@
+//! `arbiter run [flags] -- CMD [ARGS...]`: run CMD only while this candidate holds the lease.
+//!
+//! The agent registers a candidate and waits. When the arbiter names it holder, it renews once,
+//! then starts CMD with `ARBITER_LEASE`, `ARBITER_IDENTITY` and `ARBITER_TERM` (the fencing
+//! token) in its environment. When leadership ends for any reason it stops CMD's whole process
+//! group (SIGTERM, SIGKILL after `--kill-grace`) and exits:
+//!
+//! | what happened | the agent | exit code |
+//! |---|---|---|
+//! | handover requested (a better candidate) | stops CMD, releases the lease | 0 |
+//! | renew deadline passed, holder changed, lease deleted, a background task died | stops CMD | 1 |
+//! | SIGTERM / SIGINT | stops CMD, releases the lease, deletes its candidate | 0 |
+//! | CMD exited on its own | releases the lease, deletes its candidate | CMD's code |
+
+mod child;
+
+use std::time::Duration;
+
+use crate::api::OLDEST_EMULATION_VERSION;
+use crate::candidate::{Candidate, EndReason, State, Timings};
+use child::Workload;
+
+pub use child::guard;
+
+const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// `arbiter run` flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Settings {
+    /// The Lease to compete for.
+    #[arg(long)]
+    pub lease: String,
+    /// This candidate's name, and its holderIdentity (default: POD_NAME).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: String,
+    /// Namespace of the lease and candidate (default: POD_NAMESPACE, else the in-cluster namespace).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The version CMD is, e.g. 1.31.0.
+    #[arg(long)]
+    pub binary_version: String,
+    /// The version CMD emulates (default: the binary version).
+    #[arg(long)]
+    pub emulation_version: Option<String>,
+    /// OldestEmulationVersion, or a qualified third-party strategy name.
+    #[arg(long, default_value = OLDEST_EMULATION_VERSION)]
+    pub strategy: String,
+    /// Written as the lease's duration on every renew.
+    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
+    pub lease_duration: Duration,
+    /// Stop CMD when no renew has succeeded for this long.
+    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    pub renew_deadline: Duration,
+    /// How often to renew.
+    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
+    pub retry_period: Duration,
+    /// Time between SIGTERM and SIGKILL when stopping CMD.
+    #[arg(long, default_value = "3s", value_parser = crate::cli::parse_duration)]
+    pub kill_grace: Duration,
+    /// The Pod's uid, to make the candidate owned by (and deleted with) the Pod.
+    #[arg(long, env = "POD_UID", hide_env_values = true)]
+    pub pod_uid: Option<String>,
+    /// The command to run while leading.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+impl Settings {
+    fn check(&self) -> anyhow::Result<()> {
+        if self.renew_deadline + self.kill_grace >= self.lease_duration {
+            anyhow::bail!(
+                "--renew-deadline ({:?}) + --kill-grace ({:?}) must be less than --lease-duration ({:?}): otherwise CMD could still run when the lease is given to someone else",
+                self.renew_deadline,
+                self.kill_grace,
+                self.lease_duration
+            );
+        }
+        if self.retry_period >= self.renew_deadline {
+            anyhow::bail!(
+                "--retry-period ({:?}) must be less than --renew-deadline ({:?})",
+                self.retry_period,
+                self.renew_deadline
+            );
+        }
+        Ok(())
+    }
+
+    fn namespace(&self) -> anyhow::Result<String> {
+        if let Some(ns) = &self.namespace {
+            return Ok(ns.clone());
+        }
+        std::fs::read_to_string(NAMESPACE_FILE)
+            .map(|s| s.trim().to_string())
+            .map_err(|_| anyhow::anyhow!("no namespace: pass --namespace or set POD_NAMESPACE"))
+    }
+}
+
+/// Runs the agent; returns the process exit code.
+pub async fn run(settings: Settings) -> anyhow::Result<i32> {
+    settings.check()?;
+    let namespace = settings.namespace()?;
+    let client = crate::client::connect().await?;
+    let mut builder = Candidate::builder(&settings.lease, &settings.identity)
+        .namespace(&namespace)
+        .binary_version(&settings.binary_version)
+        .strategy(&settings.strategy)
+        .timings(Timings {
+            lease_duration: settings.lease_duration,
+            renew_deadline: settings.renew_deadline,
+            retry_period: settings.retry_period,
+        });
+    if let Some(v) = &settings.emulation_version {
+        builder = builder.emulation_version(v);
+    }
+    if let Some(uid) = &settings.pod_uid {
+        builder = builder.pod(&settings.identity, uid);
+    }
+    let handle = builder.start(client).await?;
+    let mut state = handle.state();
+    let mut workload: Option<Workload> = None;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+
+    loop {
+        tokio::select! {
+            changed = state.changed() => {
+                if changed.is_err() {
+                    continue; // the sender is gone: `failed()` reports why
+                }
+                let current = state.borrow_and_update().clone();
+                match current {
+                    State::Leading { term, .. } if workload.is_none() => {
+                        let env = [
+                            ("ARBITER_LEASE", settings.lease.clone()),
+                            ("ARBITER_IDENTITY", settings.identity.clone()),
+                            ("ARBITER_TERM", term.to_string()),
+                        ];
+                        match Workload::start(&settings.command, &env) {
+                            Ok(w) => workload = Some(w),
+                            Err(e) => {
+                                let _ = handle.release().await;
+                                handle.shutdown().await;
+                                return Err(e);
+                            }
+                        }
+                    }
+                    State::Ended { term, why } => {
+                        tracing::warn!(term, reason = ?why, "leadership ended: stopping the workload");
+                        if let Some(w) = workload.take() {
+                            w.stop(settings.kill_grace).await;
+                        }
+                        return Ok(match why {
+                            EndReason::Handover { to } => {
+                                match handle.release().await {
+                                    Ok(_) => tracing::info!(%to, "handed the lease over"),
+                                    Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire"),
+                                }
+                                0
+                            }
+                            _ => {
+                                // The lease may still name us (a slow API): give it back if so.
+                                let _ = handle.release().await;
+                                1
+                            }
+                        });
+                    }
+                    State::Failed(e) => {
+                        tracing::error!(error = %e, "a background task died: stopping the workload");
+                        if let Some(w) = workload.take() {
+                            w.stop(settings.kill_grace).await;
+                        }
+                        return Ok(1);
+                    }
+                    _ => {}
+                }
+            }
+            code = async { workload.as_mut().expect("guarded").wait().await }, if workload.is_some() => {
+                tracing::info!(code, "the workload exited on its own: releasing the lease");
+                if let Some(w) = workload.take() {
+                    w.finish().await;
+                }
+                handle.shutdown().await;
+                return Ok(code);
+            }
+            _ = &mut shutdown => {
+                if let Some(w) = workload.take() {
+                    w.stop(settings.kill_grace).await;
+                }
+                handle.shutdown().await;
+                return Ok(0);
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping"),
+    }
+}

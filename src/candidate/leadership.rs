@@ -1,0 +1,267 @@
+//! Holding a lease the arbiter assigned: take it, renew it, notice the end, release it.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Config, EndReason, State};
+use crate::lease::{self, INCARNATION_ANNOTATION, LeaseStore};
+
+/// What the lease says about this process.
+enum Standing {
+    /// Not assigned to this identity.
+    Other,
+    /// Assigned to this identity and free to take (a fresh assignment, or already ours).
+    Ours,
+    /// Assigned to this identity but held by an earlier process of it: must not be resumed.
+    Stale,
+    /// Ours, and the arbiter asks us to hand over to someone else.
+    HandoverTo(String),
+}
+
+fn standing(l: &Lease, config: &Config, incarnation: &str) -> Standing {
+    if lease::holder(l) != Some(config.identity.as_str()) {
+        return Standing::Other;
+    }
+    match l
+        .annotations()
+        .get(INCARNATION_ANNOTATION)
+        .map(String::as_str)
+    {
+        Some(i) if !i.is_empty() && i != incarnation => return Standing::Stale,
+        _ => {}
+    }
+    match lease::preferred_holder(l) {
+        Some(p) if p != config.identity => Standing::HandoverTo(p.to_string()),
+        _ => Standing::Ours,
+    }
+}
+
+/// One renew by compare-and-swap: the lease must still be ours. Returns the term.
+async fn renew(
+    store: &LeaseStore,
+    config: &Config,
+    incarnation: &str,
+) -> anyhow::Result<Result<i32, EndReason>> {
+    let Some(mut l) = store.get(&config.lease).await? else {
+        return Ok(Err(EndReason::LeaseDeleted));
+    };
+    match standing(&l, config, incarnation) {
+        Standing::Ours => {}
+        Standing::HandoverTo(to) => return Ok(Err(EndReason::Handover { to })),
+        Standing::Other | Standing::Stale => {
+            return Ok(Err(EndReason::HolderChanged(
+                lease::holder(&l).map(str::to_string),
+            )));
+        }
+    }
+    let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+    spec.renew_time = Some(lease::now());
+    spec.lease_duration_seconds = Some(config.timings.lease_duration.as_secs() as i32);
+    lease::set_annotation(&mut l, INCARNATION_ANNOTATION, Some(incarnation));
+    let written = store.replace(&l).await?;
+    Ok(Ok(lease::term(&written)))
+}
+
+/// Gives the lease up (holder `""`) if this process still holds it.
+pub async fn release(
+    store: &LeaseStore,
+    config: &Config,
+    incarnation: &str,
+) -> anyhow::Result<bool> {
+    let Some(mut l) = store.get(&config.lease).await? else {
+        return Ok(false);
+    };
+    if lease::holder(&l) != Some(config.identity.as_str())
+        || l.annotations()
+            .get(INCARNATION_ANNOTATION)
+            .is_some_and(|i| !i.is_empty() && i != incarnation)
+    {
+        return Ok(false);
+    }
+    let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = Some(String::new());
+    spec.renew_time = Some(lease::now());
+    store.replace(&l).await?;
+    tracing::info!(lease = %config.lease, "released the lease");
+    Ok(true)
+}
+
+/// Follows and leads, forever; returns only on error (the watch ended).
+pub async fn run(
+    client: Client,
+    config: Config,
+    incarnation: String,
+    state: watch::Sender<State>,
+) -> anyhow::Error {
+    let store = LeaseStore::new(client.clone(), &config.namespace);
+    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.lease));
+    let mut events = watcher(api, cfg).default_backoff().boxed();
+    let mut latest = Latest::default();
+    loop {
+        // Following: wait for the arbiter to name us.
+        state.send_replace(State::Following);
+        tracing::info!(lease = %config.lease, identity = %config.identity, "standing by: waiting for the arbiter to assign the lease");
+        loop {
+            match latest
+                .lease
+                .as_ref()
+                .map(|l| standing(l, &config, &incarnation))
+            {
+                Some(Standing::Ours) => break,
+                Some(Standing::Stale | Standing::HandoverTo(_)) => {
+                    // An earlier process of this identity held it (never resume its term), or
+                    // the arbiter already wants someone else: give it back without leading.
+                    tracing::warn!(lease = %config.lease, "the lease names this identity but is not ours to lead; releasing it");
+                    if let Err(e) = release(&store, &config, &incarnation).await {
+                        tracing::warn!(error = %e, "releasing a stale holding failed");
+                    }
+                }
+                _ => {}
+            }
+            match events.next().await {
+                None => return anyhow::anyhow!("the watch on lease {} ended", config.lease),
+                Some(Err(e)) => tracing::debug!(error = %e, "lease watch error (retrying)"),
+                Some(Ok(ev)) => {
+                    latest.apply(ev);
+                }
+            }
+        }
+
+        // Assigned: take it with one renew, then keep renewing.
+        let started = Instant::now();
+        let term = match renew(&store, &config, &incarnation).await {
+            Ok(Ok(term)) => term,
+            Ok(Err(why)) => {
+                tracing::info!(?why, "the assignment ended before it was taken");
+                tokio::time::sleep(config.timings.retry_period).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "taking the lease failed; retrying");
+                tokio::time::sleep(config.timings.retry_period).await;
+                continue;
+            }
+        };
+        let lost = CancellationToken::new();
+        state.send_replace(State::Leading {
+            term,
+            lost: lost.clone(),
+        });
+        tracing::info!(lease = %config.lease, term, "leading");
+        let why = lead(
+            &store,
+            &config,
+            &incarnation,
+            started,
+            &mut events,
+            &mut latest,
+        )
+        .await;
+        lost.cancel();
+        tracing::warn!(lease = %config.lease, term, reason = ?why, "leadership ended");
+        state.send_replace(State::Ended { term, why });
+        // Do not take the lease again until it has moved on from this term.
+        loop {
+            if latest.lease.as_ref().is_none_or(|l| {
+                lease::term(l) != term || lease::holder(l) != Some(config.identity.as_str())
+            }) {
+                break;
+            }
+            match events.next().await {
+                None => return anyhow::anyhow!("the watch on lease {} ended", config.lease),
+                Some(Ok(ev)) => {
+                    latest.apply(ev);
+                }
+                Some(Err(_)) => {}
+            }
+        }
+    }
+}
+
+/// Renews every retry period until leadership ends, and says why.
+async fn lead(
+    store: &LeaseStore,
+    config: &Config,
+    incarnation: &str,
+    mut last_ok: Instant,
+    events: &mut (impl futures::Stream<Item = Result<watcher::Event<Lease>, watcher::Error>> + Unpin),
+    latest: &mut Latest,
+) -> EndReason {
+    let t = &config.timings;
+    let mut tick = tokio::time::interval(t.retry_period);
+    tick.tick().await;
+    loop {
+        // Every renew is measured from when it was sent, so the deadline is conservative.
+        let deadline = last_ok + t.renew_deadline;
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return EndReason::RenewDeadline,
+            _ = tick.tick() => {
+                let sent = Instant::now();
+                match tokio::time::timeout_at(deadline, renew(store, config, incarnation)).await {
+                    Err(_) => return EndReason::RenewDeadline,
+                    Ok(Ok(Ok(_))) => last_ok = sent,
+                    Ok(Ok(Err(why))) => return why,
+                    Ok(Err(e)) => tracing::warn!(error = %e, "renew failed; retrying until the renew deadline"),
+                }
+            }
+            ev = events.next() => match ev {
+                None => return EndReason::Failed("the lease watch ended".into()),
+                Some(Err(_)) => {}
+                Some(Ok(ev)) => {
+                    if !latest.apply(ev) {
+                        continue;
+                    }
+                    // React at once to a handover request or a new holder.
+                    match latest.lease.as_ref().map(|l| standing(l, config, incarnation)) {
+                        None => return EndReason::LeaseDeleted,
+                        Some(Standing::HandoverTo(to)) => return EndReason::Handover { to },
+                        Some(Standing::Other | Standing::Stale) => {
+                            return EndReason::HolderChanged(latest.lease.as_ref().and_then(lease::holder).map(str::to_string));
+                        }
+                        Some(Standing::Ours) => {}
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// The lease as the watch last showed it. A relist (`Init` .. `InitDone`) replaces it only
+/// when complete, so a watch restart never looks like a deletion.
+#[derive(Default)]
+struct Latest {
+    lease: Option<Lease>,
+    relist: Option<Option<Lease>>,
+}
+
+impl Latest {
+    /// Applies a watch event; true when the view is settled (worth acting on).
+    fn apply(&mut self, ev: watcher::Event<Lease>) -> bool {
+        match ev {
+            watcher::Event::Apply(l) => self.lease = Some(l),
+            watcher::Event::Delete(_) => self.lease = None,
+            watcher::Event::Init => {
+                self.relist = Some(None);
+                return false;
+            }
+            watcher::Event::InitApply(l) => {
+                self.relist = Some(Some(l));
+                return false;
+            }
+            watcher::Event::InitDone => self.lease = self.relist.take().flatten(),
+        }
+        true
+    }
+}
+
+/// How long to wait for the API when releasing on the way out.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,0 +1,275 @@
+//! Being a candidate: the library side of arbiter's Lease protocol, for Rust programs that lead
+//! in-process (and the engine under `arbiter run`).
+//!
+//! A candidate registers a `LeaseCandidate`, answers the arbiter's pings, and **never takes a
+//! lease**: it leads only when the arbiter names it holder. It then renews by compare-and-swap
+//! every retry period. Leadership ends, and the term's cancellation token fires, as soon as any
+//! of these happens:
+//!
+//! - no renew has succeeded for the renew deadline (on this process's monotonic clock);
+//! - the lease names another holder, is deleted, or asks for a handover (`preferredHolder`);
+//! - a background task (a watch) dies.
+//!
+//! The token therefore fires no later than the renew deadline after the last successful renew,
+//! which is before the arbiter can assign the lease to anyone else (it waits for the lease
+//! duration on its own clock, and `renew_deadline + kill_grace < lease_duration`). Work guarded
+//! by a term must stop when its token fires; the term (`leaseTransitions`) is a fencing token
+//! to hand to any resource that can check it.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use arbiter::candidate::{Candidate, State};
+//!
+//! let client = arbiter::client::connect().await?;
+//! let handle = Candidate::builder("my-controller", "replica-0")
+//!     .namespace("my-app")
+//!     .binary_version("1.31.0")
+//!     .start(client)
+//!     .await?;
+//! let mut state = handle.state();
+//! loop {
+//!     if let State::Leading { term, lost } = state.borrow_and_update().clone() {
+//!         // Act as the leader, passing `term` to whatever checks fencing tokens...
+//!         tokio::select! {
+//!             _ = lost.cancelled() => { /* stop acting: leadership ended */ }
+//!             _ = do_work(term) => {}
+//!         }
+//!     }
+//!     state.changed().await?;
+//! }
+//! # }
+//! # async fn do_work(_term: i32) {}
+//! ```
+
+mod leadership;
+mod registration;
+
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::OLDEST_EMULATION_VERSION;
+use crate::lease::LeaseStore;
+
+/// Renewal timings (defaults: client-go's 15 s / 10 s / 2 s).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timings {
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Who the candidate is and what it runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub lease: String,
+    pub identity: String,
+    pub namespace: String,
+    pub binary_version: String,
+    pub emulation_version: Option<String>,
+    pub strategy: String,
+    /// The Pod this candidate runs in: its LeaseCandidate is owned by (and garbage-collected
+    /// with) the Pod.
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+    pub timings: Timings,
+}
+
+/// The candidate's leadership, as a watch channel value.
+#[derive(Clone, Debug)]
+pub enum State {
+    /// Registered; waiting for the arbiter to assign the lease.
+    Following,
+    /// Holding the lease at `term`. `lost` fires when leadership ends.
+    Leading { term: i32, lost: CancellationToken },
+    /// Leadership at `term` ended: stop acting now.
+    Ended { term: i32, why: EndReason },
+    /// A background task died: the candidate no longer follows the lease (final).
+    Failed(String),
+}
+
+/// Why leadership ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// The arbiter asked for a handover to a better candidate.
+    Handover {
+        to: String,
+    },
+    /// No renew succeeded for the renew deadline.
+    RenewDeadline,
+    /// The lease names someone else now.
+    HolderChanged(Option<String>),
+    LeaseDeleted,
+    /// The lease watch ended.
+    Failed(String),
+}
+
+/// Builds a [`Candidate`]. Only the lease and identity are required.
+pub struct Candidate {
+    config: Config,
+}
+
+impl Candidate {
+    pub fn builder(lease: &str, identity: &str) -> Candidate {
+        Candidate {
+            config: Config {
+                lease: lease.into(),
+                identity: identity.into(),
+                namespace: "default".into(),
+                binary_version: "0.0.0".into(),
+                emulation_version: None,
+                strategy: OLDEST_EMULATION_VERSION.into(),
+                pod_name: None,
+                pod_uid: None,
+                timings: Timings::default(),
+            },
+        }
+    }
+
+    pub fn namespace(mut self, ns: &str) -> Self {
+        self.config.namespace = ns.into();
+        self
+    }
+
+    /// Also sets the emulation version, unless one is given.
+    pub fn binary_version(mut self, v: &str) -> Self {
+        self.config.binary_version = v.into();
+        self
+    }
+
+    pub fn emulation_version(mut self, v: &str) -> Self {
+        self.config.emulation_version = Some(v.into());
+        self
+    }
+
+    pub fn strategy(mut self, s: &str) -> Self {
+        self.config.strategy = s.into();
+        self
+    }
+
+    /// The Pod this candidate runs in (name and uid).
+    pub fn pod(mut self, name: &str, uid: &str) -> Self {
+        self.config.pod_name = Some(name.into());
+        self.config.pod_uid = Some(uid.into());
+        self
+    }
+
+    pub fn timings(mut self, t: Timings) -> Self {
+        self.config.timings = t;
+        self
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Checks the timings, registers the candidate and starts following the lease.
+    pub async fn start(mut self, client: Client) -> anyhow::Result<Handle> {
+        let t = &self.config.timings;
+        if t.retry_period >= t.renew_deadline || t.renew_deadline >= t.lease_duration {
+            anyhow::bail!(
+                "timings must satisfy retry period ({:?}) < renew deadline ({:?}) < lease duration ({:?})",
+                t.retry_period,
+                t.renew_deadline,
+                t.lease_duration
+            );
+        }
+        if self.config.emulation_version.is_none()
+            && self.config.strategy == OLDEST_EMULATION_VERSION
+        {
+            self.config.emulation_version = Some(self.config.binary_version.clone());
+        }
+        registration::register(&client, &self.config).await?;
+        let incarnation = format!("{:016x}", crate::random_id());
+        let (tx, rx) = watch::channel(State::Following);
+        let config = self.config.clone();
+        let (c1, c2, inc) = (client.clone(), client.clone(), incarnation.clone());
+        let (cfg1, cfg2) = (config.clone(), config.clone());
+        let task = tokio::spawn(async move {
+            let e = tokio::select! {
+                e = registration::keep_fresh(c1, cfg1) => e,
+                e = leadership::run(c2, cfg2, inc, tx.clone()) => e,
+            };
+            // Whatever died, leadership ends with it: never a zombie leader.
+            if let State::Leading { lost, .. } = &*tx.borrow() {
+                lost.cancel();
+            }
+            tx.send_replace(State::Failed(format!("{e:#}")));
+            e
+        });
+        Ok(Handle {
+            client,
+            config,
+            incarnation,
+            state: rx,
+            task,
+        })
+    }
+}
+
+/// A running candidate.
+pub struct Handle {
+    client: Client,
+    config: Config,
+    incarnation: String,
+    state: watch::Receiver<State>,
+    task: tokio::task::JoinHandle<anyhow::Error>,
+}
+
+impl Handle {
+    /// The leadership state; `changed()` wakes on every transition.
+    pub fn state(&self) -> watch::Receiver<State> {
+        self.state.clone()
+    }
+
+    /// This process's incarnation (recorded on the lease while it holds it).
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Resolves when a background task dies (with its error). Leadership has then ended: the
+    /// state is `Failed`, and any term's token has fired.
+    pub async fn failed(&mut self) -> anyhow::Error {
+        match (&mut self.task).await {
+            Ok(e) => e,
+            Err(e) => anyhow::anyhow!("candidate task panicked: {e}"),
+        }
+    }
+
+    /// Gives the lease up if this process still holds it (after its work stopped), so the next
+    /// holder need not wait for expiry. Bounded by a short timeout.
+    pub async fn release(&self) -> anyhow::Result<bool> {
+        let store = LeaseStore::new(self.client.clone(), &self.config.namespace);
+        tokio::time::timeout(
+            leadership::RELEASE_TIMEOUT,
+            leadership::release(&store, &self.config, &self.incarnation),
+        )
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("releasing the lease timed out")))
+    }
+
+    /// Stops following, releases the lease if held, and deletes the candidate.
+    pub async fn shutdown(self) {
+        self.task.abort();
+        if let Err(e) = self.release().await {
+            tracing::warn!(error = %e, "releasing the lease on shutdown failed; it will expire");
+        }
+        registration::deregister(&self.client, &self.config).await;
+    }
+}

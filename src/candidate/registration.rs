@@ -1,0 +1,133 @@
+//! The candidate's LeaseCandidate: created on start, kept fresh, pings answered, deleted on a
+//! clean exit.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use super::Config;
+use crate::api::{LeaseCandidate, LeaseCandidateSpec};
+
+/// How often the candidate refreshes `renewTime` on its own (it also answers every ping).
+const REFRESH: Duration = Duration::from_secs(30);
+
+/// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
+pub async fn register(client: &Client, config: &Config) -> anyhow::Result<()> {
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
+    let spec = LeaseCandidateSpec {
+        lease_name: config.lease.clone(),
+        binary_version: config.binary_version.clone(),
+        emulation_version: config.emulation_version.clone(),
+        strategy: config.strategy.clone(),
+        ping_time: None,
+        renew_time: Some(MicroTime(jiff::Timestamp::now())),
+    };
+    match api.get_opt(&config.identity).await? {
+        Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
+            "LeaseCandidate {}/{} already exists for lease {:?}, and leaseName is immutable: delete it, or run with another identity",
+            config.namespace,
+            config.identity,
+            existing.spec.lease_name
+        ),
+        Some(_) => {
+            let patch = json!({ "spec": {
+                "binaryVersion": spec.binary_version,
+                "emulationVersion": spec.emulation_version,
+                "strategy": spec.strategy,
+                "renewTime": spec.renew_time,
+            }});
+            api.patch(
+                &config.identity,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        }
+        None => {
+            let mut candidate = LeaseCandidate::new(&config.identity, spec);
+            if let (Some(pod), Some(uid)) = (&config.pod_name, &config.pod_uid) {
+                candidate.metadata.owner_references = Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    name: pod.clone(),
+                    uid: uid.clone(),
+                    ..OwnerReference::default()
+                }]);
+            }
+            api.create(&PostParams::default(), &candidate)
+                .await
+                .map_err(|e| match &e {
+                    kube::Error::Api(s) if s.code == 422 => {
+                        anyhow::anyhow!("the API server refused the candidate: {}", s.message)
+                    }
+                    _ => anyhow::anyhow!(
+                        "creating LeaseCandidate {}/{}: {e}",
+                        config.namespace,
+                        config.identity
+                    ),
+                })?;
+        }
+    }
+    tracing::info!(candidate = %config.identity, lease = %config.lease, "registered as a candidate");
+    Ok(())
+}
+
+/// Answers pings and refreshes `renewTime`, forever. Returns only on error.
+pub async fn keep_fresh(client: Client, config: Config) -> anyhow::Error {
+    let api: Api<LeaseCandidate> = Api::namespaced(client, &config.namespace);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.identity));
+    let mut events = watcher(api.clone(), cfg)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    let mut refresh = tokio::time::interval(REFRESH);
+    refresh.tick().await;
+    loop {
+        let renew = tokio::select! {
+            ev = events.next() => match ev {
+                None => return anyhow::anyhow!("the watch on the candidate ended"),
+                Some(Err(e)) => { tracing::debug!(error = %e, "candidate watch error (retrying)"); continue }
+                // Answer a ping with renewTime >= pingTime, whatever this machine's clock says.
+                Some(Ok(c)) => match (&c.spec.ping_time, &c.spec.renew_time) {
+                    (Some(ping), renew) if renew.as_ref().is_none_or(|r| r.0 < ping.0) => {
+                        tracing::debug!(candidate = %c.name_any(), "answering ping");
+                        ping.0.max(jiff::Timestamp::now())
+                    }
+                    _ => continue,
+                },
+            },
+            _ = refresh.tick() => jiff::Timestamp::now(),
+        };
+        let patch = json!({ "spec": { "renewTime": MicroTime(renew) } });
+        if let Err(e) = api
+            .patch(
+                &config.identity,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            match &e {
+                kube::Error::Api(s) if s.code == 404 => {
+                    return anyhow::anyhow!("LeaseCandidate {} was deleted", config.identity);
+                }
+                _ => tracing::warn!(error = %e, "refreshing the candidate failed (retrying)"),
+            }
+        }
+    }
+}
+
+/// Deletes the candidate (on a clean exit).
+pub async fn deregister(client: &Client, config: &Config) {
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
+    match api.delete(&config.identity, &DeleteParams::default()).await {
+        Ok(_) => tracing::info!(candidate = %config.identity, "deregistered"),
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => tracing::warn!(error = %e, "deleting the candidate failed"),
+    }
+}
