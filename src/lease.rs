@@ -23,6 +23,8 @@ pub const STRATEGY_ANNOTATION: &str = "arbiter.dev/strategy";
 pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 /// The holding agent's process incarnation (a random id per start).
 pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
+/// Who last released the lease (set with `holderIdentity: ""`, cleared on assignment).
+pub const RELEASED_BY_ANNOTATION: &str = "arbiter.dev/released-by";
 
 /// A write that lost the compare-and-swap, or failed.
 #[derive(Debug, thiserror::Error)]

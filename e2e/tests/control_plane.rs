@@ -149,9 +149,11 @@ async fn stand_in_sigkill_after_grace_period(env: Arc<TestEnv>) {
         waited >= Duration::from_secs(1),
         "SIGKILL came {waited:?} after SIGTERM, before the grace period"
     );
-    // Nothing of the process group survives.
-    eventually("the whole process group to be gone", DEADLINE, || async {
-        (nix::sys::signal::killpg(nix::unistd::Pid::from_raw(si.pid), None).is_err()).then_some(())
+    // Nothing of the "container" (the process's session) survives, the grandchild included.
+    eventually("the whole container to be gone", DEADLINE, || async {
+        crate::support::standin::session_members(si.pid)
+            .is_empty()
+            .then_some(())
     })
     .await;
     eventually("the pod object to be gone", DEADLINE, || async {

@@ -3,6 +3,7 @@
 //! One cluster is shared by every test; each test runs in a namespace of its own. The cluster is
 //! started here and stopped at the end, unless `ARBITER_E2E_KUBECONFIG` names a running one.
 
+mod agent;
 mod control_plane;
 mod crd;
 mod operator;
@@ -39,6 +40,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(crd::tests());
     all.extend(control_plane::tests());
     all.extend(operator::tests());
+    all.extend(agent::tests());
     all
 }
 

@@ -89,6 +89,11 @@ pub async fn release(
     let spec = l.spec.get_or_insert_with(LeaseSpec::default);
     spec.holder_identity = Some(String::new());
     spec.renew_time = Some(lease::now());
+    lease::set_annotation(
+        &mut l,
+        lease::RELEASED_BY_ANNOTATION,
+        Some(&config.identity),
+    );
     store.replace(&l).await?;
     tracing::info!(lease = %config.lease, "released the lease");
     Ok(true)

@@ -14,7 +14,7 @@
 //!   a **handover request** (`preferredHolder`), after which the holder releases.
 //! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
 //!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
-//!   stopped renewing) is passed over while anyone else can lead.
+//!   stopped renewing), or that released it, is passed over while anyone else can lead.
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
 //!   holder, and never touches the holder.
 //! - A **strategy conflict** changes nothing; it is reported.
@@ -81,6 +81,8 @@ pub struct Lease {
     /// How long the record has been unchanged, on the arbiter's monotonic clock, since the
     /// arbiter first saw it (after a restart: since the restart).
     pub unchanged_for: Duration,
+    /// Who released the lease, when it has no holder because its holder stepped down.
+    pub released_by: Option<String>,
 }
 
 impl Lease {
@@ -321,12 +323,16 @@ pub fn decide(
     }
 
     // An election: learn who is alive, then elect the best of those that answered. A holder
-    // whose term lapsed without a renew does not get the next term while anyone else can take
-    // it: re-electing it would only repeat the lapse.
+    // whose term lapsed without a renew, or that just stepped down, does not get the next term
+    // while anyone else can take it: re-electing it would only repeat the lapse or undo the
+    // release (and a stepping-down candidate may be on its way out).
     let lapsed = lease
         .filter(|l| l.expired())
         .and_then(|l| l.holder.as_deref());
-    let pool: Vec<&(Ranked, Liveness)> = match lapsed {
+    let stepped_down = lease
+        .filter(|l| l.holder.is_none())
+        .and_then(|l| l.released_by.as_deref());
+    let pool: Vec<&(Ranked, Liveness)> = match lapsed.or(stepped_down) {
         Some(h) if ranked.iter().any(|(r, _)| r.name != h) => {
             ranked.iter().filter(|(r, _)| r.name != h).collect()
         }

@@ -331,6 +331,7 @@ impl Worker {
                     strategy: lease::strategy(l).map(str::to_string),
                     duration: lease::duration(l).unwrap_or(self.settings.lease_duration),
                     unchanged_for,
+                    released_by: l.annotations().get(lease::RELEASED_BY_ANNOTATION).cloned(),
                 })
             }
         };

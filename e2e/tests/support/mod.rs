@@ -1,5 +1,6 @@
 //! What every end-to-end test needs: the shared cluster, a namespace of its own, polling.
 
+pub mod agent;
 pub mod operator;
 pub mod standin;
 

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
 use tokio::process::Command;
@@ -53,6 +53,31 @@ impl StandIn {
         program: &str,
         args: &[&str],
     ) -> StandIn {
+        Self::spawn_with_env(
+            client,
+            namespace,
+            name,
+            labels,
+            grace_period_seconds,
+            program,
+            args,
+            &[],
+        )
+        .await
+    }
+
+    /// [`StandIn::spawn`] with extra environment variables for the process.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn spawn_with_env(
+        client: Client,
+        namespace: &str,
+        name: &str,
+        labels: BTreeMap<String, String>,
+        grace_period_seconds: i64,
+        program: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> StandIn {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let mut labels = labels;
         labels.insert(STAND_IN_LABEL.into(), "true".into());
@@ -76,14 +101,24 @@ impl StandIn {
             .expect("creating stand-in pod");
         let uid = pod.uid().expect("pod has a uid");
 
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(args)
+            .envs(envs.iter().copied())
             .env("POD_NAME", name)
             .env("POD_NAMESPACE", namespace)
             .env("POD_UID", &uid)
-            .process_group(0)
             .stdin(Stdio::null())
-            .kill_on_drop(false)
+            .kill_on_drop(false);
+        // Its own session: the "container" is every process in it, whatever groups they make.
+        unsafe {
+            command.pre_exec(|| {
+                nix::unistd::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("starting stand-in process {program}: {e}"));
         let pid = child.id().expect("child has a pid") as i32;
@@ -151,9 +186,7 @@ impl StandIn {
 impl Drop for StandIn {
     fn drop(&mut self) {
         // A test that ends early must not leave processes behind.
-        if self.exit.borrow().is_none() {
-            let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
-        }
+        kill_container(self.pid);
         self.task.abort();
     }
 }
@@ -188,7 +221,7 @@ async fn kubelet(
         tokio::select! {
             status = child.wait() => {
                 let code = status.map(exit_code).unwrap_or(-1);
-                let _ = killpg(Pid::from_raw(pid), send(Signal::SIGKILL)); // leftovers of the "container"
+                kill_container(pid); // leftovers of the "container"
                 exit_tx.send_replace(Some(code));
                 report_exit(&pods, &name, code).await;
                 // Keep serving deletion of the (now terminal) pod.
@@ -205,11 +238,12 @@ async fn kubelet(
                     let code = match tokio::time::timeout(Duration::from_secs(grace), child.wait()).await {
                         Ok(status) => status.map(exit_code).unwrap_or(-1),
                         Err(_) => {
-                            let _ = killpg(Pid::from_raw(pid), send(Signal::SIGKILL));
+                            send(Signal::SIGKILL);
+                            kill_container(pid);
                             child.wait().await.map(exit_code).unwrap_or(-1)
                         }
                     };
-                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL); // the rest of the group
+                    kill_container(pid); // the rest of the "container"
                     exit_tx.send_replace(Some(code));
                     report_exit(&pods, &name, code).await;
                     finalize(&pods, &name, &uid).await;
@@ -263,6 +297,41 @@ async fn finalize(pods: &Api<Pod>, name: &str, uid: &str) {
         ..DeleteParams::default()
     };
     let _ = pods.delete(name, &dp).await;
+}
+
+/// SIGKILLs every process of the stand-in's session (the session id is the main pid), as a
+/// container runtime kills a container's cgroup.
+pub fn kill_container(sid: i32) {
+    for _ in 0..3 {
+        let members = session_members(sid);
+        if members.is_empty() {
+            return;
+        }
+        for pid in members {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The processes whose session id is `sid` (read from /proc/PID/stat).
+pub fn session_members(sid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // Fields after the parenthesised command: state ppid pgrp session ...
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            fields.get(0) != Some(&"Z")
+                && fields.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(sid)
+        })
+        .collect()
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {

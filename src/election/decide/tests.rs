@@ -46,6 +46,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
         strategy: Some(OEV.into()),
         duration: Duration::from_secs(15),
         unchanged_for: Duration::from_secs(unchanged_for),
+        released_by: None,
     }
 }
 
@@ -167,8 +168,15 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
         act(&cands[..1], Some(&lease(Some("lapsed"), 15)), now),
         assign("lapsed")
     );
-    // A released lease is no lapse: the best candidate gets it back.
+    // A released lease is no lapse: the best candidate gets it back...
     assert_eq!(act(&cands, Some(&lease(None, 15)), now), assign("lapsed"));
+    // ...unless it is the one that released it, and someone else can lead.
+    let released = Lease {
+        released_by: Some("lapsed".into()),
+        ..lease(None, 0)
+    };
+    assert_eq!(act(&cands, Some(&released), now), assign("other"));
+    assert_eq!(act(&cands[..1], Some(&released), now), assign("lapsed"));
 }
 
 #[test]
@@ -496,10 +504,12 @@ fn lease_strategy() -> impl Strategy<Value = Option<Lease>> {
         prop::option::of(prop::sample::select(vec!["c0", "c1", "c2", "legacy"])),
         prop::option::of(prop::sample::select(vec!["c0", "c3", "gone"])),
         0u64..30,
+        prop::option::of(prop::sample::select(vec!["c0", "c1"])),
     ))
     .prop_map(|l| {
-        l.map(|(holder, preferred, unchanged)| Lease {
+        l.map(|(holder, preferred, unchanged, released_by)| Lease {
             preferred_holder: preferred.map(str::to_string),
+            released_by: released_by.map(str::to_string),
             ..lease(holder, unchanged)
         })
     })
@@ -587,7 +597,12 @@ proptest! {
         rules in rules_strategy(),
     ) {
         let d = decide(&cands, lease.as_ref(), now(), &rules);
-        let lapsed = lease.as_ref().filter(|l| l.expired()).and_then(|l| l.holder.clone());
+        // The lapsed or stepped-down holder is passed over when anyone else can lead.
+        let lapsed = lease.as_ref().and_then(|l| match &l.holder {
+            Some(h) if l.expired() => Some(h.clone()),
+            Some(_) => None,
+            None => l.released_by.clone(),
+        });
         if let Action::CreateLease { holder: Some(h), .. } | Action::Assign { holder: h, .. } = &d.action {
             let me = cands.iter().find(|c| &c.name == h).unwrap();
             let key = |c: &Candidate| (
@@ -597,7 +612,6 @@ proptest! {
                 c.name.clone(),
             );
             let rivals = cands.iter().filter(|c| d.standings[&c.name] == Standing::Eligible(Liveness::Acked));
-            // The lapsed holder is passed over when anyone else can lead.
             for other in rivals.filter(|c| Some(&c.name) != lapsed.as_ref() || lapsed.as_ref() == Some(h)) {
                 prop_assert!(key(me) <= key(other), "{} elected over better {}", h, other.name);
             }

@@ -1,0 +1,360 @@
+//! `arbiter run` against the real control plane, with the real operator: only the holder's
+//! workload runs, and a deposed holder's workload is dead before anyone else's starts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbiter::api::LeaseCandidate;
+use arbiter::lease;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::agent::{
+    Agent, KILL_GRACE, LEASE_DURATION, Proxy, RENEW_DEADLINE, agent_args, alive, apiserver,
+    child_of, now, read_log, starts, stop_of,
+};
+use crate::support::operator::{Operator, wait_for_holder};
+use crate::support::standin::StandIn;
+use crate::support::{TestEnv, eventually};
+
+crate::tests![agent:
+    oldest_agent_leads_and_only_its_workload_runs,
+    sigkill_of_the_leading_agent_kills_its_workload_and_the_next_waits_for_expiry,
+    network_cut_stops_the_workload_before_the_next_holder_starts,
+    graceful_handover_gap_is_small,
+    sigterm_stops_the_workload_releases_and_deregisters,
+    workload_exit_releases_the_lease_with_its_code,
+    unsafe_timings_are_refused,
+];
+
+const DEADLINE: Duration = Duration::from_secs(40);
+
+fn operator(env: &TestEnv) -> Operator {
+    Operator::start(env, &["--lease-duration", "6s"])
+}
+
+async fn oldest_agent_leads_and_only_its_workload_runs(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let kubeconfig = env.kubeconfig.to_str().unwrap().to_string();
+    let mut pods = Vec::new();
+    for (name, version) in [("v131", "1.31.0"), ("v130", "1.30.0"), ("v132", "1.32.0")] {
+        let args = agent_args(&env.ns, name, "trio", version, &log);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let envs = [("KUBECONFIG", kubeconfig.as_str())];
+        pods.push(
+            StandIn::spawn_with_env(
+                env.client.clone(),
+                &env.ns,
+                name,
+                BTreeMap::new(),
+                5,
+                env!("CARGO_BIN_EXE_arbiter"),
+                &args,
+                &envs,
+            )
+            .await,
+        );
+    }
+    let l = wait_for_holder(&env, "trio", "v130", DEADLINE).await;
+    let started = eventually("the holder's workload to start", DEADLINE, || async {
+        let s = starts(&read_log(&log));
+        (!s.is_empty()).then_some(s)
+    })
+    .await;
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(
+        (started[0].0.as_str(), started[0].1),
+        ("v130", lease::term(&l)),
+        "ARBITER_TERM is the lease's term"
+    );
+    assert!(alive(started[0].2));
+    // Every candidate is owned by its pod (garbage-collected with it).
+    let candidates: Api<LeaseCandidate> = env.api();
+    for si in &pods {
+        let c = candidates.get(&si.name).await.unwrap();
+        let owner = &c.metadata.owner_references.unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Pod", si.uid.as_str())
+        );
+    }
+    // Still only one workload once the others have certainly registered and been considered.
+    eventually("the others to report Leader=False", DEADLINE, || async {
+        let mut all = true;
+        for name in ["v131", "v132"] {
+            let c = candidates.get(name).await.ok()?;
+            all &= c.status.is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Leader" && c.status == "False")
+            });
+        }
+        all.then_some(())
+    })
+    .await;
+    assert_eq!(starts(&read_log(&log)).len(), 1);
+}
+
+async fn sigkill_of_the_leading_agent_kills_its_workload_and_the_next_waits_for_expiry(
+    env: Arc<TestEnv>,
+) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "kill", "1.30.0", &log);
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "kill", "1.31.0", &log);
+    wait_for_holder(&env, "kill", "a", DEADLINE).await;
+    let (cmd, grandchild) = eventually("a's workload and its child", DEADLINE, || async {
+        let l = read_log(&log);
+        Some((starts(&l).first()?.2, child_of(&l, "a")?))
+    })
+    .await;
+    assert!(alive(cmd) && alive(grandchild));
+
+    let leases: Api<Lease> = env.api();
+    kill(Pid::from_raw(a.pid()), Signal::SIGKILL).unwrap();
+    let killed_at = now();
+    // The last renew the agent made before it died.
+    let renewed = leases
+        .get("kill")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .renew_time
+        .unwrap()
+        .0;
+    a.wait_exit(DEADLINE).await;
+    eventually(
+        "the workload and its grandchild to die with the agent",
+        Duration::from_secs(5),
+        || async { (!alive(cmd) && !alive(grandchild)).then_some(()) },
+    )
+    .await;
+
+    let (b_start, b_term) = eventually("b's workload to start", DEADLINE, || async {
+        let s = starts(&read_log(&log));
+        s.iter().find(|s| s.0 == "b").map(|s| (s.3, s.1))
+    })
+    .await;
+    let expiry = renewed.as_millisecond() as f64 / 1000.0 + LEASE_DURATION.as_secs_f64();
+    assert!(
+        b_start >= expiry,
+        "b started at {b_start:.3}, before a's lease expired at {expiry:.3} (killed at {killed_at:.3})"
+    );
+    assert_eq!(b_term, 2);
+}
+
+async fn network_cut_stops_the_workload_before_the_next_holder_starts(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    let proxied = proxy.kubeconfig(&env.kubeconfig, dir.path());
+    // Each trial: a better agent behind the proxy takes the lease (by handover from the last
+    // trial's holder), a worse agent connects directly, then the proxy is cut.
+    let mut gaps = Vec::new();
+    let mut directs = Vec::new();
+    for trial in 0..3 {
+        let (victim_id, direct_id) = (format!("cut{trial}"), format!("direct{trial}"));
+        let mut victim = Agent::spawn(
+            &proxied,
+            &env.ns,
+            &victim_id,
+            "cut",
+            &format!("1.{}.0", 30 - trial),
+            &log,
+        );
+        wait_for_holder(&env, "cut", &victim_id, DEADLINE).await;
+        eventually("the victim's workload to start", DEADLINE, || async {
+            starts(&read_log(&log))
+                .iter()
+                .any(|s| s.0 == victim_id)
+                .then_some(())
+        })
+        .await;
+        directs.push(Agent::spawn(
+            &env.kubeconfig,
+            &env.ns,
+            &direct_id,
+            "cut",
+            "1.40.0",
+            &log,
+        ));
+        // The direct agent is registered (and acknowledged a ping) before the cut.
+        let candidates: Api<LeaseCandidate> = env.api();
+        eventually("the direct agent to be Eligible", DEADLINE, || async {
+            let c = candidates.get(&direct_id).await.ok()?;
+            c.status?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Eligible" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+        proxy.cut();
+        let cut_at = now();
+        let stopped = eventually("the cut-off workload to stop", DEADLINE, || async {
+            stop_of(&read_log(&log), &victim_id)
+        })
+        .await;
+        assert_eq!(
+            victim.wait_exit(DEADLINE).await,
+            Some(1),
+            "a cut-off agent exits non-zero"
+        );
+        let bound = (RENEW_DEADLINE + KILL_GRACE).as_secs_f64();
+        assert!(
+            stopped - cut_at <= bound,
+            "trial {trial}: stopped {:.3}s after the cut, over {bound}s",
+            stopped - cut_at
+        );
+        let next = eventually("the next holder's workload to start", DEADLINE, || async {
+            starts(&read_log(&log))
+                .iter()
+                .find(|s| s.0 == direct_id)
+                .map(|s| s.3)
+        })
+        .await;
+        assert!(
+            next > stopped,
+            "trial {trial}: overlap: next started at {next:.3}, cut-off stopped at {stopped:.3}"
+        );
+        gaps.push(next - stopped);
+        proxy.restore();
+    }
+    eprintln!("network cut: cut-off workload stopped, next started after gaps of {gaps:.3?} s");
+}
+
+async fn graceful_handover_gap_is_small(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut old = Agent::spawn(&env.kubeconfig, &env.ns, "old", "hand", "1.31.0", &log);
+    wait_for_holder(&env, "hand", "old", DEADLINE).await;
+    eventually("old's workload", DEADLINE, || async {
+        (!starts(&read_log(&log)).is_empty()).then_some(())
+    })
+    .await;
+    let _new = Agent::spawn(&env.kubeconfig, &env.ns, "new", "hand", "1.30.0", &log);
+    let new_start = eventually("new's workload", DEADLINE, || async {
+        starts(&read_log(&log))
+            .iter()
+            .find(|s| s.0 == "new")
+            .map(|s| s.3)
+    })
+    .await;
+    let old_stop = stop_of(&read_log(&log), "old").expect("old's workload stopped");
+    let gap = new_start - old_stop;
+    assert!(
+        gap > 0.0,
+        "overlap: new started {:.3}s before old stopped",
+        -gap
+    );
+    assert!(gap < 1.0, "handover gap {gap:.3}s");
+    assert_eq!(
+        old.wait_exit(DEADLINE).await,
+        Some(0),
+        "a handed-over agent exits 0"
+    );
+    eprintln!("graceful handover: gap {:.0} ms", gap * 1000.0);
+}
+
+async fn sigterm_stops_the_workload_releases_and_deregisters(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "term", "1.30.0", &log);
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "term", "1.31.0", &log);
+    wait_for_holder(&env, "term", "a", DEADLINE).await;
+    eventually("a's workload", DEADLINE, || async {
+        (!starts(&read_log(&log)).is_empty()).then_some(())
+    })
+    .await;
+    kill(Pid::from_raw(a.pid()), Signal::SIGTERM).unwrap();
+    assert_eq!(a.wait_exit(DEADLINE).await, Some(0));
+    assert!(
+        stop_of(&read_log(&log), "a").is_some(),
+        "the workload got SIGTERM"
+    );
+    let candidates: Api<LeaseCandidate> = env.api();
+    assert!(
+        candidates.get_opt("a").await.unwrap().is_none(),
+        "the candidate was deleted"
+    );
+    // Released, so b takes over well before a 6 s expiry.
+    let released = now();
+    wait_for_holder(&env, "term", "b", Duration::from_secs(4)).await;
+    assert!(now() - released < LEASE_DURATION.as_secs_f64());
+}
+
+async fn workload_exit_releases_the_lease_with_its_code(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let mut args: Vec<String> = [
+        "run",
+        "--lease",
+        "quit",
+        "--identity",
+        "q",
+        "--namespace",
+        &env.ns,
+        "--binary-version",
+        "1.0.0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(crate::support::agent::TIMINGS.iter().map(|s| s.to_string()));
+    args.extend(["--", "sh", "-c", "exit 7"].iter().map(|s| s.to_string()));
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
+        .args(&args)
+        .env("KUBECONFIG", &env.kubeconfig)
+        .stderr(std::process::Stdio::null())
+        .status();
+    let status = tokio::time::timeout(DEADLINE, status)
+        .await
+        .expect("the agent exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(7));
+    let leases: Api<Lease> = env.api();
+    let l = leases.get("quit").await.unwrap();
+    assert_eq!(lease::holder(&l), None, "released");
+}
+
+async fn unsafe_timings_are_refused(env: Arc<TestEnv>) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
+        .args([
+            "run",
+            "--lease",
+            "x",
+            "--identity",
+            "i",
+            "--namespace",
+            &env.ns,
+            "--binary-version",
+            "1.0.0",
+        ])
+        .args([
+            "--renew-deadline",
+            "10s",
+            "--kill-grace",
+            "6s",
+            "--",
+            "true",
+        ])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("must be less than --lease-duration"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,323 @@
+//! `arbiter run` agents as real processes, a workload script that logs what it does on one
+//! clock, and a TCP proxy that can cut an agent off from the API server.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Fast timings for tests: lease 6 s, renew deadline 3 s, retry 1 s, kill grace 1 s.
+pub const TIMINGS: [&str; 8] = [
+    "--lease-duration",
+    "6s",
+    "--renew-deadline",
+    "3s",
+    "--retry-period",
+    "1s",
+    "--kill-grace",
+    "1s",
+];
+pub const LEASE_DURATION: Duration = Duration::from_secs(6);
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(3);
+pub const KILL_GRACE: Duration = Duration::from_secs(1);
+
+/// The workload every test agent runs: logs `start ID TERM PID T`, forks a grandchild
+/// (`child ID PID`), and on SIGTERM logs `stop ID T` and exits. T is seconds since the epoch.
+pub const WORKLOAD: &str = r#"log=$1
+echo "start $ARBITER_IDENTITY $ARBITER_TERM $$ $(date +%s.%N)" >> "$log"
+sleep 1000 &
+echo "child $ARBITER_IDENTITY $!" >> "$log"
+trap 'echo "stop $ARBITER_IDENTITY $(date +%s.%N)" >> "$log"; kill $! 2>/dev/null; exit 0' TERM
+while :; do sleep 0.02; done"#;
+
+/// The `arbiter run` command line (after the binary) for a test agent.
+pub fn agent_args(ns: &str, identity: &str, lease: &str, version: &str, log: &Path) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "run",
+        "--lease",
+        lease,
+        "--identity",
+        identity,
+        "--namespace",
+        ns,
+        "--binary-version",
+        version,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(TIMINGS.iter().map(|s| s.to_string()));
+    args.extend(
+        [
+            "--",
+            "sh",
+            "-c",
+            WORKLOAD,
+            "workload",
+            log.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    args
+}
+
+/// An agent as a plain process (no pod). SIGKILLed on drop, with its workload.
+pub struct Agent {
+    pub child: Child,
+    pub identity: String,
+}
+
+impl Agent {
+    pub fn spawn(
+        kubeconfig: &Path,
+        ns: &str,
+        identity: &str,
+        lease: &str,
+        version: &str,
+        log: &Path,
+    ) -> Agent {
+        let stderr =
+            std::fs::File::create(log.with_extension(format!("{identity}.agent.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_arbiter"))
+            .args(agent_args(ns, identity, lease, version, log))
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,arbiter=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("starting arbiter run");
+        Agent {
+            child,
+            identity: identity.into(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits for the agent to exit; its exit code.
+    pub async fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                start.elapsed() < deadline,
+                "agent {} still running after {deadline:?}",
+                self.identity
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SIGTERM first so the workload is stopped, then make sure.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid()),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let start = std::time::Instant::now();
+            while self.child.try_wait().ok().flatten().is_none()
+                && start.elapsed() < Duration::from_secs(5)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One line of the workload log.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Entry {
+    Start {
+        id: String,
+        term: i32,
+        pid: i32,
+        at: f64,
+    },
+    Child {
+        id: String,
+        pid: i32,
+    },
+    Stop {
+        id: String,
+        at: f64,
+    },
+}
+
+pub fn read_log(path: &Path) -> Vec<Entry> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                ["start", id, term, pid, at] => Some(Entry::Start {
+                    id: id.to_string(),
+                    term: term.parse().ok()?,
+                    pid: pid.parse().ok()?,
+                    at: at.parse().ok()?,
+                }),
+                ["child", id, pid] => Some(Entry::Child {
+                    id: id.to_string(),
+                    pid: pid.parse().ok()?,
+                }),
+                ["stop", id, at] => Some(Entry::Stop {
+                    id: id.to_string(),
+                    at: at.parse().ok()?,
+                }),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+pub fn starts(log: &[Entry]) -> Vec<(String, i32, i32, f64)> {
+    log.iter()
+        .filter_map(|e| match e {
+            Entry::Start { id, term, pid, at } => Some((id.clone(), *term, *pid, *at)),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn stop_of(log: &[Entry], who: &str) -> Option<f64> {
+    log.iter().find_map(|e| match e {
+        Entry::Stop { id, at } if id == who => Some(*at),
+        _ => None,
+    })
+}
+
+pub fn child_of(log: &[Entry], who: &str) -> Option<i32> {
+    log.iter().find_map(|e| match e {
+        Entry::Child { id, pid } if id == who => Some(*pid),
+        _ => None,
+    })
+}
+
+/// Seconds since the epoch, on the same clock the workload's `date` uses.
+pub fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+pub fn alive(pid: i32) -> bool {
+    // A zombie has exited; only a live process counts.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rfind(')').is_some_and(|i| !s[i + 2..].starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// A TCP proxy to the API server that can black-hole traffic: while cut, bytes in both
+/// directions are swallowed and new connections hang, as in a network partition.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = cut.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((down, _)) = listener.accept().await else {
+                    return;
+                };
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    while flag.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    let Ok(up) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    tokio::join!(pump(dr, uw, flag.clone()), pump(ur, dw, flag));
+                });
+            }
+        });
+        Proxy { addr, cut, task }
+    }
+
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets new connections through again (connections made before the cut stay dead).
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// A kubeconfig like `kubeconfig` whose server is this proxy.
+    pub fn kubeconfig(&self, kubeconfig: &Path, dir: &Path) -> PathBuf {
+        let text = std::fs::read_to_string(kubeconfig).unwrap();
+        let server = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: "))
+            .unwrap()
+            .to_string();
+        let out = dir.join("kubeconfig-proxied");
+        std::fs::write(
+            &out,
+            text.replace(&server, &format!("https://{}", self.addr)),
+        )
+        .unwrap();
+        out
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    cut: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if cut.load(Ordering::SeqCst) {
+            continue; // swallowed
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The API server's address from a kubeconfig.
+pub fn apiserver(kubeconfig: &Path) -> SocketAddr {
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://"))
+        .unwrap();
+    server.trim().parse().unwrap()
+}
