@@ -328,7 +328,7 @@ pub fn session_members(sid: i32) -> Vec<i32> {
                 return false;
             };
             let fields: Vec<&str> = rest.split_whitespace().collect();
-            fields.get(0) != Some(&"Z")
+            fields.first() != Some(&"Z")
                 && fields.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(sid)
         })
         .collect()
