@@ -21,6 +21,8 @@ pub enum Command {
     Operator(Box<crate::operator::Settings>),
     /// Run CMD only while this candidate holds the lease: `arbiter run [flags] -- CMD [ARGS...]`.
     Run(Box<crate::agent::Settings>),
+    /// Show the leases arbiter manages: holder, term, versions, candidates, state.
+    Status(crate::status::Settings),
     /// Internal: started by `arbiter run` to kill CMD's process group if the agent dies.
     #[command(hide = true)]
     Guard {
@@ -47,6 +49,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Operator(settings) => crate::operator::run(*settings).await.map(|()| 0),
         Command::Run(settings) => crate::agent::run(*settings).await,
+        Command::Status(settings) => crate::status::run(settings).await,
         Command::Guard { pgid, parent } => crate::agent::guard(pgid, parent).map(|()| 0),
     }
 }

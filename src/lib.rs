@@ -11,6 +11,7 @@ pub mod client;
 pub mod election;
 pub mod lease;
 pub mod operator;
+pub mod status;
 
 /// A random id for process incarnations and replica identities (not for cryptography).
 pub(crate) fn random_id() -> u64 {

@@ -35,6 +35,7 @@ crate::tests![operator:
     standby_operator_takes_over_on_sigterm,
     standby_operator_takes_over_after_sigkill,
     operator_without_rbac_exits_with_a_clear_error,
+    status_shows_holder_term_and_candidates,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -522,4 +523,74 @@ async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
     pdbs.delete("pair", &DeleteParams::default()).await.unwrap();
     assert_eq!(a.wait_exit(DEADLINE).await, 0);
     renew_b.abort();
+}
+
+async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["s1", "s2"]);
+    create_candidate(&env, "s1", "shown", "1.30.0", Some("1.30.0"), OEV, None).await;
+    create_candidate(&env, "s2", "shown", "1.31.0", Some("1.31.0"), OEV, None).await;
+    wait_for_holder(&env, "shown", "s1", DEADLINE).await;
+    let run = |program: &str, args: &[&str], path: Option<&std::path::Path>| {
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(args).env("KUBECONFIG", &env.kubeconfig);
+        if let Some(dir) = path {
+            cmd.env(
+                "PATH",
+                format!("{}:{}", dir.display(), std::env::var("PATH").unwrap()),
+            );
+        }
+        let out = cmd.output().expect("running status");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let bin = env!("CARGO_BIN_EXE_arbiter");
+    let table = run(bin, &["status", "-n", &env.ns], None);
+    let lines: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        [
+            "LEASE",
+            "HOLDER",
+            "TERM",
+            "HOLDER",
+            "VERSION",
+            "CANDIDATES",
+            "PREFERRED",
+            "STATE",
+            "AGE"
+        ],
+        "{table}"
+    );
+    assert_eq!(
+        lines[1][..7],
+        ["shown", "s1", "1", "1.30.0", "2", "-", "Held"],
+        "{table}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&run(bin, &["status", "-n", &env.ns, "-o", "json"], None)).unwrap();
+    assert_eq!(json[0]["holder"], "s1");
+    assert_eq!(json[0]["candidates"], serde_json::json!(["s1", "s2"]));
+    // As a kubectl plugin.
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(bin, dir.path().join("kubectl-arbiter")).unwrap();
+    let plugin = run(
+        "kubectl",
+        &["arbiter", "status", "-n", &env.ns],
+        Some(dir.path()),
+    );
+    assert_eq!(
+        plugin
+            .lines()
+            .nth(1)
+            .map(|l| l.split_whitespace().take(7).collect::<Vec<_>>()),
+        Some(lines[1][..7].to_vec())
+    );
 }
