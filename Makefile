@@ -2,10 +2,14 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: test demo lint unit e2e crds control-plane cluster-up
+.PHONY: test demo lint unit e2e crds control-plane static manifests render-manifests
 
-## test: everything CI runs: format, lints, unit tests, CRD drift, end-to-end on a real cluster
-test: lint unit e2e
+# The static build the Dockerfile runs (`make static`); CI checks it.
+STATIC_TARGET := x86_64-unknown-linux-musl
+
+## test: everything CI runs: format, lints, unit tests, CRD drift, end-to-end on a real cluster,
+## and the static build the image uses
+test: lint unit e2e static-check
 
 lint:
 	$(CARGO) fmt --check
@@ -23,10 +27,31 @@ e2e: control-plane
 control-plane:
 	e2e/cluster.sh build
 
-## crds: regenerate crds/ from the Rust types
+## crds: regenerate crds/ and the chart's copy from the Rust types
 crds:
 	$(CARGO) run --quiet -- crd > crds/arbiter.dev_leasecandidates.yaml
+	cp crds/arbiter.dev_leasecandidates.yaml charts/arbiter/files/leasecandidates.yaml
 
 ## demo: a local control plane, the CRD, example candidates; cleans up after itself
 demo:
 	e2e/demo.sh
+
+## static: the fully static musl release binary (what the Dockerfile builds)
+static:
+	$(CARGO) build --release --locked --target $(STATIC_TARGET) --bin arbiter
+
+## static-check: build it and prove it is static and runs
+static-check: static
+	@file target/$(STATIC_TARGET)/release/arbiter | grep -q "static" || { echo "arbiter is not statically linked"; exit 1; }
+	target/$(STATIC_TARGET)/release/arbiter --version
+
+## manifests: manifests/arbiter.yaml, the chart rendered with default values (an e2e test
+## fails when it drifts)
+manifests:
+	$(MAKE) --no-print-directory -s render-manifests > manifests/arbiter.yaml
+
+render-manifests:
+	@helm=$$(e2e/cluster.sh build)/helm && \
+	printf '# Rendered from charts/arbiter with default values by `make manifests`; do not edit.\n' && \
+	printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: arbiter-system\n' && \
+	$$helm template arbiter charts/arbiter --namespace arbiter-system

@@ -8,6 +8,8 @@
 #   e2e/cluster.sh down [DIR]     stop exactly the processes `up` started, remove DIR
 #   e2e/cluster.sh env            print the pinned versions and the cache directory
 #
+# `build` also builds helm (for the chart's tests), cached beside the control plane.
+#
 # Every cluster lives in its own directory (logs, certificates, data, kubeconfigs, pids) with
 # its own random ports, so several can run at once. Progress goes to stderr; `up` prints only
 # the export lines on stdout.
@@ -19,16 +21,17 @@ E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$E2E_DIR/go.mod")
 ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2; exit}' "$E2E_DIR/go.mod")
 KWOK_VERSION=v0.8.0
+HELM_VERSION=v3.22.0
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/arbiter-e2e
 BIN_DIR=$CACHE_ROOT/$K8S_VERSION
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok helm)
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
 
 # The cache key beyond the Kubernetes version: anything that changes what we build.
 build_stamp() {
-  cat "$E2E_DIR/go.mod" "$E2E_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION") \
+  cat "$E2E_DIR/go.mod" "$E2E_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION") \
     <(go env GOVERSION) | sha256sum | cut -c1-16
 }
 
@@ -46,7 +49,7 @@ cmd_build() {
   rm -f "$BIN_DIR/.stamp"
   local buildlog=$BIN_DIR/build.log start=$SECONDS
   : >"$buildlog"
-  log "building the control plane (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION)"
+  log "building the control plane (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
   log "first build on 2 cores takes about 15 minutes; log: $buildlog"
   local flags=(-trimpath -buildvcs=false -ldflags "-s -w")
   export CGO_ENABLED=0
@@ -59,11 +62,16 @@ cmd_build() {
       || { tail -30 "$buildlog" >&2; die "building $name failed (full log: $buildlog)"; }
     mv "$BIN_DIR/$name.tmp" "$BIN_DIR/$name"
   done
-  log "  building kwok ($((SECONDS - start))s so far)"
-  local gobin; gobin=$(mktemp -d)
-  GOBIN=$gobin go install "${flags[@]}" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >>"$buildlog" 2>&1 \
-    || { tail -30 "$buildlog" >&2; die "building kwok failed (full log: $buildlog)"; }
-  mv "$gobin/kwok" "$BIN_DIR/kwok"; rmdir "$gobin"
+  # kwok and helm have no replace directives, so `go install module@version` builds them.
+  local gobin tool
+  for tool in "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; do
+    name=${tool%@*}; name=${name##*/}
+    log "  building $name ($((SECONDS - start))s so far)"
+    gobin=$(mktemp -d)
+    GOBIN=$gobin go install "${flags[@]}" "$tool" >>"$buildlog" 2>&1 \
+      || { tail -30 "$buildlog" >&2; die "building $name failed (full log: $buildlog)"; }
+    mv "$gobin/$name" "$BIN_DIR/$name"; rmdir "$gobin"
+  done
   echo "$stamp" >"$BIN_DIR/.stamp"
   log "control plane built in $((SECONDS - start))s, cached in $BIN_DIR"
   echo "$BIN_DIR"
@@ -244,7 +252,7 @@ cmd_down() {
 }
 
 cmd_env() {
-  echo "kubernetes=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION cache=$BIN_DIR"
+  echo "kubernetes=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION cache=$BIN_DIR"
 }
 
 case ${1:-} in

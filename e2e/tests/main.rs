@@ -4,6 +4,7 @@
 //! started here and stopped at the end, unless `ARBITER_E2E_KUBECONFIG` names a running one.
 
 mod agent;
+mod chart;
 mod control_plane;
 mod crd;
 mod operator;
@@ -41,6 +42,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(control_plane::tests());
     all.extend(operator::tests());
     all.extend(agent::tests());
+    all.extend(chart::tests());
     all
 }
 

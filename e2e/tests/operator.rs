@@ -467,10 +467,15 @@ async fn lapsing_pair(
 
 async fn lapsed_holder_pod_still_running_is_evicted(env: Arc<TestEnv>) {
     let _op = Operator::start(&env, &["--lease-duration", "3s"]);
-    let (a, _b, _r, renew_b) = lapsing_pair(&env, "lapse").await;
-    // pod-a never renews: its term lapses, pod-b gets the lease, and pod-a, still running with
-    // the same containers, is evicted: the stand-in kubelet sees the deletion and stops it.
-    wait_for_holder(&env, "lapse", "pod-b", DEADLINE).await;
+    lapsed_holder_is_evicted(&env, "lapse").await;
+}
+
+/// The forced-exit scenario (an operator with a 3 s lease duration must be running): pod-a
+/// never renews, its term lapses, pod-b gets the lease, and pod-a, still running with the same
+/// containers, is evicted: the stand-in kubelet sees the deletion and stops it.
+pub async fn lapsed_holder_is_evicted(env: &TestEnv, lease_name: &str) {
+    let (a, _b, _r, renew_b) = lapsing_pair(env, lease_name).await;
+    wait_for_holder(env, lease_name, "pod-b", DEADLINE).await;
     assert_eq!(
         a.wait_exit(DEADLINE).await,
         0,
@@ -480,7 +485,7 @@ async fn lapsed_holder_pod_still_running_is_evicted(env: Arc<TestEnv>) {
         "an Evicted event on pod-a's candidate",
         DEADLINE,
         || async {
-            let ev = events_for(&env, "pod-a").await;
+            let ev = events_for(env, "pod-a").await;
             ev.iter().any(|(r, _)| r == "Evicted").then_some(ev)
         },
     )
@@ -490,6 +495,27 @@ async fn lapsed_holder_pod_still_running_is_evicted(env: Arc<TestEnv>) {
         "{events:?}"
     );
     renew_b.abort();
+}
+
+/// The same scenario when eviction is not allowed: returns the EvictionFailed event's message.
+pub async fn lapsed_holder_eviction_fails(env: &TestEnv, lease_name: &str) -> String {
+    let (a, _b, _r, renew_b) = lapsing_pair(env, lease_name).await;
+    wait_for_holder(env, lease_name, "pod-b", DEADLINE).await;
+    let message = eventually(
+        "an EvictionFailed event on pod-a's candidate",
+        DEADLINE,
+        || async {
+            events_for(env, "pod-a")
+                .await
+                .into_iter()
+                .find(|(r, _)| r == "EvictionFailed")
+                .map(|(_, m)| m)
+        },
+    )
+    .await;
+    assert_eq!(a.exited(), None, "pod-a was not forced out");
+    renew_b.abort();
+    message
 }
 
 async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {

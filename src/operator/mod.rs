@@ -121,7 +121,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     if settings.install_crds {
         crate::api::apply_crds(client.clone(), Duration::from_secs(60)).await?;
     }
-    check_crd(&client).await?;
+    check_crd(&client, settings.watch_namespace.as_deref()).await?;
 
     let metrics = Arc::new(metrics::Metrics::new());
     let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
@@ -191,7 +191,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
 }
 
 /// A clear error when the CRD is not installed, instead of a watch that retries forever.
-async fn check_crd(client: &Client) -> anyhow::Result<()> {
+async fn check_crd(client: &Client, namespace: Option<&str>) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
     let name = crate::api::LeaseCandidate::crd_name();
@@ -199,8 +199,11 @@ async fn check_crd(client: &Client) -> anyhow::Result<()> {
         Ok(Some(_)) => Ok(()),
         Ok(None) => anyhow::bail!("CRD {name} is not installed: apply crds/ (or run with --install-crds)"),
         // Without RBAC to read CRDs, find out by listing candidates instead.
-        Err(_) => kube::Api::<crate::api::LeaseCandidate>::all(client.clone())
-            .list(&kube::api::ListParams::default().limit(1))
+        Err(_) => match namespace {
+            Some(ns) => kube::Api::<crate::api::LeaseCandidate>::namespaced(client.clone(), ns),
+            None => kube::Api::<crate::api::LeaseCandidate>::all(client.clone()),
+        }
+        .list(&kube::api::ListParams::default().limit(1))
             .await
             .map(|_| ())
             .map_err(|e| anyhow::anyhow!("cannot list LeaseCandidates (is CRD {name} installed, and may this account list it?): {e}")),
