@@ -32,9 +32,10 @@ crds:
 	$(CARGO) run --quiet -- crd > crds/arbiter.dev_leasecandidates.yaml
 	cp crds/arbiter.dev_leasecandidates.yaml charts/arbiter/files/leasecandidates.yaml
 
-## demo: a local control plane, the CRD, example candidates; cleans up after itself
-demo:
-	e2e/demo.sh
+## demo: the chart, the operator and three agents on a local control plane, through a rolling
+## upgrade and a rollback; stops everything it started
+demo: control-plane
+	$(CARGO) test --quiet --test demo
 
 ## static: the fully static musl release binary (what the Dockerfile builds)
 static:

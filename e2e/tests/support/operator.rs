@@ -32,20 +32,26 @@ impl Operator {
     }
 
     pub fn start_with(kubeconfig: &Path, ns: &str, extra: &[&str]) -> Operator {
+        let mut args = vec![
+            "--namespace",
+            ns,
+            "--watch-namespace",
+            ns,
+            "--metrics-address",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        Self::start_args(kubeconfig, &args)
+    }
+
+    /// Starts `arbiter operator ARGS...` with `kubeconfig`.
+    pub fn start_args(kubeconfig: &Path, args: &[&str]) -> Operator {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("operator.log");
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_arbiter"))
             .arg("operator")
-            .args([
-                "--namespace",
-                ns,
-                "--watch-namespace",
-                ns,
-                "--metrics-address",
-                "127.0.0.1:0",
-            ])
-            .args(extra)
+            .args(args)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,arbiter=debug")
             .stdout(Stdio::null())
