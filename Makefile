@@ -9,7 +9,7 @@ STATIC_TARGET := x86_64-unknown-linux-musl
 
 ## test: everything CI runs: format, lints, unit tests, CRD drift, end-to-end on a real cluster,
 ## and the static build the image uses
-test: lint unit e2e static-check
+test: lint unit static-check e2e
 
 lint:
 	$(CARGO) fmt --check

@@ -53,11 +53,14 @@ pub struct Settings {
     /// Also refuse to elect such candidates (needs --max-skew).
     #[arg(long, requires = "max_skew")]
     pub refuse_skew: bool,
-    /// Operator HA: lease duration, renew deadline, retry period.
+    /// Operator HA: duration of the operator's own Lease (a standby takes over this long after
+    /// the active replica stopped renewing; at once if it released).
     #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
     pub ha_lease_duration: Duration,
+    /// Operator HA: the active replica exits if it could not renew for this long.
     #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
     pub ha_renew_deadline: Duration,
+    /// Operator HA: how often the active replica renews, and standbys retry.
     #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
     pub ha_retry_period: Duration,
     /// Address for /metrics, /livez and /readyz.
