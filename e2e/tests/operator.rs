@@ -36,6 +36,7 @@ crate::tests![operator:
     standby_operator_takes_over_after_sigkill,
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
+    stale_candidates_without_a_pod_are_deleted,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -121,27 +122,18 @@ async fn oldest_emulation_version_wins(env: Arc<TestEnv>) {
 }
 
 async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
-    let _op = Operator::start(&env, &[]);
+    let op = Operator::start(&env, &[]);
     let _r = Responder::start(env.client.clone(), &env.ns, &["bar1", "bar2"]);
     let holders = hold_and_release(env.client.clone(), &env.ns, "swap", &["bar1", "bar2"]);
     create_candidate(&env, "bar1", "swap", "1.20.0", Some("1.20.0"), OEV, None).await;
     wait_for_holder(&env, "swap", "bar1", DEADLINE).await;
+    // Record every version of the Lease from here on.
+    let history = record_lease(&env, "swap");
+    let requested_at = Instant::now();
     create_candidate(&env, "bar2", "swap", "1.19.0", Some("1.19.0"), OEV, None).await;
     // bar1 is live (renewed every 200 ms), so bar2 gets it only through bar1's release.
-    let api: Api<Lease> = env.api();
-    let requested = eventually("a handover request to bar2", DEADLINE, || async {
-        let l = api.get("swap").await.ok()?;
-        (lease::preferred_holder(&l) == Some("bar2")).then_some(l)
-    })
-    .await;
-    assert_eq!(
-        lease::holder(&requested),
-        Some("bar1"),
-        "the live holder is asked, not replaced"
-    );
-    let released_at = Instant::now();
     let l = wait_for_holder(&env, "swap", "bar2", DEADLINE).await;
-    let gap = released_at.elapsed();
+    let took = requested_at.elapsed();
     assert_eq!(lease::term(&l), 2);
     assert_eq!(
         lease::preferred_holder(&l),
@@ -149,8 +141,21 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
         "the preferred holder is cleared on assignment"
     );
     assert!(
-        gap < Duration::from_secs(5),
-        "handover took {gap:?}; the lease duration is 15 s"
+        took < Duration::from_secs(5),
+        "handover took {took:?}; the lease duration is 15 s"
+    );
+    // The sequence the Lease went through: asked, released, assigned; bar1 never replaced live.
+    let seen = history.lock().unwrap().clone();
+    let asked = seen
+        .iter()
+        .position(|(h, p, _)| h.as_deref() == Some("bar1") && p.as_deref() == Some("bar2"));
+    let released = seen.iter().position(|(h, _, _)| h.is_none());
+    let assigned = seen
+        .iter()
+        .position(|(h, _, _)| h.as_deref() == Some("bar2"));
+    assert!(
+        asked < released && released < assigned && asked.is_some(),
+        "{seen:?}"
     );
     let events = events_for(&env, "bar1").await;
     assert!(
@@ -158,6 +163,37 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
         "{events:?}"
     );
     holders.abort();
+    // The handover is measured, and so is the leaderless time around it. (The operator updates
+    // metrics just after its write, so poll.)
+    let value = |metrics: &str, name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let metrics = eventually("two leader changes in the metrics", DEADLINE, || async {
+        let m = op.http_get("/metrics").await;
+        (value(&m, "arbiter_leader_changes_total") == Some(2.0)).then_some(m)
+    })
+    .await;
+    assert_eq!(
+        value(&metrics, "arbiter_handover_seconds_count"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(&metrics, "arbiter_handovers_requested_total"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let leaderless = value(&metrics, "arbiter_leaderless_seconds_total");
+    assert!(leaderless.is_some_and(|s| s > 0.0 && s < 5.0), "{metrics}");
+    assert_eq!(
+        value(&metrics, "arbiter_operator_active"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(op.http_get("/readyz").await.ends_with("ok"));
 }
 
 async fn expired_lease_goes_to_a_live_candidate(env: Arc<TestEnv>) {
@@ -619,4 +655,55 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
             .map(|l| l.split_whitespace().take(7).collect::<Vec<_>>()),
         Some(lines[1][..7].to_vec())
     );
+}
+
+async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &["--candidate-expiry", "10m"]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["fresh"]);
+    create_candidate(&env, "fresh", "gc", "1.0.0", Some("1.0.0"), OEV, None).await;
+    create_candidate(&env, "stale", "gc", "1.0.0", Some("1.0.0"), OEV, None).await;
+    let api: Api<LeaseCandidate> = env.api();
+    let old = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    let patch = serde_json::json!({"spec": {"renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(old)}});
+    api.patch(
+        "stale",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+    eventually("the stale candidate to be deleted", DEADLINE, || async {
+        api.get_opt("stale").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    wait_for_holder(&env, "gc", "fresh", DEADLINE).await;
+    assert!(api.get_opt("fresh").await.unwrap().is_some());
+}
+
+/// (holder, preferred holder, term) of each version of a Lease.
+type LeaseHistory = Arc<std::sync::Mutex<Vec<(Option<String>, Option<String>, i32)>>>;
+
+/// Every (holder, preferred holder, term) the Lease goes through, recorded by a watch.
+fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = seen.clone();
+    let api: Api<Lease> = env.api();
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut events = watcher(api, cfg).applied_objects().boxed();
+        while let Some(Ok(l)) = events.next().await {
+            let entry = (
+                lease::holder(&l).map(str::to_string),
+                lease::preferred_holder(&l).map(str::to_string),
+                lease::term(&l),
+            );
+            let mut v = out.lock().unwrap();
+            if v.last() != Some(&entry) {
+                v.push(entry);
+            }
+        }
+    });
+    seen
 }

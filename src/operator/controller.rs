@@ -22,7 +22,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
-use super::metrics::{MethodLabels, Metrics};
+use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
 use super::{Settings, status, terms};
 use crate::api::LeaseCandidate;
@@ -207,6 +207,7 @@ pub async fn run(
         metrics,
         seen: HashMap::new(),
         deposer: Deposer::default(),
+        timers: HashMap::new(),
     };
     while let Some(key) = queue.next().await {
         let start = Instant::now();
@@ -238,6 +239,14 @@ struct Worker {
     /// Per lease: the record last seen, when this process first saw it, and its holder.
     seen: HashMap<LeaseKey, Seen>,
     deposer: Deposer,
+    timers: HashMap<LeaseKey, Timers>,
+}
+
+/// When a lease became leaderless, and when a handover was requested (for metrics).
+#[derive(Default)]
+struct Timers {
+    leaderless_since: Option<Instant>,
+    handover_requested: Option<Instant>,
 }
 
 struct Seen {
@@ -301,6 +310,7 @@ impl Worker {
             .caches
             .leases
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        self.expire_candidates(key, &mut candidates).await;
         self.metrics.candidates(key, candidates.len());
 
         let inputs: Vec<decide::Candidate> = candidates
@@ -357,6 +367,12 @@ impl Worker {
         let written = self
             .act(key, lease.as_deref(), &candidates, &decision)
             .await?;
+        self.time(
+            key,
+            lease_view.as_ref(),
+            &decision.action,
+            written.is_some(),
+        );
         let holder = written
             .as_ref()
             .and_then(|l| lease::holder(l))
@@ -447,6 +463,91 @@ impl Worker {
             (Some(a), Some(r)) => Some(a.min(r)),
             (a, r) => a.or(r),
         })
+    }
+
+    /// Deletes candidates that belong to no pod and have not renewed for `--candidate-expiry`
+    /// (pod-owned ones are garbage-collected with their pod), and drops them from `candidates`.
+    async fn expire_candidates(&self, key: &LeaseKey, candidates: &mut Vec<Arc<LeaseCandidate>>) {
+        let expiry = self.settings.candidate_expiry;
+        let now = jiff::Timestamp::now();
+        let stale = |c: &LeaseCandidate| {
+            owner_pod(c).is_none()
+                && c.spec.renew_time.as_ref().is_none_or(|r| {
+                    Duration::try_from(now.duration_since(r.0)).is_ok_and(|age| age > expiry)
+                })
+        };
+        let api: Api<LeaseCandidate> = Api::namespaced(self.client.clone(), &key.namespace);
+        let mut kept = Vec::with_capacity(candidates.len());
+        for c in candidates.drain(..) {
+            if !stale(&c) {
+                kept.push(c);
+                continue;
+            }
+            // Only the version we judged: a candidate that renewed meanwhile is not deleted.
+            let dp = kube::api::DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: c.uid(),
+                    resource_version: c.resource_version(),
+                }),
+                ..Default::default()
+            };
+            match api.delete(&c.name_any(), &dp).await {
+                Ok(_) => {
+                    self.metrics.candidates_expired.inc();
+                    tracing::info!(lease = %key, candidate = %c.name_any(), ?expiry, "deleted a candidate that stopped renewing");
+                }
+                Err(e) => {
+                    tracing::warn!(candidate = %c.name_any(), error = %e, "deleting an expired candidate failed");
+                    kept.push(c);
+                }
+            }
+        }
+        *candidates = kept;
+    }
+
+    /// Leaderless time and handover duration, for metrics.
+    fn time(
+        &mut self,
+        key: &LeaseKey,
+        lease: Option<&decide::Lease>,
+        action: &Action,
+        written: bool,
+    ) {
+        let t = self.timers.entry(key.clone()).or_default();
+        let now = Instant::now();
+        let leaderless = lease.is_none_or(|l| l.holder.is_none() || l.expired());
+        if leaderless && t.leaderless_since.is_none() {
+            t.leaderless_since = Some(now);
+        }
+        match action {
+            Action::NoEligibleCandidate => {
+                self.metrics.elections_failed.inc();
+            }
+            Action::RequestHandover { .. } if written && t.handover_requested.is_none() => {
+                t.handover_requested = Some(now)
+            }
+            Action::Assign { .. }
+            | Action::CreateLease {
+                holder: Some(_), ..
+            } if written => {
+                if let Some(since) = t.handover_requested.take() {
+                    self.metrics
+                        .handover_seconds
+                        .observe((now - since).as_secs_f64());
+                }
+                if let Some(since) = t.leaderless_since.take() {
+                    let labels = LeaseLabels {
+                        namespace: key.namespace.clone(),
+                        lease: key.name.clone(),
+                    };
+                    self.metrics
+                        .leaderless_seconds
+                        .get_or_create(&labels)
+                        .inc_by((now - since).as_secs_f64());
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -39,6 +39,14 @@ pub struct Metrics {
     pub forced_depositions: Family<MethodLabels, Counter>,
     pub reconcile_duration: Histogram,
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
+    /// From a handover request to the new holder's assignment (includes the workload's stop).
+    pub handover_seconds: Histogram,
+    /// Time each lease spent without a live holder, as the arbiter saw it.
+    pub leaderless_seconds: Family<LeaseLabels, Counter<f64, AtomicU64>>,
+    /// Candidates deleted because they stopped renewing (and belong to no pod).
+    pub candidates_expired: Counter,
+    /// Elections that were needed when no candidate could be elected.
+    pub elections_failed: Counter,
     /// 1 on the replica that acts, 0 on standbys.
     pub active: Gauge,
     /// Set once the caches have synced.
@@ -57,39 +65,73 @@ impl Metrics {
             forced_depositions: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             candidates_per_lease: Family::default(),
+            handover_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            leaderless_seconds: Family::default(),
+            candidates_expired: Counter::default(),
+            elections_failed: Counter::default(),
             active: Gauge::default(),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
         };
+        let counters: [(&str, &str, &Counter); 7] = [
+            (
+                "leader_changes",
+                "Holders assigned (elections)",
+                &m.leader_changes,
+            ),
+            (
+                "handovers_requested",
+                "Handovers requested from a live holder",
+                &m.handovers,
+            ),
+            (
+                "strategy_conflicts",
+                "Candidates that entered a strategy conflict",
+                &m.strategy_conflicts,
+            ),
+            (
+                "skew_violations",
+                "Candidates that entered a skew violation",
+                &m.skew_violations,
+            ),
+            (
+                "reconcile_errors",
+                "Reconciles that failed and were retried",
+                &m.reconcile_errors,
+            ),
+            (
+                "candidates_expired",
+                "Candidates deleted because they stopped renewing",
+                &m.candidates_expired,
+            ),
+            (
+                "elections_failed",
+                "Election attempts that found no eligible candidate (retried every 5 s)",
+                &m.elections_failed,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            registry.register(name, help, counter.clone());
+        }
         registry.register(
-            "leader_changes",
-            "Holders assigned (elections)",
-            m.leader_changes.clone(),
-        );
-        registry.register(
-            "handovers_requested",
-            "Handovers requested from a live holder",
-            m.handovers.clone(),
-        );
-        registry.register(
-            "strategy_conflicts",
-            "Candidates that entered a strategy conflict",
-            m.strategy_conflicts.clone(),
-        );
-        registry.register(
-            "skew_violations",
-            "Candidates that entered a skew violation",
-            m.skew_violations.clone(),
-        );
-        registry.register(
-            "reconcile_errors",
-            "Reconciles that failed and were retried",
-            m.reconcile_errors.clone(),
+            "forced_depositions",
+            "Deposed holders' pods forced out, by method",
+            m.forced_depositions.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",
             "Time per reconcile",
             m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "handover_seconds",
+            "From a handover request to the new holder's assignment",
+            m.handover_seconds.clone(),
+        );
+        registry.register(
+            "leaderless_seconds",
+            "Time a lease spent without a live holder",
+            m.leaderless_seconds.clone(),
         );
         registry.register(
             "candidates",
@@ -150,6 +192,7 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+    tracing::info!(address = %listener.local_addr()?, "serving /metrics, /livez, /readyz");
     axum::serve(listener, app).await?;
     Ok(())
 }
