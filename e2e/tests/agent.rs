@@ -28,6 +28,7 @@ crate::tests![agent:
     sigterm_stops_the_workload_releases_and_deregisters,
     workload_exit_releases_the_lease_with_its_code,
     unsafe_timings_are_refused,
+    two_agents_with_one_identity_are_reported,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -357,4 +358,39 @@ async fn unsafe_timings_are_refused(env: Arc<TestEnv>) {
         stderr.contains("must be less than --lease-duration"),
         "{stderr}"
     );
+}
+
+async fn two_agents_with_one_identity_are_reported(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let _a = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "twins", "1.30.0", &log);
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "twins", "1.30.0", &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    let message = eventually(
+        "DuplicateIdentity=True on the shared candidate",
+        DEADLINE,
+        || async {
+            let c = candidates.get("twin").await.ok()?;
+            let cond = c
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "DuplicateIdentity" && c.status == "True")?;
+            Some(cond.message)
+        },
+    )
+    .await;
+    assert!(
+        message.contains("more than one live process uses this identity"),
+        "{message}"
+    );
+    // Whatever the confusion, at most one workload runs at a time.
+    let log_now = read_log(&log);
+    let running = starts(&log_now).len()
+        - log_now
+            .iter()
+            .filter(|e| matches!(e, crate::support::agent::Entry::Stop { .. }))
+            .count();
+    assert!(running <= 1, "{log_now:?}");
 }

@@ -191,15 +191,20 @@ impl Candidate {
         {
             self.config.emulation_version = Some(self.config.binary_version.clone());
         }
-        registration::register(&client, &self.config).await?;
         let incarnation = format!("{:016x}", crate::random_id());
+        registration::register(&client, &self.config, &incarnation).await?;
         let (tx, rx) = watch::channel(State::Following);
         let config = self.config.clone();
-        let (c1, c2, inc) = (client.clone(), client.clone(), incarnation.clone());
+        let (c1, c2, inc, inc2) = (
+            client.clone(),
+            client.clone(),
+            incarnation.clone(),
+            incarnation.clone(),
+        );
         let (cfg1, cfg2) = (config.clone(), config.clone());
         let task = tokio::spawn(async move {
             let e = tokio::select! {
-                e = registration::keep_fresh(c1, cfg1) => e,
+                e = registration::keep_fresh(c1, cfg1, inc2) => e,
                 e = leadership::run(c2, cfg2, inc, tx.clone()) => e,
             };
             // Whatever died, leadership ends with it: never a zombie leader.

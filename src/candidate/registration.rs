@@ -12,12 +12,13 @@ use serde_json::json;
 
 use super::Config;
 use crate::api::{LeaseCandidate, LeaseCandidateSpec};
+use crate::lease::INCARNATION_ANNOTATION;
 
 /// How often the candidate refreshes `renewTime` on its own (it also answers every ping).
 const REFRESH: Duration = Duration::from_secs(30);
 
 /// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
-pub async fn register(client: &Client, config: &Config) -> anyhow::Result<()> {
+pub async fn register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
     let spec = LeaseCandidateSpec {
         lease_name: config.lease.clone(),
@@ -35,7 +36,7 @@ pub async fn register(client: &Client, config: &Config) -> anyhow::Result<()> {
             existing.spec.lease_name
         ),
         Some(_) => {
-            let patch = json!({ "spec": {
+            let patch = json!({ "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } }, "spec": {
                 "binaryVersion": spec.binary_version,
                 "emulationVersion": spec.emulation_version,
                 "strategy": spec.strategy,
@@ -50,6 +51,8 @@ pub async fn register(client: &Client, config: &Config) -> anyhow::Result<()> {
         }
         None => {
             let mut candidate = LeaseCandidate::new(&config.identity, spec);
+            candidate.metadata.annotations =
+                Some([(INCARNATION_ANNOTATION.to_string(), incarnation.to_string())].into());
             if let (Some(pod), Some(uid)) = (&config.pod_name, &config.pod_uid) {
                 candidate.metadata.owner_references = Some(vec![OwnerReference {
                     api_version: "v1".into(),
@@ -78,7 +81,7 @@ pub async fn register(client: &Client, config: &Config) -> anyhow::Result<()> {
 }
 
 /// Answers pings and refreshes `renewTime`, forever. Returns only on error.
-pub async fn keep_fresh(client: Client, config: Config) -> anyhow::Error {
+pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> anyhow::Error {
     let api: Api<LeaseCandidate> = Api::namespaced(client, &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.identity));
     let mut events = watcher(api.clone(), cfg)
@@ -103,7 +106,10 @@ pub async fn keep_fresh(client: Client, config: Config) -> anyhow::Error {
             },
             _ = refresh.tick() => jiff::Timestamp::now(),
         };
-        let patch = json!({ "spec": { "renewTime": MicroTime(renew) } });
+        let patch = json!({
+            "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } },
+            "spec": { "renewTime": MicroTime(renew) },
+        });
         if let Err(e) = api
             .patch(
                 &config.identity,

@@ -208,6 +208,7 @@ pub async fn run(
         seen: HashMap::new(),
         deposer: Deposer::default(),
         timers: HashMap::new(),
+        incarnations: HashMap::new(),
     };
     while let Some(key) = queue.next().await {
         let start = Instant::now();
@@ -240,6 +241,8 @@ struct Worker {
     seen: HashMap<LeaseKey, Seen>,
     deposer: Deposer,
     timers: HashMap<LeaseKey, Timers>,
+    /// Per candidate (namespace, name): the incarnations it announced, in order, with when.
+    incarnations: HashMap<(String, String), Vec<(String, Instant)>>,
 }
 
 /// When a lease became leaderless, and when a handover was requested (for metrics).
@@ -356,6 +359,7 @@ impl Worker {
             )
             .await;
         }
+        let duplicates = self.duplicate_identities(key, &candidates);
         let decision = decide::decide(
             &inputs,
             lease_view.as_ref(),
@@ -391,6 +395,7 @@ impl Worker {
             &decision,
             holder,
             term,
+            &duplicates,
         )
         .await;
 
@@ -503,6 +508,40 @@ impl Worker {
             }
         }
         *candidates = kept;
+    }
+
+    /// Candidates whose identity two live processes share: within a minute the candidate's
+    /// incarnation annotation went back to one it had before (A, B, A). A restart is only A, B.
+    fn duplicate_identities(
+        &mut self,
+        key: &LeaseKey,
+        candidates: &[Arc<LeaseCandidate>],
+    ) -> Vec<(String, Vec<String>)> {
+        const WINDOW: Duration = Duration::from_secs(60);
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for c in candidates {
+            let Some(inc) = c.annotations().get(lease::INCARNATION_ANNOTATION) else {
+                continue;
+            };
+            let seen = self
+                .incarnations
+                .entry((key.namespace.clone(), c.name_any()))
+                .or_default();
+            seen.retain(|(_, at)| now - *at < WINDOW);
+            if seen.last().map(|(i, _)| i) != Some(inc) {
+                seen.push((inc.clone(), now));
+            }
+            let n = seen.len();
+            let returned = n >= 3 && seen[..n - 1].iter().any(|(i, _)| i == inc);
+            if returned {
+                let mut distinct: Vec<String> = seen.iter().map(|(i, _)| i.clone()).collect();
+                distinct.sort();
+                distinct.dedup();
+                out.push((c.name_any(), distinct));
+            }
+        }
+        out
     }
 
     /// Leaderless time and handover duration, for metrics.
@@ -658,11 +697,13 @@ async fn report(
     decision: &Decision,
     holder: Option<&str>,
     term: i32,
+    duplicates: &[(String, Vec<String>)],
 ) {
     let facts = status::LeaseFacts {
         lease: &key.name,
         holder,
         term,
+        duplicates,
     };
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
     for c in candidates {
@@ -692,6 +733,13 @@ async fn report(
                 EventType::Normal,
                 "Deposed",
                 format!("no longer holds lease {}", key.name),
+            ));
+        }
+        if became(status::DUPLICATE_IDENTITY) {
+            events.push((
+                EventType::Warning,
+                "DuplicateIdentity",
+                message(&conditions, status::DUPLICATE_IDENTITY),
             ));
         }
         if became(status::STRATEGY_CONFLICT) {

@@ -9,12 +9,15 @@ pub const LEADER: &str = "Leader";
 pub const ELIGIBLE: &str = "Eligible";
 pub const STRATEGY_CONFLICT: &str = "StrategyConflict";
 pub const SKEW_VIOLATION: &str = "SkewViolation";
+pub const DUPLICATE_IDENTITY: &str = "DuplicateIdentity";
 
 /// What the conditions are computed from, besides the decision.
 pub struct LeaseFacts<'a> {
     pub lease: &'a str,
     pub holder: Option<&'a str>,
     pub term: i32,
+    /// Candidates whose identity two live processes are using, with their incarnations.
+    pub duplicates: &'a [(String, Vec<String>)],
 }
 
 fn cond(
@@ -150,7 +153,26 @@ pub fn conditions(
             generation,
         ),
     };
-    vec![leader, eligible, conflict, skew]
+    let duplicate = match facts.duplicates.iter().find(|(n, _)| n == candidate) {
+        Some((_, incarnations)) => cond(
+            DUPLICATE_IDENTITY,
+            true,
+            "DuplicateIdentity",
+            format!(
+                "more than one live process uses this identity (incarnations {}): give each replica its own name",
+                incarnations.join(", ")
+            ),
+            generation,
+        ),
+        None => cond(
+            DUPLICATE_IDENTITY,
+            false,
+            "UniqueIdentity",
+            "one process uses this identity".into(),
+            generation,
+        ),
+    };
+    vec![leader, eligible, conflict, skew, duplicate]
 }
 
 /// `desired` with the transition times of unchanged conditions carried over from `current`;
