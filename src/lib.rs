@@ -12,6 +12,7 @@ pub mod election;
 pub mod lease;
 pub mod operator;
 pub mod status;
+pub mod workloads;
 
 /// A random id for process incarnations and replica identities (not for cryptography).
 pub(crate) fn random_id() -> u64 {

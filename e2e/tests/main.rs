@@ -8,6 +8,7 @@ mod chart;
 mod control_plane;
 mod crd;
 mod operator;
+mod single_active;
 mod support;
 
 use std::future::Future;
@@ -43,6 +44,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(operator::tests());
     all.extend(agent::tests());
     all.extend(chart::tests());
+    all.extend(single_active::tests());
     all
 }
 

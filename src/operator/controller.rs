@@ -24,10 +24,13 @@ use serde_json::json;
 use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
 use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
+use super::single_active::{self, Prepared};
 use super::{Settings, status, terms};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action, Decision, PodState};
 use crate::lease::{self, LeaseStore, MANAGED_LABEL};
+use crate::workloads::{WORKLOAD_LABEL, Workload};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 
 /// The caches every replica keeps warm, leader or not.
 #[derive(Clone)]
@@ -35,6 +38,8 @@ pub struct Caches {
     pub candidates: Store<LeaseCandidate>,
     pub leases: Store<Lease>,
     pub pods: Store<Pod>,
+    pub deployments: Store<Deployment>,
+    pub stateful_sets: Store<StatefulSet>,
     /// Uids of deleted pods whose containers had all stopped: proof that their processes are
     /// gone (a pod removed while still running, e.g. force-deleted, is not proof).
     pub stopped_pods: Arc<Mutex<HashSet<String>>>,
@@ -50,6 +55,8 @@ pub fn watch_all(
     let (candidates, cw) = reflector::store();
     let (leases, lw) = reflector::store();
     let (pods, pw) = reflector::store();
+    let (deployments, dw) = reflector::store();
+    let (stateful_sets, sw) = reflector::store();
     let stopped_pods = Arc::new(Mutex::new(HashSet::new()));
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
@@ -65,6 +72,8 @@ pub fn watch_all(
         candidates,
         leases,
         pods,
+        deployments,
+        stateful_sets,
         stopped_pods: stopped_pods.clone(),
     };
 
@@ -95,8 +104,9 @@ pub fn watch_all(
             }
             Ok(())
         });
-    let e = enqueue;
-    let cands = caches.candidates.clone();
+    let e = enqueue.clone();
+    let (cands, c2) = (caches.candidates.clone(), caches.candidates.clone());
+    let workloads = caches.clone();
     let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
         .default_backoff()
         .reflect(pw)
@@ -117,16 +127,103 @@ pub fn watch_all(
                         e.key(key_of(&c));
                     }
                 }
+                // A single-active workload's pod may have no candidate yet.
+                for w in workloads.workloads() {
+                    if w.selects(&pod) {
+                        e.key(LeaseKey {
+                            namespace: w.namespace.clone(),
+                            name: w.lease.clone(),
+                        });
+                    }
+                }
             }
             Ok(())
         });
-    let errors = futures::stream::select(
-        candidate_events,
-        futures::stream::select(lease_events, pod_events),
+    // Workloads: annotated ones, and ones whose annotation was just removed (their candidates
+    // carry the workload's name) need their lease reconciled.
+    fn workload_keys<K: Resource<DynamicType = ()>>(
+        obj: &K,
+        parsed: Option<Result<Workload, crate::workloads::WorkloadError>>,
+        candidates: &Store<LeaseCandidate>,
+    ) -> Vec<LeaseKey> {
+        let ns = obj.meta().namespace.clone().unwrap_or_default();
+        if let Some(Ok(w)) = parsed {
+            return vec![LeaseKey {
+                namespace: ns,
+                name: w.lease,
+            }];
+        }
+        let name = obj.meta().name.clone().unwrap_or_default();
+        let mut keys: Vec<LeaseKey> = candidates
+            .state()
+            .iter()
+            .filter(|c| {
+                c.namespace().as_deref() == Some(ns.as_str())
+                    && c.labels().get(WORKLOAD_LABEL) == Some(&name)
+            })
+            .map(|c| key_of(c))
+            .collect();
+        keys.dedup();
+        keys
+    }
+    let (e, c) = (enqueue.clone(), c2.clone());
+    let deployment_events = watcher(
+        api::<Deployment>(&client, namespace),
+        watcher::Config::default(),
     )
+    .default_backoff()
+    .reflect(dw)
+    .map(move |ev| {
+        for d in touched(ev?) {
+            for k in workload_keys(&d, Workload::from_deployment(&d), &c) {
+                e.key(k);
+            }
+        }
+        Ok(())
+    });
+    let (e, c) = (enqueue, c2);
+    let stateful_set_events = watcher(
+        api::<StatefulSet>(&client, namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(sw)
+    .map(move |ev| {
+        for s in touched(ev?) {
+            for k in workload_keys(&s, Workload::from_stateful_set(&s), &c) {
+                e.key(k);
+            }
+        }
+        Ok(())
+    });
+    let errors = futures::stream::select_all([
+        candidate_events.boxed(),
+        lease_events.boxed(),
+        pod_events.boxed(),
+        deployment_events.boxed(),
+        stateful_set_events.boxed(),
+    ])
     .filter_map(|r: anyhow::Result<()>| async move { r.err() })
     .boxed();
     (caches, errors)
+}
+
+impl Caches {
+    /// The annotated (single-active) workloads, parsed; ones that cannot be handled are skipped
+    /// here and reported by their reconcile.
+    pub fn workloads(&self) -> Vec<Workload> {
+        let d = self
+            .deployments
+            .state()
+            .into_iter()
+            .filter_map(|d| Workload::from_deployment(&d)?.ok());
+        let s = self
+            .stateful_sets
+            .state()
+            .into_iter()
+            .filter_map(|s| Workload::from_stateful_set(&s)?.ok());
+        d.chain(s).collect()
+    }
 }
 
 fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
@@ -209,6 +306,7 @@ pub async fn run(
         deposer: Deposer::default(),
         timers: HashMap::new(),
         incarnations: HashMap::new(),
+        reported_unreadable: HashSet::new(),
     };
     while let Some(key) = queue.next().await {
         let start = Instant::now();
@@ -243,6 +341,8 @@ struct Worker {
     timers: HashMap<LeaseKey, Timers>,
     /// Per candidate (namespace, name): the incarnations it announced, in order, with when.
     incarnations: HashMap<(String, String), Vec<(String, Instant)>>,
+    /// Single-active pods whose unreadable version was reported.
+    reported_unreadable: HashSet<(String, String)>,
 }
 
 /// When a lease became leaderless, and when a handover was requested (for metrics).
@@ -314,9 +414,23 @@ impl Worker {
             .leases
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
         self.expire_candidates(key, &mut candidates).await;
+        let prepared = single_active::prepare(
+            &self.client,
+            &self.caches,
+            &self.recorder,
+            key,
+            &candidates,
+            &mut self.reported_unreadable,
+        )
+        .await?;
+        let plan = match prepared {
+            Prepared::CleanedUp => return Ok(None),
+            Prepared::Ordinary => None,
+            Prepared::Workload(p) => Some(*p),
+        };
         self.metrics.candidates(key, candidates.len());
 
-        let inputs: Vec<decide::Candidate> = candidates
+        let mut inputs: Vec<decide::Candidate> = candidates
             .iter()
             .map(|c| decide::Candidate {
                 name: c.name_any(),
@@ -360,16 +474,97 @@ impl Worker {
             .await;
         }
         let duplicates = self.duplicate_identities(key, &candidates);
-        let decision = decide::decide(
-            &inputs,
-            lease_view.as_ref(),
-            jiff::Timestamp::now(),
-            &self.settings.rules,
-        );
+        let mut rules = self.settings.rules.clone();
+        if let Some(p) = &plan {
+            p.adjust(&candidates, &mut inputs);
+            rules.max_skew = p.workload.max_skew.or(rules.max_skew);
+            let active = p.active_pods();
+            let labels = LeaseLabels {
+                namespace: key.namespace.clone(),
+                lease: key.name.clone(),
+            };
+            self.metrics
+                .active_pods
+                .get_or_create(&labels)
+                .set(active as i64);
+            if active > 1 {
+                self.metrics.double_holders.inc();
+                tracing::error!(lease = %key, active, "more than one pod is labelled active");
+            }
+        }
+        let decision = decide::decide(&inputs, lease_view.as_ref(), jiff::Timestamp::now(), &rules);
         tracing::debug!(lease = %key, action = ?decision.action, "decided");
+        let policy = plan
+            .as_ref()
+            .map(|p| p.workload.on_depose)
+            .unwrap_or(self.settings.on_depose);
 
+        // Single-active: the operator is the holder pod's agent. It hands over on the pod's
+        // behalf (demote, release, force the pod out), and demotes before anyone is promoted.
+        if let (Some(p), Some(current)) = (&plan, lease.as_deref()) {
+            let holder = lease::holder(current).map(str::to_string);
+            if let (Action::RequestHandover { to }, Some(h)) = (&decision.action, holder)
+                && p.holds_for(&candidates, &h)
+            {
+                p.release_for(&self.client, key, current, &h).await?;
+                if let Some(pod) = p.pods.iter().find(|x| x.name_any() == h) {
+                    self.deposer.add(
+                        key,
+                        Target::new(
+                            &h,
+                            &h,
+                            &pod.uid().unwrap_or_default(),
+                            depose::restarts(pod),
+                        ),
+                    );
+                }
+                let note = format!("pod {h} handed lease {} over to {to}", key.name);
+                single_active::publish(
+                    &self.recorder,
+                    &single_active::workload_ref(&p.workload),
+                    EventType::Normal,
+                    "Deposed",
+                    note,
+                )
+                .await;
+                return Ok(Some(Duration::ZERO));
+            }
+        }
+        if let (
+            Some(p),
+            Action::Assign { holder, .. }
+            | Action::CreateLease {
+                holder: Some(holder),
+                ..
+            },
+        ) = (&plan, &decision.action)
+        {
+            p.demote_all_but(&self.client, Some(holder)).await?;
+            // The deposed active pod, if it is still there, is forced out per policy.
+            let previous = lease
+                .as_deref()
+                .and_then(lease::holder)
+                .filter(|h| *h != holder.as_str());
+            if let Some(pod) = previous.and_then(|h| p.pods.iter().find(|x| x.name_any() == h))
+                && pod.metadata.deletion_timestamp.is_none()
+                && p.holds_for(&candidates, &pod.name_any())
+            {
+                let name = pod.name_any();
+                self.deposer.add(
+                    key,
+                    Target::new(
+                        &name,
+                        &name,
+                        &pod.uid().unwrap_or_default(),
+                        depose::restarts(pod),
+                    ),
+                );
+            }
+        }
+
+        let owner = plan.as_ref().map(|p| p.owner());
         let written = self
-            .act(key, lease.as_deref(), &candidates, &decision)
+            .act(key, lease.as_deref(), &candidates, &decision, owner)
             .await?;
         self.time(
             key,
@@ -398,6 +593,41 @@ impl Worker {
             &duplicates,
         )
         .await;
+
+        if let Some(p) = &plan {
+            let current = written.as_ref().or(lease.as_deref());
+            p.label(&self.client, holder).await?;
+            if let Some(w) = &written
+                && let Some(h) = lease::holder(w)
+                && matches!(
+                    decision.action,
+                    Action::Assign { .. } | Action::CreateLease { .. }
+                )
+            {
+                let version = candidates
+                    .iter()
+                    .find(|c| c.name_any() == h)
+                    .map(|c| c.spec.binary_version.clone());
+                let note = format!(
+                    "pod {h} ({}) is active, term {term}",
+                    version.unwrap_or_default()
+                );
+                single_active::publish(
+                    &self.recorder,
+                    &single_active::workload_ref(&p.workload),
+                    EventType::Normal,
+                    "Elected",
+                    note,
+                )
+                .await;
+            }
+            if written.is_none()
+                && let (Some(l), Some(v)) = (current, lease_view.as_ref())
+                && lease::holder(l).is_some_and(|h| p.holds_for(&candidates, h))
+            {
+                p.renew_for(&self.client, key, l, v.unchanged_for).await?;
+            }
+        }
 
         // A lapsed holder whose pod kept running with the same containers is forced out.
         if let (
@@ -431,7 +661,7 @@ impl Worker {
         let ns = key.namespace.clone();
         let (outcomes, retry) = self
             .deposer
-            .attempt(&self.client, key, self.settings.on_depose, |name| {
+            .attempt(&self.client, key, policy, |name| {
                 pods.get(&ObjectRef::new(name).within(&ns))
                     .map(|p| (*p).clone())
             })
@@ -452,22 +682,29 @@ impl Worker {
             ) else {
                 continue;
             };
+            if let Some(p) = &plan {
+                let r = single_active::workload_ref(&p.workload);
+                single_active::publish(&self.recorder, &r, type_, reason, note.clone()).await;
+            }
             publish(&self.recorder, &c.object_ref(&()), type_, reason, note).await;
         }
 
         // When to look again, even if nothing changes: at the holder's expiry, or after a wait.
         let after = match &decision.action {
             Action::Nothing | Action::WaitForRelease { .. } => lease_view
+                .as_ref()
                 .filter(|l| l.holder.is_some())
                 .map(|l| l.duration.saturating_sub(l.unchanged_for) + Duration::from_millis(100)),
             Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
             Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
             _ => Some(Duration::from_secs(1)),
         };
-        Ok(match (after, retry) {
-            (Some(a), Some(r)) => Some(a.min(r)),
-            (a, r) => a.or(r),
-        })
+        // Single-active leases are renewed by the operator: come back in a third of the duration.
+        let renew = plan
+            .as_ref()
+            .and(lease_view.as_ref())
+            .map(|l| l.duration / 3);
+        Ok([after, retry, renew].into_iter().flatten().min())
     }
 
     /// Deletes candidates that belong to no pod and have not renewed for `--candidate-expiry`
@@ -596,6 +833,7 @@ impl Worker {
         lease: Option<&Lease>,
         candidates: &[Arc<LeaseCandidate>],
         decision: &Decision,
+        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
     ) -> anyhow::Result<Option<Lease>> {
         let client = &self.client;
         let store = LeaseStore::new(client.clone(), &key.namespace);
@@ -611,6 +849,7 @@ impl Worker {
                 l.metadata.name = Some(key.name.clone());
                 l.metadata.namespace = Some(key.namespace.clone());
                 l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
+                l.metadata.owner_references = owner.map(|o| vec![o]);
                 l.spec = Some(LeaseSpec {
                     lease_duration_seconds: Some(duration),
                     ..LeaseSpec::default()

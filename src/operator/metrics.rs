@@ -39,6 +39,10 @@ pub struct Metrics {
     pub forced_depositions: Family<MethodLabels, Counter>,
     pub reconcile_duration: Histogram,
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
+    /// Pods labelled `arbiter.dev/role=active` per single-active lease, as observed.
+    pub active_pods: Family<LeaseLabels, Gauge>,
+    /// Times more than one pod of a lease was observed labelled active (must stay 0).
+    pub double_holders: Counter,
     /// From a handover request to the new holder's assignment (includes the workload's stop).
     pub handover_seconds: Histogram,
     /// Time each lease spent without a live holder, as the arbiter saw it.
@@ -65,6 +69,8 @@ impl Metrics {
             forced_depositions: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             candidates_per_lease: Family::default(),
+            active_pods: Family::default(),
+            double_holders: Counter::default(),
             handover_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             leaderless_seconds: Family::default(),
             candidates_expired: Counter::default(),
@@ -73,7 +79,12 @@ impl Metrics {
             ready: AtomicBool::new(false),
             registry: Registry::default(),
         };
-        let counters: [(&str, &str, &Counter); 7] = [
+        let counters: [(&str, &str, &Counter); 8] = [
+            (
+                "double_holders",
+                "Times more than one pod of a lease was seen labelled active (must stay 0)",
+                &m.double_holders,
+            ),
             (
                 "leader_changes",
                 "Holders assigned (elections)",
@@ -137,6 +148,11 @@ impl Metrics {
             "candidates",
             "Candidates per lease",
             m.candidates_per_lease.clone(),
+        );
+        registry.register(
+            "active_pods",
+            "Pods labelled arbiter.dev/role=active per single-active lease",
+            m.active_pods.clone(),
         );
         registry.register(
             "operator_active",

@@ -9,6 +9,7 @@ pub mod depose;
 pub mod ha;
 pub mod metrics;
 pub mod queue;
+pub mod single_active;
 pub mod status;
 pub mod terms;
 
@@ -142,17 +143,15 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         }
     });
     let sync = {
-        let (c, l, p) = (
-            caches.candidates.clone(),
-            caches.leases.clone(),
-            caches.pods.clone(),
-        );
+        let c = caches.clone();
         let m = metrics.clone();
         async move {
             let _ = tokio::join!(
-                c.wait_until_ready(),
-                l.wait_until_ready(),
-                p.wait_until_ready()
+                c.candidates.wait_until_ready(),
+                c.leases.wait_until_ready(),
+                c.pods.wait_until_ready(),
+                c.deployments.wait_until_ready(),
+                c.stateful_sets.wait_until_ready(),
             );
             m.ready.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::info!("caches synced");

@@ -1,0 +1,531 @@
+//! Single-active workloads on the real control plane: kube-controller-manager creates the pods,
+//! kwok runs them, and the operator keeps exactly one labelled `arbiter.dev/role=active`. A
+//! watch in each test records every pod change and asserts that two pods never carry `active`
+//! at once, over the whole run.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+
+use crate::support::operator::{Operator, wait_for_holder};
+use crate::support::{TestEnv, eventually};
+
+crate::tests![single_active:
+    deployment_gets_exactly_one_active_pod,
+    deleting_the_active_pod_promotes_another,
+    rolling_update_keeps_the_old_version_active_and_rollback_hands_back,
+    eviction_blocked_by_a_pdb_is_reported_and_retried,
+    stateful_set_scaling_and_annotation_removal,
+    unreadable_version_is_reported,
+];
+
+const DEADLINE: Duration = Duration::from_secs(60);
+const ROLE: &str = "arbiter.dev/role";
+
+/// What the watch saw: pod name → (role, version label/image, ready, deleting).
+#[derive(Default)]
+struct Seen {
+    pods: BTreeMap<String, Pod>,
+    max_active: usize,
+    /// Every time a pod became active: (pod, its version, Ready pods of other versions at that moment).
+    promotions: Vec<(String, String, Vec<String>)>,
+}
+
+struct Invariant {
+    seen: Arc<Mutex<Seen>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn version(p: &Pod) -> String {
+    let image = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    image.rsplit(':').next().unwrap_or_default().to_string()
+}
+
+fn active(p: &Pod) -> bool {
+    p.labels().get(ROLE).is_some_and(|r| r == "active")
+}
+
+fn ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+impl Invariant {
+    /// Watches the pods selected by `labels` and records the highest number ever labelled active.
+    fn watch(env: &TestEnv, labels: &str) -> Invariant {
+        let api: Api<Pod> = env.api();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let out = seen.clone();
+        let cfg = watcher::Config::default().labels(labels);
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, cfg).boxed();
+            while let Some(ev) = events.next().await {
+                let Ok(ev) = ev else { continue };
+                let mut s = out.lock().unwrap();
+                match ev {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        let was_active = s.pods.get(&p.name_any()).is_some_and(active);
+                        if active(&p) && !was_active {
+                            let others: Vec<String> = s
+                                .pods
+                                .values()
+                                .filter(|o| {
+                                    o.name_any() != p.name_any()
+                                        && ready(o)
+                                        && version(o) != version(&p)
+                                })
+                                .map(version)
+                                .collect();
+                            s.promotions.push((p.name_any(), version(&p), others));
+                        }
+                        s.pods.insert(p.name_any(), p);
+                    }
+                    watcher::Event::Delete(p) => {
+                        s.pods.remove(&p.name_any());
+                    }
+                    _ => {}
+                }
+                let n = s.pods.values().filter(|p| active(p)).count();
+                s.max_active = s.max_active.max(n);
+            }
+        });
+        Invariant { seen, task }
+    }
+
+    fn active_pods(&self) -> Vec<Pod> {
+        self.seen
+            .lock()
+            .unwrap()
+            .pods
+            .values()
+            .filter(|p| active(p))
+            .cloned()
+            .collect()
+    }
+
+    fn check(&self) {
+        let s = self.seen.lock().unwrap();
+        assert!(
+            s.max_active <= 1,
+            "two pods were labelled active at once ({} at most)",
+            s.max_active
+        );
+    }
+}
+
+impl Drop for Invariant {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"arbiter.dev/single-active": "true"}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": image}]},
+            },
+        },
+    }))
+    .unwrap()
+}
+
+/// Waits until exactly one pod is active and every other Ready pod is standby; returns the
+/// active pod.
+async fn one_active(env: &TestEnv, inv: &Invariant, labels: &str) -> Pod {
+    let pods: Api<Pod> = env.api();
+    let active = eventually(
+        "exactly one active pod, the others standby",
+        DEADLINE,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(labels))
+                .await
+                .ok()?;
+            let live: Vec<&Pod> = list.items.iter().filter(|p| ready(p)).collect();
+            let actives: Vec<&Pod> = live.iter().copied().filter(|p| active(p)).collect();
+            let standbys = live
+                .iter()
+                .filter(|p| p.labels().get(ROLE).is_some_and(|r| r == "standby"))
+                .count();
+            (actives.len() == 1 && standbys == live.len() - 1).then(|| actives[0].clone())
+        },
+    )
+    .await;
+    // Let the invariant watch catch up with what the list showed.
+    eventually("the watch to see the active pod", DEADLINE, || async {
+        inv.active_pods()
+            .iter()
+            .any(|p| p.uid() == active.uid())
+            .then_some(())
+    })
+    .await;
+    active
+}
+
+async fn events_on(env: &TestEnv, name: &str) -> Vec<(String, String)> {
+    let api: Api<Event> = env.api();
+    let list = api.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+async fn deployment_gets_exactly_one_active_pod(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=web");
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("web", 3, "example.com/web:1.0.0"),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = env.api();
+    eventually("3 pods Ready", DEADLINE, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?;
+        (list.items.iter().filter(|p| ready(p)).count() == 3).then_some(())
+    })
+    .await;
+    let ready_at = Instant::now();
+    let active = one_active(&env, &inv, "app=web").await;
+    let took = ready_at.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "one pod active {took:?} after the pods were Ready"
+    );
+    let l = wait_for_holder(&env, "web", &active.name_any(), DEADLINE).await;
+    assert_eq!(
+        l.owner_references()[0].name,
+        "web",
+        "the Lease goes with the Deployment"
+    );
+    let events = eventually("an Elected event on the Deployment", DEADLINE, || async {
+        let ev = events_on(&env, "web").await;
+        ev.iter().any(|(r, _)| r == "Elected").then_some(ev)
+    })
+    .await;
+    assert!(
+        events
+            .iter()
+            .any(|(_, m)| m.contains(&active.name_any()) && m.contains("1.0.0")),
+        "{events:?}"
+    );
+    inv.check();
+}
+
+async fn deleting_the_active_pod_promotes_another(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=api");
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("api", 3, "example.com/api:1.0.0"),
+        )
+        .await
+        .unwrap();
+    let first = one_active(&env, &inv, "app=api").await;
+    let pods: Api<Pod> = env.api();
+    for round in 0..2 {
+        let current = inv.active_pods().into_iter().next().unwrap();
+        pods.delete(&current.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+        let deleted_at = Instant::now();
+        let next = eventually("another pod active", DEADLINE, || async {
+            inv.active_pods()
+                .into_iter()
+                .find(|p| p.name_any() != current.name_any())
+        })
+        .await;
+        let took = deleted_at.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "round {round}: next active after {took:?}"
+        );
+        wait_for_holder(&env, "api", &next.name_any(), DEADLINE).await;
+    }
+    assert_ne!(inv.active_pods()[0].name_any(), first.name_any());
+    inv.check();
+}
+
+async fn rolling_update_keeps_the_old_version_active_and_rollback_hands_back(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=roll");
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("roll", 3, "example.com/roll:1.0.0"),
+        )
+        .await
+        .unwrap();
+    let first = one_active(&env, &inv, "app=roll").await;
+    assert_eq!(version(&first), "1.0.0");
+
+    // Upgrade with the default strategy (maxSurge 25%, maxUnavailable 25%).
+    let image = |v: &str| json!({"spec": {"template": {"spec": {"containers": [{"name": "app", "image": format!("example.com/roll:{v}")}]}}}});
+    deployments
+        .patch(
+            "roll",
+            &PatchParams::default(),
+            &Patch::Strategic(image("2.0.0")),
+        )
+        .await
+        .unwrap();
+    eventually("a 2.0.0 pod active after the rollout", DEADLINE, || async {
+        inv.active_pods()
+            .into_iter()
+            .find(|p| version(p) == "2.0.0")
+    })
+    .await;
+    {
+        let s = inv.seen.lock().unwrap();
+        for (pod, v, others) in &s.promotions {
+            if v == "2.0.0" {
+                assert!(
+                    !others.contains(&"1.0.0".to_string()),
+                    "{pod} (2.0.0) became active while a 1.0.0 pod was Ready: {:?}",
+                    s.promotions
+                );
+            }
+        }
+    }
+
+    // Rollback: the first Ready 1.0.0 pod takes over by handover.
+    deployments
+        .patch(
+            "roll",
+            &PatchParams::default(),
+            &Patch::Strategic(image("1.0.0")),
+        )
+        .await
+        .unwrap();
+    eventually("a 1.0.0 pod active again", DEADLINE, || async {
+        inv.active_pods()
+            .into_iter()
+            .find(|p| version(p) == "1.0.0")
+    })
+    .await;
+    inv.check();
+}
+
+async fn eviction_blocked_by_a_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=guarded");
+    let pdbs: Api<PodDisruptionBudget> = env.api();
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "guarded"},
+        "spec": {"minAvailable": "100%", "selector": {"matchLabels": {"app": "guarded"}}},
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("guarded", 3, "example.com/guarded:1.0.0"),
+        )
+        .await
+        .unwrap();
+    let old = one_active(&env, &inv, "app=guarded").await;
+    // The active pod stops being Ready (but keeps running): it is demoted, another pod is
+    // promoted, and the old one must be evicted, which the PDB refuses.
+    let pods: Api<Pod> = env.api();
+    let now = jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap()
+        .to_string();
+    let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}]}});
+    pods.patch_status(
+        &old.name_any(),
+        &PatchParams::default(),
+        &Patch::Strategic(not_ready),
+    )
+    .await
+    .unwrap();
+    eventually("another pod active", DEADLINE, || async {
+        inv.active_pods()
+            .into_iter()
+            .find(|p| p.name_any() != old.name_any())
+    })
+    .await;
+    eventually(
+        "an EvictionBlocked event on the Deployment",
+        DEADLINE,
+        || async {
+            events_on(&env, "guarded")
+                .await
+                .iter()
+                .any(|(r, _)| r == "EvictionBlocked")
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        pods.get_opt(&old.name_any()).await.unwrap().is_some(),
+        "the PDB kept the old pod"
+    );
+    // Lift the budget: the retry evicts the old pod.
+    pdbs.delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the old pod to be evicted", DEADLINE, || async {
+        let p = pods.get_opt(&old.name_any()).await.ok()?;
+        p.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await;
+    eventually("an Evicted event", DEADLINE, || async {
+        events_on(&env, "guarded")
+            .await
+            .iter()
+            .any(|(r, _)| r == "Evicted")
+            .then_some(())
+    })
+    .await;
+    inv.check();
+}
+
+async fn stateful_set_scaling_and_annotation_removal(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=db");
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "db", "annotations": {"arbiter.dev/single-active": "true", "arbiter.dev/lease-name": "db-primary"}},
+        "spec": {
+            "replicas": 3,
+            "serviceName": "db",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": "db"}},
+            "template": {
+                "metadata": {"labels": {"app": "db", "app.kubernetes.io/version": "3.1.0"}},
+                "spec": {"containers": [{"name": "db", "image": "example.com/db:latest"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let api: Api<StatefulSet> = env.api();
+    api.create(&PostParams::default(), &sts).await.unwrap();
+    let active = one_active(&env, &inv, "app=db").await;
+    wait_for_holder(&env, "db-primary", &active.name_any(), DEADLINE).await;
+    let pods: Api<Pod> = env.api();
+    pods.delete(&active.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("another pod active", DEADLINE, || async {
+        inv.active_pods()
+            .into_iter()
+            .find(|p| p.uid() != active.uid())
+    })
+    .await;
+
+    let scale = |n: i32| json!({"spec": {"replicas": n}});
+    for n in [0, 1, 5] {
+        api.patch("db", &PatchParams::default(), &Patch::Merge(scale(n)))
+            .await
+            .unwrap();
+        if n == 0 {
+            eventually("no pods", DEADLINE, || async {
+                pods.list(&ListParams::default().labels("app=db"))
+                    .await
+                    .ok()?
+                    .items
+                    .is_empty()
+                    .then_some(())
+            })
+            .await;
+        } else {
+            eventually(&format!("{n} pods Ready"), DEADLINE, || async {
+                let l = pods
+                    .list(&ListParams::default().labels("app=db"))
+                    .await
+                    .ok()?;
+                (l.items.iter().filter(|p| ready(p)).count() == n as usize).then_some(())
+            })
+            .await;
+            one_active(&env, &inv, "app=db").await;
+        }
+    }
+
+    // Removing the annotation removes the labels and candidates the operator made.
+    let remove = json!({"metadata": {"annotations": {"arbiter.dev/single-active": null}}});
+    api.patch("db", &PatchParams::default(), &Patch::Merge(remove))
+        .await
+        .unwrap();
+    let candidates: Api<arbiter::api::LeaseCandidate> = env.api();
+    eventually("candidates and role labels removed", DEADLINE, || async {
+        let c = candidates.list(&ListParams::default()).await.ok()?;
+        let p = pods
+            .list(&ListParams::default().labels("app=db"))
+            .await
+            .ok()?;
+        (c.items.is_empty() && p.items.iter().all(|p| !p.labels().contains_key(ROLE))).then_some(())
+    })
+    .await;
+    inv.check();
+}
+
+async fn unreadable_version_is_reported(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("nover", 1, "example.com/nover:latest"),
+        )
+        .await
+        .unwrap();
+    let message = eventually(
+        "a VersionUnreadable event on the Deployment",
+        DEADLINE,
+        || async {
+            events_on(&env, "nover")
+                .await
+                .into_iter()
+                .find(|(r, _)| r == "VersionUnreadable")
+                .map(|(_, m)| m)
+        },
+    )
+    .await;
+    assert!(
+        message.contains("\"latest\"") && message.contains("app.kubernetes.io/version"),
+        "{message}"
+    );
+    let candidates: Api<arbiter::api::LeaseCandidate> = env.api();
+    assert!(
+        candidates
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}

@@ -1,0 +1,249 @@
+//! The operator's part in single-active workloads (see [`crate::workloads`]): it is the
+//! candidate agent for the workload's pods, so it answers for their liveness (a pod is alive
+//! while Running and Ready), holds the lease for the active pod, hands it over on the pod's
+//! behalf, and keeps the `arbiter.dev/role` labels: demote first, then promote.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::runtime::events::{EventType, Recorder};
+use kube::{Client, ResourceExt};
+
+use super::controller::Caches;
+use super::queue::LeaseKey;
+use crate::api::LeaseCandidate;
+use crate::election::decide::{self, PodState};
+use crate::lease::{self, LeaseStore};
+use crate::workloads::sync::{self, managed};
+use crate::workloads::{ACTIVE, ROLE_LABEL, STANDBY, Workload, pod_ready};
+
+/// A lease that belongs to a single-active workload, with the workload's pods.
+pub struct Plan {
+    pub workload: Workload,
+    pub pods: Vec<Arc<Pod>>,
+}
+
+/// What governs a lease.
+pub enum Prepared {
+    /// An ordinary lease.
+    Ordinary,
+    /// The lease of a workload whose annotation was removed: cleaned up, nothing else to do.
+    CleanedUp,
+    Workload(Box<Plan>),
+}
+
+/// Finds the workload governing `key`, makes its pods candidates, and reports pods whose
+/// version cannot be read (once each, tracked in `reported`).
+pub async fn prepare(
+    client: &Client,
+    caches: &Caches,
+    recorder: &Recorder,
+    key: &LeaseKey,
+    candidates: &[Arc<LeaseCandidate>],
+    reported: &mut HashSet<(String, String)>,
+) -> anyhow::Result<Prepared> {
+    let workload = caches
+        .workloads()
+        .into_iter()
+        .find(|w| w.namespace == key.namespace && w.lease == key.name);
+    let Some(workload) = workload else {
+        if candidates.iter().any(|c| managed(c)) {
+            let pods: Vec<Arc<Pod>> = caches
+                .pods
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace().as_deref() == Some(key.namespace.as_str()))
+                .collect();
+            sync::clean_up(client, &key.namespace, candidates, &pods).await?;
+            return Ok(Prepared::CleanedUp);
+        }
+        return Ok(Prepared::Ordinary);
+    };
+    let mut pods: Vec<Arc<Pod>> = caches
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| workload.selects(p))
+        .collect();
+    pods.sort_by_key(|p| p.name_any());
+    let unreadable = sync::ensure_candidates(client, &workload, &pods, candidates).await?;
+    for (pod, why) in unreadable {
+        if reported.insert((key.namespace.clone(), pod.clone())) {
+            let note = format!("pod {pod} is not eligible: {why}");
+            tracing::warn!(workload = %workload.name, %note);
+            publish(
+                recorder,
+                &workload_ref(&workload),
+                EventType::Warning,
+                "VersionUnreadable",
+                note,
+            )
+            .await;
+        }
+    }
+    Ok(Prepared::Workload(Box::new(Plan { workload, pods })))
+}
+
+pub fn workload_ref(w: &Workload) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("apps/v1".into()),
+        kind: Some(w.kind.into()),
+        name: Some(w.name.clone()),
+        namespace: Some(w.namespace.clone()),
+        uid: Some(w.owner.uid.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+pub async fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = kube::runtime::events::Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, reference).await {
+        tracing::warn!(reason, error = %e, "publishing event failed");
+    }
+}
+
+impl Plan {
+    fn pod(&self, name: &str) -> Option<&Arc<Pod>> {
+        self.pods.iter().find(|p| p.name_any() == name)
+    }
+
+    /// The operator answers for the liveness of the candidates it made: alive (as if it had
+    /// just acknowledged a ping) while the pod is Running and Ready; otherwise the pod is not
+    /// acting (it is demoted before anyone else is promoted), so it counts as stopped.
+    pub fn adjust(&self, candidates: &[Arc<LeaseCandidate>], inputs: &mut [decide::Candidate]) {
+        let now = jiff::Timestamp::now();
+        for (c, input) in candidates.iter().zip(inputs.iter_mut()) {
+            if !managed(c) {
+                continue;
+            }
+            match self.pod(&c.name_any()) {
+                Some(p) if pod_ready(p) => {
+                    input.pod = PodState::Running;
+                    input.ping_time = Some(now);
+                    input.renew_time = Some(now);
+                }
+                _ => input.pod = PodState::Stopped,
+            }
+        }
+    }
+
+    /// Labels every pod but `keep` standby (the demotion that must precede any promotion).
+    pub async fn demote_all_but(&self, client: &Client, keep: Option<&str>) -> anyhow::Result<()> {
+        for p in &self.pods {
+            if Some(p.name_any().as_str()) != keep
+                && p.labels().get(ROLE_LABEL).is_some_and(|r| r == ACTIVE)
+            {
+                sync::set_role(client, p, Some(STANDBY)).await?;
+                tracing::info!(workload = %self.workload.name, pod = %p.name_any(), "demoted to standby");
+            }
+        }
+        Ok(())
+    }
+
+    /// How many of the workload's pods carry `active`, as last observed (the double-holder
+    /// detector: more than one must never happen).
+    pub fn active_pods(&self) -> usize {
+        self.pods
+            .iter()
+            .filter(|p| p.labels().get(ROLE_LABEL).is_some_and(|r| r == ACTIVE))
+            .count()
+    }
+
+    /// Keeps the labels: standby everywhere but the holder, then (only then) active on the holder
+    /// if it is Ready.
+    pub async fn label(&self, client: &Client, holder: Option<&str>) -> anyhow::Result<()> {
+        self.demote_all_but(client, holder).await?;
+        for p in &self.pods {
+            let name = p.name_any();
+            let role = match holder {
+                Some(h) if h == name && pod_ready(p) => ACTIVE,
+                _ => STANDBY,
+            };
+            if p.metadata.deletion_timestamp.is_none()
+                && p.labels().get(ROLE_LABEL).map(String::as_str) != Some(role)
+            {
+                sync::set_role(client, p, Some(role)).await?;
+                if role == ACTIVE {
+                    tracing::info!(workload = %self.workload.name, pod = %name, "promoted to active");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the lease's holder is a pod the operator answers for.
+    pub fn holds_for(&self, candidates: &[Arc<LeaseCandidate>], holder: &str) -> bool {
+        candidates
+            .iter()
+            .any(|c| c.name_any() == holder && managed(c))
+    }
+
+    /// The handover the arbiter asked for, done on the holder pod's behalf: demote it, then
+    /// release the lease (compare-and-swap). The caller forces the pod out per policy.
+    pub async fn release_for(
+        &self,
+        client: &Client,
+        key: &LeaseKey,
+        current: &Lease,
+        holder: &str,
+    ) -> anyhow::Result<Lease> {
+        self.demote_all_but(client, None).await?;
+        let mut l = current.clone();
+        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(String::new());
+        spec.renew_time = Some(lease::now());
+        lease::set_annotation(&mut l, lease::RELEASED_BY_ANNOTATION, Some(holder));
+        let written = LeaseStore::new(client.clone(), &key.namespace)
+            .replace(&l)
+            .await?;
+        tracing::info!(lease = %key, %holder, "released the lease on the holder pod's behalf");
+        Ok(written)
+    }
+
+    /// Renews the lease for the active pod (it has no agent of its own), every third of the
+    /// lease duration, while the pod is Ready.
+    pub async fn renew_for(
+        &self,
+        client: &Client,
+        key: &LeaseKey,
+        current: &Lease,
+        unchanged_for: Duration,
+    ) -> anyhow::Result<()> {
+        let Some(holder) = lease::holder(current) else {
+            return Ok(());
+        };
+        let due = lease::duration(current).unwrap_or(Duration::from_secs(15)) / 3;
+        if unchanged_for < due || !self.pod(holder).is_some_and(|p| pod_ready(p)) {
+            return Ok(());
+        }
+        let mut l = current.clone();
+        l.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(lease::now());
+        LeaseStore::new(client.clone(), &key.namespace)
+            .replace(&l)
+            .await?;
+        Ok(())
+    }
+
+    /// The owner reference that makes the lease go with the workload.
+    pub fn owner(&self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        let mut o = self.workload.owner.clone();
+        o.controller = Some(false);
+        o.block_owner_deletion = None;
+        o
+    }
+}
