@@ -74,8 +74,10 @@ async fn single_candidate_is_elected(env: Arc<TestEnv>) {
     );
     assert_eq!(lease::strategy(&l), Some(OEV));
     assert_eq!(lease::duration(&l), Some(Duration::from_secs(15)));
-    let leader = eventually("c1's Leader condition", DEADLINE, || {
+    let leader = eventually("c1's Leader condition to be True", DEADLINE, || async {
         condition(&env, "c1", "Leader")
+            .await
+            .filter(|c| c.0 == "True")
     })
     .await;
     assert_eq!(leader, ("True".into(), "Holder".into()));

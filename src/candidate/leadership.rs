@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Config, EndReason, State};
-use crate::lease::{self, INCARNATION_ANNOTATION, LeaseStore};
+use crate::lease::{self, CasError, INCARNATION_ANNOTATION, LeaseStore};
 
 /// What the lease says about this process.
 enum Standing {
@@ -76,27 +76,36 @@ pub async fn release(
     config: &Config,
     incarnation: &str,
 ) -> anyhow::Result<bool> {
-    let Some(mut l) = store.get(&config.lease).await? else {
-        return Ok(false);
-    };
-    if lease::holder(&l) != Some(config.identity.as_str())
-        || l.annotations()
-            .get(INCARNATION_ANNOTATION)
-            .is_some_and(|i| !i.is_empty() && i != incarnation)
-    {
-        return Ok(false);
+    // A renew still in flight may win the compare-and-swap: read again and retry.
+    for _ in 0..3 {
+        let Some(mut l) = store.get(&config.lease).await? else {
+            return Ok(false);
+        };
+        if lease::holder(&l) != Some(config.identity.as_str())
+            || l.annotations()
+                .get(INCARNATION_ANNOTATION)
+                .is_some_and(|i| !i.is_empty() && i != incarnation)
+        {
+            return Ok(false);
+        }
+        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(String::new());
+        spec.renew_time = Some(lease::now());
+        lease::set_annotation(
+            &mut l,
+            lease::RELEASED_BY_ANNOTATION,
+            Some(&config.identity),
+        );
+        match store.replace(&l).await {
+            Ok(_) => {
+                tracing::info!(lease = %config.lease, "released the lease");
+                return Ok(true);
+            }
+            Err(CasError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
-    let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-    spec.holder_identity = Some(String::new());
-    spec.renew_time = Some(lease::now());
-    lease::set_annotation(
-        &mut l,
-        lease::RELEASED_BY_ANNOTATION,
-        Some(&config.identity),
-    );
-    store.replace(&l).await?;
-    tracing::info!(lease = %config.lease, "released the lease");
-    Ok(true)
+    anyhow::bail!("releasing lease {}: it kept changing", config.lease)
 }
 
 /// Follows and leads, forever; returns only on error (the watch ended).

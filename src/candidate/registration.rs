@@ -20,64 +20,76 @@ const REFRESH: Duration = Duration::from_secs(30);
 /// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
 pub async fn register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
-    let spec = LeaseCandidateSpec {
-        lease_name: config.lease.clone(),
-        binary_version: config.binary_version.clone(),
-        emulation_version: config.emulation_version.clone(),
-        strategy: config.strategy.clone(),
-        ping_time: None,
-        renew_time: Some(MicroTime(jiff::Timestamp::now())),
-    };
-    match api.get_opt(&config.identity).await? {
-        Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
-            "LeaseCandidate {}/{} already exists for lease {:?}, and leaseName is immutable: delete it, or run with another identity",
-            config.namespace,
-            config.identity,
-            existing.spec.lease_name
-        ),
-        Some(_) => {
-            let patch = json!({ "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } }, "spec": {
-                "binaryVersion": spec.binary_version,
-                "emulationVersion": spec.emulation_version,
-                "strategy": spec.strategy,
-                "renewTime": spec.renew_time,
-            }});
-            api.patch(
-                &config.identity,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        }
-        None => {
-            let mut candidate = LeaseCandidate::new(&config.identity, spec);
-            candidate.metadata.annotations =
-                Some([(INCARNATION_ANNOTATION.to_string(), incarnation.to_string())].into());
-            if let (Some(pod), Some(uid)) = (&config.pod_name, &config.pod_uid) {
-                candidate.metadata.owner_references = Some(vec![OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Pod".into(),
-                    name: pod.clone(),
-                    uid: uid.clone(),
-                    ..OwnerReference::default()
-                }]);
+    // Twice at most: a create that loses a race with another writer becomes an update.
+    for _ in 0..2 {
+        let renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        match api.get_opt(&config.identity).await? {
+            Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
+                "LeaseCandidate {}/{} already exists for lease {:?}, and leaseName is immutable: delete it, or run with another identity",
+                config.namespace,
+                config.identity,
+                existing.spec.lease_name
+            ),
+            Some(_) => {
+                let patch = json!({
+                    "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } },
+                    "spec": {
+                        "binaryVersion": config.binary_version,
+                        "emulationVersion": config.emulation_version,
+                        "strategy": config.strategy,
+                        "renewTime": renew_time,
+                    },
+                });
+                api.patch(
+                    &config.identity,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
             }
-            api.create(&PostParams::default(), &candidate)
-                .await
-                .map_err(|e| match &e {
-                    kube::Error::Api(s) if s.code == 422 => {
-                        anyhow::anyhow!("the API server refused the candidate: {}", s.message)
+            None => {
+                let spec = LeaseCandidateSpec {
+                    lease_name: config.lease.clone(),
+                    binary_version: config.binary_version.clone(),
+                    emulation_version: config.emulation_version.clone(),
+                    strategy: config.strategy.clone(),
+                    ping_time: None,
+                    renew_time,
+                };
+                let mut candidate = LeaseCandidate::new(&config.identity, spec);
+                candidate.metadata.annotations =
+                    Some([(INCARNATION_ANNOTATION.to_string(), incarnation.to_string())].into());
+                if let (Some(pod), Some(uid)) = (&config.pod_name, &config.pod_uid) {
+                    candidate.metadata.owner_references = Some(vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Pod".into(),
+                        name: pod.clone(),
+                        uid: uid.clone(),
+                        ..OwnerReference::default()
+                    }]);
+                }
+                match api.create(&PostParams::default(), &candidate).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                    Err(kube::Error::Api(s)) if s.code == 422 => {
+                        anyhow::bail!("the API server refused the candidate: {}", s.message)
                     }
-                    _ => anyhow::anyhow!(
+                    Err(e) => anyhow::bail!(
                         "creating LeaseCandidate {}/{}: {e}",
                         config.namespace,
                         config.identity
                     ),
-                })?;
+                }
+            }
         }
+        tracing::info!(candidate = %config.identity, lease = %config.lease, "registered as a candidate");
+        return Ok(());
     }
-    tracing::info!(candidate = %config.identity, lease = %config.lease, "registered as a candidate");
-    Ok(())
+    anyhow::bail!(
+        "LeaseCandidate {}/{} keeps changing under us",
+        config.namespace,
+        config.identity
+    )
 }
 
 /// Answers pings and refreshes `renewTime`, forever. Returns only on error.

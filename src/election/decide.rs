@@ -302,7 +302,18 @@ pub fn decide(
 
     if let (true, Some(l)) = (holder_live, lease) {
         let holder = l.holder.as_deref().unwrap_or_default();
-        let action = match best_of(&|_| true) {
+        // Only a strictly better version takes over from a live holder: ties on versions
+        // (decided by age or name) never disturb it, so the lease does not flip back and forth.
+        let versions = |name: &str| {
+            ranked
+                .iter()
+                .find(|(r, _)| r.name == name)
+                .map(|(r, _)| (r.emulation, r.binary))
+        };
+        let best =
+            best_of(&|_| true).filter(|b| versions(b).is_none_or(|v| Some(v) != versions(holder)));
+        let action = match best {
+            None if l.preferred_holder.is_some() => Action::ClearPreferredHolder,
             None => Action::Nothing,
             Some(best) if best == holder => match &l.preferred_holder {
                 Some(_) => Action::ClearPreferredHolder,

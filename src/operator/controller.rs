@@ -22,6 +22,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
+use super::identity::IncarnationLog;
 use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
 use super::single_active::{self, Prepared};
@@ -40,6 +41,8 @@ pub struct Caches {
     pub pods: Store<Pod>,
     pub deployments: Store<Deployment>,
     pub stateful_sets: Store<StatefulSet>,
+    /// Every candidate's recent incarnation stamps (duplicate identities).
+    pub incarnations: IncarnationLog,
     /// Uids of deleted pods whose containers had all stopped: proof that their processes are
     /// gone (a pod removed while still running, e.g. force-deleted, is not proof).
     pub stopped_pods: Arc<Mutex<HashSet<String>>>,
@@ -74,10 +77,12 @@ pub fn watch_all(
         pods,
         deployments,
         stateful_sets,
+        incarnations: IncarnationLog::default(),
         stopped_pods: stopped_pods.clone(),
     };
 
     let e = enqueue.clone();
+    let log = caches.incarnations.clone();
     let candidate_events = watcher(
         api::<LeaseCandidate>(&client, namespace),
         watcher::Config::default(),
@@ -85,7 +90,13 @@ pub fn watch_all(
     .default_backoff()
     .reflect(cw)
     .map(move |ev| {
-        for c in touched(ev?) {
+        let ev = ev?;
+        match &ev {
+            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => log.record(c),
+            watcher::Event::Delete(c) => log.forget(c),
+            _ => {}
+        }
+        for c in touched(ev) {
             e.key(key_of(&c));
         }
         Ok::<_, anyhow::Error>(())
@@ -305,7 +316,6 @@ pub async fn run(
         seen: HashMap::new(),
         deposer: Deposer::default(),
         timers: HashMap::new(),
-        incarnations: HashMap::new(),
         reported_unreadable: HashSet::new(),
     };
     while let Some(key) = queue.next().await {
@@ -339,8 +349,6 @@ struct Worker {
     seen: HashMap<LeaseKey, Seen>,
     deposer: Deposer,
     timers: HashMap<LeaseKey, Timers>,
-    /// Per candidate (namespace, name): the incarnations it announced, in order, with when.
-    incarnations: HashMap<(String, String), Vec<(String, Instant)>>,
     /// Single-active pods whose unreadable version was reported.
     reported_unreadable: HashSet<(String, String)>,
 }
@@ -473,7 +481,17 @@ impl Worker {
             )
             .await;
         }
-        let duplicates = self.duplicate_identities(key, &candidates);
+        let duplicates: Vec<(String, Vec<String>)> = candidates
+            .iter()
+            .filter_map(|c| {
+                Some((
+                    c.name_any(),
+                    self.caches
+                        .incarnations
+                        .duplicate(&key.namespace, &c.name_any())?,
+                ))
+            })
+            .collect();
         let mut rules = self.settings.rules.clone();
         if let Some(p) = &plan {
             p.adjust(&candidates, &mut inputs);
@@ -493,7 +511,7 @@ impl Worker {
             }
         }
         let decision = decide::decide(&inputs, lease_view.as_ref(), jiff::Timestamp::now(), &rules);
-        tracing::debug!(lease = %key, action = ?decision.action, "decided");
+        tracing::debug!(lease = %key, action = ?decision.action, standings = ?decision.standings, "decided");
         let policy = plan
             .as_ref()
             .map(|p| p.workload.on_depose)
@@ -745,40 +763,6 @@ impl Worker {
             }
         }
         *candidates = kept;
-    }
-
-    /// Candidates whose identity two live processes share: within a minute the candidate's
-    /// incarnation annotation went back to one it had before (A, B, A). A restart is only A, B.
-    fn duplicate_identities(
-        &mut self,
-        key: &LeaseKey,
-        candidates: &[Arc<LeaseCandidate>],
-    ) -> Vec<(String, Vec<String>)> {
-        const WINDOW: Duration = Duration::from_secs(60);
-        let now = Instant::now();
-        let mut out = Vec::new();
-        for c in candidates {
-            let Some(inc) = c.annotations().get(lease::INCARNATION_ANNOTATION) else {
-                continue;
-            };
-            let seen = self
-                .incarnations
-                .entry((key.namespace.clone(), c.name_any()))
-                .or_default();
-            seen.retain(|(_, at)| now - *at < WINDOW);
-            if seen.last().map(|(i, _)| i) != Some(inc) {
-                seen.push((inc.clone(), now));
-            }
-            let n = seen.len();
-            let returned = n >= 3 && seen[..n - 1].iter().any(|(i, _)| i == inc);
-            if returned {
-                let mut distinct: Vec<String> = seen.iter().map(|(i, _)| i.clone()).collect();
-                distinct.sort();
-                distinct.dedup();
-                out.push((c.name_any(), distinct));
-            }
-        }
-        out
     }
 
     /// Leaderless time and handover duration, for metrics.

@@ -261,6 +261,19 @@ fn live_holder_that_is_best_is_left_alone() {
 }
 
 #[test]
+fn an_equal_version_never_takes_over_from_a_live_holder() {
+    // "a" sorts first (name) but has the same versions: the live holder "b" keeps the lease.
+    let now = t0();
+    let cands = [acked("a", "1.19.0", now), acked("b", "1.19.0", now)];
+    assert_eq!(
+        act(&cands, Some(&lease(Some("b"), 1)), now),
+        Action::Nothing
+    );
+    // It would still win an election.
+    assert_eq!(act(&cands, Some(&lease(None, 1)), now), assign("a"));
+}
+
+#[test]
 fn stale_preferred_holder_is_cleared() {
     // kep4355.md E4: the preferred candidate went away; upstream stalls.
     let now = t0();
@@ -570,6 +583,25 @@ proptest! {
             prop_assert_eq!(d.standings.get(name), Some(&Standing::Eligible(Liveness::Acked)), "{:?}", d.action);
             let c = cands.iter().find(|c| c.name == name).unwrap();
             prop_assert!(c.pod.electable());
+        }
+    }
+
+    #[test]
+    fn a_live_holder_is_only_asked_to_hand_over_to_a_strictly_better_version(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        if let (Action::RequestHandover { to }, Some(holder)) = (&d.action, lease.as_ref().and_then(|l| l.holder.clone())) {
+            let key = |name: &str| cands.iter().find(|c| c.name == name).and_then(|c| {
+                Some((Version::parse(c.emulation_version.as_deref()?).ok()?, Version::parse(&c.binary_version).ok()?))
+            });
+            // (A holder that is itself no longer eligible may go to an equal version.)
+            let eligible = matches!(d.standings.get(&holder), Some(Standing::Eligible(_)));
+            if let (Some(t), Some(h), true) = (key(to), key(&holder), eligible) {
+                prop_assert!(t < h, "handover from {} {:?} to {} {:?}", holder, h, to, t);
+            }
         }
     }
 
