@@ -34,7 +34,7 @@ crate::tests![agent:
 const DEADLINE: Duration = Duration::from_secs(40);
 
 fn operator(env: &TestEnv) -> Operator {
-    Operator::start(env, &["--lease-duration", "6s"])
+    Operator::start(env, &["--lease-duration", "10s"])
 }
 
 async fn oldest_agent_leads_and_only_its_workload_runs(env: Arc<TestEnv>) {
@@ -112,9 +112,14 @@ async fn sigkill_of_the_leading_agent_kills_its_workload_and_the_next_waits_for_
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "kill", "1.30.0", &log);
-    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "kill", "1.31.0", &log);
-    // (b may lead first and hand over to a once a registers.)
     let a_term = lease::term(&wait_for_holder(&env, "kill", "a", DEADLINE).await);
+    // b joins as a standby (it never leads before a dies, so it never hands over and exits).
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "kill", "1.31.0", &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("b to register", DEADLINE, || async {
+        candidates.get_opt("b").await.ok()?
+    })
+    .await;
     let (cmd, grandchild) = eventually("a's workload and its child", DEADLINE, || async {
         let l = read_log(&log);
         Some((
@@ -281,8 +286,13 @@ async fn sigterm_stops_the_workload_releases_and_deregisters(env: Arc<TestEnv>) 
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "term", "1.30.0", &log);
-    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "term", "1.31.0", &log);
     wait_for_holder(&env, "term", "a", DEADLINE).await;
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "term", "1.31.0", &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("b to register", DEADLINE, || async {
+        candidates.get_opt("b").await.ok()?
+    })
+    .await;
     eventually("a's workload", DEADLINE, || async {
         starts(&read_log(&log))
             .iter()
@@ -303,7 +313,7 @@ async fn sigterm_stops_the_workload_releases_and_deregisters(env: Arc<TestEnv>) 
     );
     // Released, so b takes over well before a 6 s expiry.
     let released = now();
-    wait_for_holder(&env, "term", "b", Duration::from_secs(4)).await;
+    wait_for_holder(&env, "term", "b", Duration::from_secs(6)).await;
     assert!(now() - released < LEASE_DURATION.as_secs_f64());
 }
 

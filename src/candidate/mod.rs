@@ -272,9 +272,10 @@ impl Handle {
     /// Stops following, releases the lease if held, and deletes the candidate.
     pub async fn shutdown(self) {
         self.task.abort();
+        // Withdraw first, so the arbiter does not hand the released lease straight back.
+        registration::deregister(&self.client, &self.config).await;
         if let Err(e) = self.release().await {
             tracing::warn!(error = %e, "releasing the lease on shutdown failed; it will expire");
         }
-        registration::deregister(&self.client, &self.config).await;
     }
 }

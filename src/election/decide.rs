@@ -83,6 +83,8 @@ pub struct Lease {
     pub unchanged_for: Duration,
     /// Who released the lease, when it has no holder because its holder stepped down.
     pub released_by: Option<String>,
+    /// The holder's pod is confirmed stopped (known even after its candidate is gone).
+    pub holder_pod_stopped: bool,
 }
 
 impl Lease {
@@ -294,9 +296,10 @@ pub fn decide(
         let Some(holder) = &l.holder else {
             return false;
         };
-        let stopped = candidates
-            .iter()
-            .any(|c| &c.name == holder && c.pod == PodState::Stopped);
+        let stopped = l.holder_pod_stopped
+            || candidates
+                .iter()
+                .any(|c| &c.name == holder && c.pod == PodState::Stopped);
         !l.expired() && !stopped
     });
 

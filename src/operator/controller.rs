@@ -22,6 +22,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
+
+/// On a Lease: the uid of the pod its holder runs in.
+pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 use super::identity::IncarnationLog;
 use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
@@ -396,6 +399,25 @@ impl Worker {
         (now - seen.since, released)
     }
 
+    /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped.
+    fn holder_pod_stopped(&self, l: &Lease) -> bool {
+        let Some(uid) = l.annotations().get(HOLDER_POD_ANNOTATION) else {
+            return false;
+        };
+        if self.caches.stopped_pods.lock().unwrap().contains(uid) {
+            return true;
+        }
+        let ns = l.namespace().unwrap_or_default();
+        self.caches.pods.state().iter().any(|p| {
+            p.uid().as_ref() == Some(uid)
+                && p.namespace().as_deref() == Some(ns.as_str())
+                && matches!(
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                    Some("Succeeded" | "Failed")
+                )
+        })
+    }
+
     fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
         let (name, uid) = owner_pod(candidate)?;
         let pod = self
@@ -467,6 +489,7 @@ impl Worker {
                     duration: lease::duration(l).unwrap_or(self.settings.lease_duration),
                     unchanged_for,
                     released_by: l.annotations().get(lease::RELEASED_BY_ANNOTATION).cloned(),
+                    holder_pod_stopped: self.holder_pod_stopped(l),
                 })
             }
         };
@@ -822,10 +845,12 @@ impl Worker {
         let client = &self.client;
         let store = LeaseStore::new(client.clone(), &key.namespace);
         let duration = self.settings.lease_duration.as_secs() as i32;
-        // The new holder's pod restarts, recorded to recognise a lapsed holder that never exited.
-        let restarts_of = |holder: &str| {
+        // The new holder's pod: its restarts (to recognise a lapsed holder that never exited)
+        // and its uid (to recognise its death even after its candidate is gone).
+        let pod_of_holder = |holder: &str| {
             let c = candidates.iter().find(|c| c.name_any() == holder)?;
-            self.pod_of(c).map(|p| depose::restarts(&p))
+            self.pod_of(c)
+                .map(|p| (depose::restarts(&p), p.uid().unwrap_or_default()))
         };
         let written = match (&decision.action, lease) {
             (Action::CreateLease { holder, strategy }, _) => {
@@ -841,7 +866,7 @@ impl Worker {
                 lease::set_strategy(&mut l, strategy);
                 if let Some(holder) = holder {
                     let term = terms::reserve(client.clone(), &key.namespace, &key.name, 0).await?;
-                    assign(&mut l, holder, term, duration, restarts_of(holder));
+                    assign(&mut l, holder, term, duration, pod_of_holder(holder));
                 }
                 Some(store.create(&l).await?)
             }
@@ -854,7 +879,7 @@ impl Worker {
                 )
                 .await?;
                 let mut l = current.clone();
-                assign(&mut l, holder, term, duration, restarts_of(holder));
+                assign(&mut l, holder, term, duration, pod_of_holder(holder));
                 Some(store.replace(&l).await?)
             }
             (Action::RequestHandover { to }, Some(current)) => {
@@ -892,7 +917,7 @@ impl Worker {
 
 /// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, no
 /// incarnation until the new holder's agent renews, and the holder pod's restart count.
-fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod_restarts: Option<i64>) {
+fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i64, String)>) {
     let now = lease::now();
     let spec = l.spec.get_or_insert_with(LeaseSpec::default);
     spec.holder_identity = Some(holder.to_string());
@@ -902,11 +927,12 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod_restarts: O
     spec.lease_duration_seconds = Some(duration);
     lease::set_preferred_holder(l, None);
     lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
-    lease::set_annotation(
-        l,
-        RESTARTS_ANNOTATION,
-        pod_restarts.map(|n| n.to_string()).as_deref(),
-    );
+    lease::set_annotation(l, lease::RELEASED_BY_ANNOTATION, None);
+    let (restarts, uid) = pod
+        .map(|(r, u)| (Some(r.to_string()), Some(u)))
+        .unwrap_or_default();
+    lease::set_annotation(l, RESTARTS_ANNOTATION, restarts.as_deref());
+    lease::set_annotation(l, HOLDER_POD_ANNOTATION, uid.as_deref());
 }
 
 /// Conditions on candidates, Events and metrics for what was decided and done.

@@ -11,20 +11,21 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Fast timings for tests: lease 6 s, renew deadline 3 s, retry 1 s, kill grace 1 s.
+/// Fast timings for tests, with room for a loaded 2-core machine: lease 10 s, renew deadline
+/// 5 s, retry 1 s, kill grace 2 s.
 pub const TIMINGS: [&str; 8] = [
     "--lease-duration",
-    "6s",
+    "10s",
     "--renew-deadline",
-    "3s",
+    "5s",
     "--retry-period",
     "1s",
     "--kill-grace",
-    "1s",
+    "2s",
 ];
-pub const LEASE_DURATION: Duration = Duration::from_secs(6);
-pub const RENEW_DEADLINE: Duration = Duration::from_secs(3);
-pub const KILL_GRACE: Duration = Duration::from_secs(1);
+pub const LEASE_DURATION: Duration = Duration::from_secs(10);
+pub const RENEW_DEADLINE: Duration = Duration::from_secs(5);
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// The workload every test agent runs: logs `start ID TERM PID T`, forks a grandchild
 /// (`child ID PID`), and on SIGTERM logs `stop ID T` and exits. T is seconds since the epoch.

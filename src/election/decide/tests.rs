@@ -47,6 +47,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
         duration: Duration::from_secs(15),
         unchanged_for: Duration::from_secs(unchanged_for),
         released_by: None,
+        holder_pod_stopped: false,
     }
 }
 
@@ -308,6 +309,20 @@ fn holder_whose_pod_stopped_is_replaced_at_once() {
     let cands = [dead, acked("id-2", "1.20.0", now)];
     assert_eq!(
         act(&cands, Some(&lease(Some("id-1"), 1)), now),
+        assign("id-2")
+    );
+}
+
+#[test]
+fn holder_whose_pod_stopped_is_replaced_even_after_its_candidate_is_gone() {
+    // The candidate was garbage-collected with its pod; the lease remembers the pod.
+    let now = t0();
+    let gone = Lease {
+        holder_pod_stopped: true,
+        ..lease(Some("id-1"), 1)
+    };
+    assert_eq!(
+        act(&[acked("id-2", "1.20.0", now)], Some(&gone), now),
         assign("id-2")
     );
 }
@@ -613,7 +628,7 @@ proptest! {
     ) {
         let Some(l) = &lease else { return Ok(()) };
         let Some(holder) = &l.holder else { return Ok(()) };
-        let holder_stopped = cands.iter().any(|c| &c.name == holder && c.pod == PodState::Stopped);
+        let holder_stopped = l.holder_pod_stopped || cands.iter().any(|c| &c.name == holder && c.pod == PodState::Stopped);
         if l.expired() || holder_stopped { return Ok(()) }
         let d = decide(&cands, lease.as_ref(), now(), &rules);
         prop_assert!(
