@@ -2,14 +2,14 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: test demo lint unit e2e crds control-plane static manifests render-manifests
+.PHONY: test demo lint unit e2e crds control-plane static manifests render-manifests chaos chaos-short
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
 
 ## test: everything CI runs: format, lints, unit tests, CRD drift, end-to-end on a real cluster,
 ## and the static build the image uses
-test: lint unit static-check e2e
+test: lint unit static-check chaos-short e2e
 
 lint:
 	$(CARGO) fmt --check
@@ -56,3 +56,13 @@ render-manifests:
 	printf '# Rendered from charts/arbiter with default values by `make manifests`; do not edit.\n' && \
 	printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: arbiter-system\n' && \
 	$$helm template arbiter charts/arbiter --namespace arbiter-system
+
+## chaos: randomized fault trials counting violations (TRIALS=200 SEED=<clock> by default)
+TRIALS ?= 200
+SEED ?=
+chaos: control-plane
+	$(CARGO) test --release --test chaos -- --trials $(TRIALS) $(if $(SEED),--seed $(SEED))
+
+## chaos-short: the same with 3 trials, part of `make test`
+chaos-short: control-plane
+	$(CARGO) test --test chaos -- --trials 3 --seed 1

@@ -23,7 +23,13 @@ pub async fn register(client: &Client, config: &Config, incarnation: &str) -> an
     // Twice at most: a create that loses a race with another writer becomes an update.
     for _ in 0..2 {
         let renew_time = Some(MicroTime(jiff::Timestamp::now()));
-        match api.get_opt(&config.identity).await? {
+        let existing = api.get_opt(&config.identity).await.map_err(|e| match &e {
+            kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
+                "the LeaseCandidate API (arbiter.dev/v1alpha1) is not served: is arbiter's CRD installed? ({e})"
+            ),
+            _ => anyhow::anyhow!("reading LeaseCandidate {}/{}: {e}", config.namespace, config.identity),
+        })?;
+        match existing {
             Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
                 "LeaseCandidate {}/{} already exists for lease {:?}, and leaseName is immutable: delete it, or run with another identity",
                 config.namespace,

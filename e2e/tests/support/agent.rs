@@ -229,6 +229,8 @@ pub fn alive(pid: i32) -> bool {
 pub struct Proxy {
     pub addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    #[allow(dead_code)] // used by the chaos suite
+    delay_ms: Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -237,13 +239,16 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
+        let delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let flag = cut.clone();
+        let delay = delay_ms.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = listener.accept().await else {
                     return;
                 };
                 let flag = flag.clone();
+                let delay = delay.clone();
                 tokio::spawn(async move {
                     while flag.load(Ordering::SeqCst) {
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -253,15 +258,29 @@ impl Proxy {
                     };
                     let (dr, dw) = down.into_split();
                     let (ur, uw) = up.into_split();
-                    tokio::join!(pump(dr, uw, flag.clone()), pump(ur, dw, flag));
+                    tokio::join!(
+                        pump(dr, uw, flag.clone(), delay.clone()),
+                        pump(ur, dw, flag, delay)
+                    );
                 });
             }
         });
-        Proxy { addr, cut, task }
+        Proxy {
+            addr,
+            cut,
+            delay_ms,
+            task,
+        }
     }
 
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// Delays every chunk of traffic in both directions by `d` (zero: no delay).
+    #[allow(dead_code)] // used by the chaos suite
+    pub fn delay(&self, d: Duration) {
+        self.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// Lets new connections through again (connections made before the cut stay dead).
@@ -297,6 +316,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     cut: Arc<AtomicBool>,
+    delay_ms: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -306,6 +326,10 @@ async fn pump(
         };
         if cut.load(Ordering::SeqCst) {
             continue; // swallowed
+        }
+        let delay = delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -1,0 +1,454 @@
+//! `make chaos`: randomized fault trials against a real control plane, counting violations.
+//!
+//! Three agents compete for one lease; each runs a workload that writes to a fenced resource
+//! (which accepts a write only with the highest term it has seen) every 50 ms. Two operator
+//! replicas arbitrate. Each trial injects one fault at the current holder or the operator:
+//! SIGKILL of the holder's agent, SIGSTOP of its whole process tree for longer than the lease
+//! then SIGCONT, a network cut or a 2 s delay between it and the API server (a TCP proxy),
+//! SIGKILL of the active operator (restarted), or an operator failover (SIGTERM). Agents that
+//! exit are restarted, as a kubelet would.
+//!
+//! Violations (the run exits non-zero on any): writes received from an older term after a newer
+//! term's writes, except from a process that was paused (overlapping workloads); stale-term
+//! writes accepted; trials where no workload ran for longer than the lease duration + 2 s after
+//! the fault was healed.
+//!
+//! `cargo test --release --test chaos -- --trials 200 --seed 7` (defaults: 200 trials, seed from
+//! the clock; `CHAOS_TRIALS`/`CHAOS_SEED` also work).
+
+#[path = "tests/support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use support::agent::{Proxy, apiserver};
+use support::operator::Operator;
+use support::{Cluster, client_for};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+
+const NS: &str = "chaos";
+const LEASE: &str = "chaos";
+const LEASE_DURATION: f64 = 10.0;
+const TIMINGS: [&str; 8] = [
+    "--lease-duration",
+    "10s",
+    "--renew-deadline",
+    "5s",
+    "--retry-period",
+    "1s",
+    "--kill-grace",
+    "2s",
+];
+
+/// Every write the fenced resource received: (seconds since start, identity, term, accepted).
+type Writes = Arc<Mutex<Vec<(f64, String, i32, bool)>>>;
+
+/// The fenced resource: accepts `WRITE <identity> <term>` lines only with the highest term seen.
+async fn fenced_resource(start: Instant) -> (u16, Writes) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let writes: Writes = Arc::default();
+    let highest = Arc::new(Mutex::new(0));
+    let out = writes.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let (out, highest) = (out.clone(), highest.clone());
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(conn).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let (Some(id), Some(term)) =
+                        (f.get(1), f.get(2).and_then(|t| t.parse::<i32>().ok()))
+                    else {
+                        continue;
+                    };
+                    let mut h = highest.lock().unwrap();
+                    let accepted = term >= *h;
+                    *h = (*h).max(term);
+                    out.lock().unwrap().push((
+                        start.elapsed().as_secs_f64(),
+                        id.to_string(),
+                        term,
+                        accepted,
+                    ));
+                }
+            });
+        }
+    });
+    (port, writes)
+}
+
+/// The workload: writes its term to the resource every 50 ms.
+fn workload(port: u16) -> String {
+    format!(
+        "exec 3<>/dev/tcp/127.0.0.1/{port}; trap 'exit 0' TERM; \
+         while :; do echo \"WRITE $ARBITER_IDENTITY $ARBITER_TERM\" >&3; sleep 0.05; done"
+    )
+}
+
+struct AgentSlot {
+    identity: String,
+    version: String,
+    proxy: Proxy,
+    kubeconfig: PathBuf,
+    child: Option<Child>,
+}
+
+impl AgentSlot {
+    fn start(&mut self, port: u16, logs: &Path) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join(format!("{}.log", self.identity)))
+            .unwrap();
+        let mut args: Vec<String> = [
+            "run",
+            "--lease",
+            LEASE,
+            "--identity",
+            &self.identity,
+            "--namespace",
+            NS,
+            "--binary-version",
+            &self.version,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(TIMINGS.iter().map(|s| s.to_string()));
+        args.extend(["--".into(), "bash".into(), "-c".into(), workload(port)]);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_arbiter"));
+        cmd.args(&args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        // A session of its own: SIGSTOP of the "pod" pauses the agent and its workload together.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                nix::unistd::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
+        self.child = Some(cmd.spawn().unwrap());
+    }
+
+    fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    /// Restarts the agent if it exited (as a kubelet restarts a container).
+    fn keep_alive(&mut self, port: u16, logs: &Path) {
+        if self
+            .child
+            .as_mut()
+            .is_none_or(|c| c.try_wait().ok().flatten().is_some())
+        {
+            self.start(port, logs);
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    KillHolder,
+    PauseHolder,
+    CutHolder,
+    DelayHolder,
+    KillOperator,
+    FailoverOperator,
+}
+
+const FAULTS: [Fault; 6] = [
+    Fault::KillHolder,
+    Fault::PauseHolder,
+    Fault::CutHolder,
+    Fault::DelayHolder,
+    Fault::KillOperator,
+    Fault::FailoverOperator,
+];
+
+/// A small deterministic generator (splitmix64) so a seed reproduces a run.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+}
+
+fn arg(name: &str, env: &str) -> Option<u64> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .or_else(|| std::env::var(env).ok()?.parse().ok())
+}
+
+/// The time of the first write received after `t` whose term is above `term`.
+fn next_write_after(writes: &[(f64, String, i32, bool)], t: f64, term: i32) -> Option<f64> {
+    writes
+        .iter()
+        .find(|w| w.0 > t && w.2 > term && w.3)
+        .map(|w| w.0)
+}
+
+fn main() {
+    let trials = arg("--trials", "CHAOS_TRIALS").unwrap_or(200);
+    let seed = arg("--seed", "CHAOS_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    });
+    println!("chaos: {trials} trials, seed {seed}");
+    let cluster = Cluster::start_or_reuse();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let failures = rt.block_on(run(&cluster.kubeconfig, trials, seed));
+    drop(rt);
+    drop(cluster);
+    if failures > 0 {
+        eprintln!("chaos: {failures} violation(s)");
+        std::process::exit(1);
+    }
+}
+
+async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
+    let client = client_for(kubeconfig).await;
+    arbiter::api::apply_crds(client.clone(), Duration::from_secs(30))
+        .await
+        .expect("installing the CRD");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some(NS.into());
+    let _ = namespaces.create(&PostParams::default(), &ns).await;
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let (port, writes) = fenced_resource(start).await;
+    let op_args = [
+        "--namespace",
+        NS,
+        "--watch-namespace",
+        NS,
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--lease-duration",
+        "10s",
+        "--ha-lease-duration",
+        "6s",
+        "--ha-renew-deadline",
+        "4s",
+        "--ha-retry-period",
+        "1s",
+    ];
+    let mut operators = vec![
+        Operator::start_args(kubeconfig, &op_args),
+        Operator::start_args(kubeconfig, &op_args),
+    ];
+    let mut agents = Vec::new();
+    for (i, version) in ["1.30.0", "1.30.0", "1.31.0"].iter().enumerate() {
+        let proxy = Proxy::start(apiserver(kubeconfig)).await;
+        let kc = proxy.kubeconfig(kubeconfig, dir.path());
+        let kc_i = dir.path().join(format!("kubeconfig-{i}"));
+        std::fs::rename(&kc, &kc_i).unwrap();
+        let mut slot = AgentSlot {
+            identity: format!("agent-{i}"),
+            version: version.to_string(),
+            proxy,
+            kubeconfig: kc_i,
+            child: None,
+        };
+        slot.start(port, dir.path());
+        agents.push(slot);
+    }
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NS);
+    let mut rng = Rng(seed);
+    let mut leaderless: BTreeMap<Fault, Vec<f64>> = BTreeMap::new();
+    let mut paused: Vec<(String, f64, f64)> = Vec::new();
+    let mut slow_recoveries = 0;
+
+    for trial in 0..trials {
+        // Steady state: a holder whose workload is writing.
+        let (holder, term) = loop {
+            for a in agents.iter_mut() {
+                a.keep_alive(port, dir.path());
+            }
+            let l = leases.get_opt(LEASE).await.ok().flatten();
+            let h = l
+                .as_ref()
+                .and_then(arbiter::lease::holder)
+                .map(str::to_string);
+            let t = l.as_ref().map(arbiter::lease::term).unwrap_or(0);
+            let now = start.elapsed().as_secs_f64();
+            let writing = writes
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .take(5)
+                .any(|w| w.2 == t && w.3 && now - w.0 < 0.5);
+            if let (Some(h), true) = (h, writing) {
+                break (h, t);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let fault = FAULTS[(rng.next() % FAULTS.len() as u64) as usize];
+        let slot = agents.iter().position(|a| a.identity == holder);
+        let t0 = start.elapsed().as_secs_f64();
+        match (fault, slot) {
+            (Fault::KillHolder, Some(i)) => {
+                let _ = kill(Pid::from_raw(agents[i].pid().unwrap()), Signal::SIGKILL);
+            }
+            (Fault::PauseHolder, Some(i)) => {
+                let pid = agents[i].pid().unwrap();
+                let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGSTOP);
+                for m in support::standin::session_members(pid) {
+                    let _ = kill(Pid::from_raw(m), Signal::SIGSTOP);
+                }
+                tokio::time::sleep(Duration::from_secs_f64(LEASE_DURATION + 3.0)).await;
+                for m in support::standin::session_members(pid) {
+                    let _ = kill(Pid::from_raw(m), Signal::SIGCONT);
+                }
+                paused.push((holder.clone(), t0, start.elapsed().as_secs_f64() + 3.0));
+            }
+            (Fault::CutHolder, Some(i)) => {
+                agents[i].proxy.cut();
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                agents[i].proxy.restore();
+            }
+            (Fault::DelayHolder, Some(i)) => {
+                agents[i].proxy.delay(Duration::from_secs(2));
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                agents[i].proxy.delay(Duration::ZERO);
+            }
+            (Fault::KillOperator, _) => {
+                let victim = operators.remove(0);
+                let _ = kill(Pid::from_raw(victim.pid()), Signal::SIGKILL);
+                drop(victim);
+                operators.push(Operator::start_args(kubeconfig, &op_args));
+            }
+            (Fault::FailoverOperator, _) => {
+                let mut victim = operators.remove(0);
+                let _ = kill(Pid::from_raw(victim.pid()), Signal::SIGTERM);
+                victim.wait_exit(Duration::from_secs(30)).await;
+                operators.push(Operator::start_args(kubeconfig, &op_args));
+            }
+            _ => continue,
+        }
+        let healed = start.elapsed().as_secs_f64();
+        // Recovery: writes again (from the same term if the fault did not depose the holder, or
+        // from a newer term).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let resumed = loop {
+            for a in agents.iter_mut() {
+                a.keep_alive(port, dir.path());
+            }
+            let w = writes.lock().unwrap().clone();
+            let after: Vec<_> = w.iter().filter(|w| w.0 > healed && w.3).collect();
+            if let Some(first) = after.iter().find(|w| w.2 > term).or(after.first()) {
+                break Some(first.0);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // Leaderless: from the last write of the old term to the first write of a newer one.
+        let w = writes.lock().unwrap().clone();
+        let last_old = w
+            .iter()
+            .filter(|x| x.2 == term && x.3)
+            .map(|x| x.0)
+            .fold(t0, f64::max);
+        let gap = next_write_after(&w, last_old, term)
+            .map(|n| (n - last_old).max(0.0))
+            .unwrap_or(0.0);
+        leaderless.entry(fault).or_default().push(gap);
+        let recovered_in = resumed.map(|r| r - healed);
+        if recovered_in.is_none_or(|r| r > LEASE_DURATION + 2.0) {
+            slow_recoveries += 1;
+            eprintln!("trial {trial}: {fault:?}: no workload for {recovered_in:?} s after healing");
+        }
+        let name = format!("{fault:?}");
+        println!("trial {trial:>3}: {name:<16} holder {holder} term {term}: leaderless {gap:.2} s");
+    }
+
+    // Analysis.
+    let w = writes.lock().unwrap().clone();
+    let mut highest_seen = 0;
+    let mut overlaps = 0;
+    let mut stale_accepted = 0;
+    for (t, id, term, accepted) in &w {
+        if *term < highest_seen {
+            let excused = paused
+                .iter()
+                .any(|(p, from, to)| p == id && *t >= *from && *t <= *to + 5.0);
+            if !excused {
+                overlaps += 1;
+                eprintln!(
+                    "overlap: {id} wrote with term {term} at {t:.3} after term {highest_seen}"
+                );
+            }
+            if *accepted {
+                stale_accepted += 1;
+            }
+        }
+        highest_seen = highest_seen.max(*term);
+    }
+    let rejected = w.iter().filter(|x| !x.3).count();
+    println!(
+        "\nchaos report: {trials} trials, seed {seed}, {} writes ({rejected} rejected by fencing)",
+        w.len()
+    );
+    println!("  overlapping workloads not explained by a pause: {overlaps}");
+    println!("  stale-term writes accepted: {stale_accepted}");
+    println!(
+        "  trials without a workload for more than lease + 2 s after healing: {slow_recoveries}"
+    );
+    println!("  leaderless time per fault (s):");
+    for (fault, gaps) in &leaderless {
+        let mut g = gaps.clone();
+        g.sort_by(|a, b| a.total_cmp(b));
+        let p = |q: f64| g[((g.len() - 1) as f64 * q).round() as usize];
+        let name = format!("{fault:?}");
+        println!(
+            "    {name:<18} n={:<4} p50={:<6.2} p95={:<6.2} max={:.2}",
+            g.len(),
+            p(0.5),
+            p(0.95),
+            g[g.len() - 1]
+        );
+    }
+    for a in agents.iter_mut() {
+        if let Some(c) = a.child.as_mut() {
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM);
+            let _ = c.wait();
+        }
+    }
+    drop(operators);
+    let violations = overlaps + stale_accepted + slow_recoveries;
+    println!(
+        "{} passed, {} failed",
+        if violations == 0 { 1 } else { 0 },
+        if violations == 0 { 0 } else { 1 }
+    );
+    violations
+}
