@@ -5,8 +5,8 @@
 //! replicas arbitrate. Each trial injects one fault at the current holder or the operator:
 //! SIGKILL of the holder's agent, SIGSTOP of its whole process tree for longer than the lease
 //! then SIGCONT, a network cut or a 2 s delay between it and the API server (a TCP proxy),
-//! SIGKILL of the active operator (restarted), or an operator failover (SIGTERM). Agents that
-//! exit are restarted, as a kubelet would.
+//! SIGKILL of the active operator (restarted), an operator failover (SIGTERM), or a restart of
+//! kube-apiserver or etcd. Agents that exit are restarted, as a kubelet would.
 //!
 //! Violations (the run exits non-zero on any): writes received from an older term after a newer
 //! term's writes, except from a process that was paused (overlapping workloads); stale-term
@@ -170,16 +170,39 @@ enum Fault {
     DelayHolder,
     KillOperator,
     FailoverOperator,
+    RestartApiserver,
+    RestartEtcd,
 }
 
-const FAULTS: [Fault; 6] = [
+const FAULTS: [Fault; 8] = [
     Fault::KillHolder,
     Fault::PauseHolder,
     Fault::CutHolder,
     Fault::DelayHolder,
     Fault::KillOperator,
     Fault::FailoverOperator,
+    Fault::RestartApiserver,
+    Fault::RestartEtcd,
 ];
+
+/// Restarts a control-plane component in place (`e2e/cluster.sh restart`).
+async fn restart(kubeconfig: &Path, component: &str) {
+    let dir = kubeconfig.parent().unwrap().to_path_buf();
+    let component = component.to_string();
+    let status = tokio::task::spawn_blocking(move || {
+        Command::new(support::repo_root().join("e2e/cluster.sh"))
+            .arg("restart")
+            .arg(&dir)
+            .arg(&component)
+            .status()
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(status, Ok(s) if s.success()),
+        "restarting a control-plane component failed"
+    );
+}
 
 /// A small deterministic generator (splitmix64) so a seed reproduces a run.
 struct Rng(u64);
@@ -345,6 +368,8 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                 drop(victim);
                 operators.push(Operator::start_args(kubeconfig, &op_args));
             }
+            (Fault::RestartApiserver, _) => restart(kubeconfig, "kube-apiserver").await,
+            (Fault::RestartEtcd, _) => restart(kubeconfig, "etcd").await,
             (Fault::FailoverOperator, _) => {
                 let mut victim = operators.remove(0);
                 let _ = kill(Pid::from_raw(victim.pid()), Signal::SIGTERM);

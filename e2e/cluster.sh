@@ -6,6 +6,7 @@
 #   e2e/cluster.sh build          build (or reuse) the cached binaries; prints their directory
 #   eval "$(e2e/cluster.sh up)"   start a cluster; exports KUBECONFIG and ARBITER_E2E_DIR
 #   e2e/cluster.sh down [DIR]     stop exactly the processes `up` started, remove DIR
+#   e2e/cluster.sh restart DIR C  restart component C (etcd, kube-apiserver, ...) in place
 #   e2e/cluster.sh env            print the pinned versions and the cache directory
 #
 # `build` also builds helm (for the chart's tests), cached beside the control plane.
@@ -100,7 +101,7 @@ start() {
 # Fail with the component's log if it died.
 check_alive() {
   local name=$1 pid
-  pid=$(awk -v n="$name" '$1 == n {print $2}' "$DIR/pids")
+  pid=$(awk -v n="$name" '$1 == n {print $2}' "$DIR/pids" | tail -1)
   if ! kill -0 "$pid" 2>/dev/null; then
     tail -25 "$DIR/logs/$name.log" >&2 || true
     cmd_down "$DIR" >/dev/null 2>&1 || true
@@ -251,6 +252,28 @@ cmd_down() {
   log "cluster $dir stopped"
 }
 
+# Restart one component with the same command line (for fault injection): SIGTERM, wait,
+# start again, wait until it serves.
+cmd_restart() {
+  DIR=${1:?cluster directory}; local name=${2:?component}
+  local pid; pid=$(awk -v n="$name" '$1 == n {print $2}' "$DIR/pids" | tail -1)
+  [[ -n $pid && -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$DIR" \
+    || die "$name is not running in $DIR"
+  local -a argv; mapfile -d '' argv <"/proc/$pid/cmdline"
+  kill -TERM "$pid"
+  local until=$((SECONDS + 20))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < until)); do sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  setsid "${argv[@]}" >>"$DIR/logs/$name.log" 2>&1 </dev/null &
+  echo "$name $!" >>"$DIR/pids"
+  local token port
+  token=$(awk -F, '$2 == "admin" {print $1}' "$DIR/pki/tokens.csv")
+  port=$(awk '/server:/ {sub(/.*:/, "", $2); print $2}' "$DIR/kubeconfig")
+  wait_for "kube-apiserver /readyz after restarting $name" "$name" 90 \
+    curl -sf --cacert "$DIR/pki/ca.crt" -H "Authorization: Bearer $token" "https://127.0.0.1:$port/readyz"
+  log "$name restarted"
+}
+
 cmd_env() {
   echo "kubernetes=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION cache=$BIN_DIR"
 }
@@ -259,6 +282,7 @@ case ${1:-} in
   build) cmd_build >/dev/null; echo "$BIN_DIR" ;;
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
+  restart) shift; cmd_restart "$@" ;;
   env) cmd_env ;;
-  *) echo "usage: $0 build|up [DIR]|down [DIR]|env" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up [DIR]|down [DIR]|restart DIR COMPONENT|env" >&2; exit 2 ;;
 esac
