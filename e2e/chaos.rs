@@ -11,7 +11,8 @@
 //! Violations (the run exits non-zero on any): writes received from an older term after a newer
 //! term's writes, except from a process that was paused (overlapping workloads); stale-term
 //! writes accepted; trials where no workload ran for longer than the lease duration + 2 s after
-//! the fault was healed.
+//! the fault was healed (for kube-apiserver and etcd restarts, which also make the active
+//! operator fail over, the operator's HA lease duration is added).
 //!
 //! `cargo test --release --test chaos -- --trials 200 --seed 7` (defaults: 200 trials, seed from
 //! the clock; `CHAOS_TRIALS`/`CHAOS_SEED` also work).
@@ -39,6 +40,8 @@ use tokio::net::TcpListener;
 const NS: &str = "chaos";
 const LEASE: &str = "chaos";
 const LEASE_DURATION: f64 = 10.0;
+/// The operators' own HA lease duration (`--ha-lease-duration` below).
+const HA_LEASE_DURATION: f64 = 6.0;
 const TIMINGS: [&str; 8] = [
     "--lease-duration",
     "10s",
@@ -314,6 +317,13 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             for a in agents.iter_mut() {
                 a.keep_alive(port, dir.path());
             }
+            // An operator replica that exited (it could not renew its lease) is restarted, as
+            // its Deployment would.
+            for o in operators.iter_mut() {
+                if o.exited() {
+                    *o = Operator::start_args(kubeconfig, &op_args);
+                }
+            }
             let l = leases.get_opt(LEASE).await.ok().flatten();
             let h = l
                 .as_ref()
@@ -386,6 +396,13 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             for a in agents.iter_mut() {
                 a.keep_alive(port, dir.path());
             }
+            // An operator replica that exited (it could not renew its lease) is restarted, as
+            // its Deployment would.
+            for o in operators.iter_mut() {
+                if o.exited() {
+                    *o = Operator::start_args(kubeconfig, &op_args);
+                }
+            }
             let w = writes.lock().unwrap().clone();
             let after: Vec<_> = w.iter().filter(|w| w.0 > healed && w.3).collect();
             if let Some(first) = after.iter().find(|w| w.2 > term).or(after.first()) {
@@ -408,7 +425,15 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             .unwrap_or(0.0);
         leaderless.entry(fault).or_default().push(gap);
         let recovered_in = resumed.map(|r| r - healed);
-        if recovered_in.is_none_or(|r| r > LEASE_DURATION + 2.0) {
+        // A kube-apiserver or etcd restart also makes the active operator fail over (it cannot
+        // renew its own lease meanwhile), so its bound adds the operator's HA lease duration.
+        let bound = match fault {
+            Fault::RestartApiserver | Fault::RestartEtcd => {
+                LEASE_DURATION + HA_LEASE_DURATION + 2.0
+            }
+            _ => LEASE_DURATION + 2.0,
+        };
+        if recovered_in.is_none_or(|r| r > bound) {
             slow_recoveries += 1;
             eprintln!("trial {trial}: {fault:?}: no workload for {recovered_in:?} s after healing");
         }

@@ -170,14 +170,8 @@ fn main() {
         helm(&kubeconfig, &["install", "arbiter", "charts/arbiter", "-n", "arbiter-system", "--create-namespace", "--wait", "--timeout", "60s"]);
 
         step("Running the operator with the chart's ServiceAccount (kwok runs no containers)");
-        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "arbiter-system");
-        let request = TokenRequest { spec: TokenRequestSpec { expiration_seconds: Some(3600), ..Default::default() }, ..Default::default() };
-        let token = sas.create_token_request("arbiter", &PostParams::default(), &request).await.unwrap().status.unwrap().token;
         let dir = tempfile::tempdir().unwrap();
-        let admin = std::fs::read_to_string(&kubeconfig).unwrap();
-        let admin_token = admin.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap().to_string();
-        let sa_kubeconfig = dir.path().join("kubeconfig-operator");
-        std::fs::write(&sa_kubeconfig, admin.replace(&admin_token, &token)).unwrap();
+        let sa_kubeconfig = support::service_account_kubeconfig(&client, &kubeconfig, "arbiter-system", "arbiter", dir.path()).await;
         let _operator = Operator::start_args(
             &sa_kubeconfig,
             &["--namespace", "arbiter-system", "--leader-election-lease", "arbiter", "--lease-duration", "6s", "--metrics-address", "127.0.0.1:0"],

@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use arbiter::api::OLDEST_EMULATION_VERSION as OEV;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::Role;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 
 use crate::support::operator::{Operator, Responder, create_candidate, wait_for_holder};
 use crate::support::{TestEnv, eventually, repo_root};
@@ -226,30 +225,7 @@ async fn install_upgrade_uninstall(env: Arc<TestEnv>) {
 
 /// A kubeconfig for the chart's ServiceAccount `sa` (a real, RBAC-limited token).
 async fn service_account_kubeconfig(env: &TestEnv, sa: &str, dir: &Path) -> PathBuf {
-    let sas: Api<ServiceAccount> = env.api();
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = sas
-        .create_token_request(sa, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token;
-    let admin = std::fs::read_to_string(&env.kubeconfig).unwrap();
-    let admin_token = admin
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token: "))
-        .unwrap();
-    let out = dir.join("kubeconfig-sa");
-    std::fs::write(&out, admin.replace(admin_token, &token)).unwrap();
-    out
+    crate::support::service_account_kubeconfig(&env.client, &env.kubeconfig, &env.ns, sa, dir).await
 }
 
 async fn operator_works_with_the_charts_service_account(env: Arc<TestEnv>) {

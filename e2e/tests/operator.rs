@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 use arbiter::api::{LeaseCandidate, OLDEST_EMULATION_VERSION as OEV};
 use arbiter::lease;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -19,7 +18,7 @@ use crate::support::operator::{
     Operator, Responder, create_candidate, hold_and_release, wait_for_holder,
 };
 use crate::support::standin::StandIn;
-use crate::support::{TestEnv, eventually};
+use crate::support::{TestEnv, events_for, eventually};
 
 crate::tests![operator:
     single_candidate_is_elected,
@@ -50,16 +49,6 @@ async fn condition(env: &TestEnv, candidate: &str, type_: &str) -> Option<(Strin
         .into_iter()
         .find(|c| c.type_ == type_)?;
     Some((cond.status, cond.reason))
-}
-
-async fn events_for(env: &TestEnv, name: &str) -> Vec<(String, String)> {
-    let api: Api<Event> = env.api();
-    let list = api.list(&ListParams::default()).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
 }
 
 async fn single_candidate_is_elected(env: Arc<TestEnv>) {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -17,7 +17,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::support::operator::{Operator, wait_for_holder};
-use crate::support::{TestEnv, eventually};
+use crate::support::{TestEnv, events_for, eventually};
 
 crate::tests![single_active:
     deployment_gets_exactly_one_active_pod,
@@ -184,16 +184,6 @@ async fn one_active(env: &TestEnv, inv: &Invariant, labels: &str) -> Pod {
     active
 }
 
-async fn events_on(env: &TestEnv, name: &str) -> Vec<(String, String)> {
-    let api: Api<Event> = env.api();
-    let list = api.list(&ListParams::default()).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
-}
-
 async fn deployment_gets_exactly_one_active_pod(env: Arc<TestEnv>) {
     let _op = Operator::start(&env, &[]);
     let inv = Invariant::watch(&env, "app=web");
@@ -228,7 +218,7 @@ async fn deployment_gets_exactly_one_active_pod(env: Arc<TestEnv>) {
         "the Lease goes with the Deployment"
     );
     let events = eventually("an Elected event on the Deployment", DEADLINE, || async {
-        let ev = events_on(&env, "web").await;
+        let ev = events_for(&env, "web").await;
         ev.iter().any(|(r, _)| r == "Elected").then_some(ev)
     })
     .await;
@@ -382,7 +372,7 @@ async fn eviction_blocked_by_a_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
         "an EvictionBlocked event on the Deployment",
         DEADLINE,
         || async {
-            events_on(&env, "guarded")
+            events_for(&env, "guarded")
                 .await
                 .iter()
                 .any(|(r, _)| r == "EvictionBlocked")
@@ -405,7 +395,7 @@ async fn eviction_blocked_by_a_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
     })
     .await;
     eventually("an Evicted event", DEADLINE, || async {
-        events_on(&env, "guarded")
+        events_for(&env, "guarded")
             .await
             .iter()
             .any(|(r, _)| r == "Evicted")
@@ -507,7 +497,7 @@ async fn unreadable_version_is_reported(env: Arc<TestEnv>) {
         "a VersionUnreadable event on the Deployment",
         DEADLINE,
         || async {
-            events_on(&env, "nover")
+            events_for(&env, "nover")
                 .await
                 .into_iter()
                 .find(|(r, _)| r == "VersionUnreadable")

@@ -19,6 +19,7 @@ use std::time::Duration;
 use crate::api::OLDEST_EMULATION_VERSION;
 use crate::candidate::{Candidate, EndReason, State, Timings};
 use child::Workload;
+use tokio_util::sync::CancellationToken;
 
 pub use child::guard;
 
@@ -117,79 +118,107 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     }
     let handle = builder.start(client).await?;
     let mut state = handle.state();
-    let mut workload: Option<Workload> = None;
+    // The running workload, the term it runs under, and that term's cancellation token.
+    let mut running: Option<(Workload, i32, CancellationToken)> = None;
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 
     loop {
+        let lost = running.as_ref().map(|r| r.2.clone());
         tokio::select! {
+            // The running term ended (loss, handover, a dead background task): stop at once.
+            _ = async { lost.as_ref().expect("guarded").cancelled().await }, if lost.is_some() => {
+                let why = match state.borrow().clone() {
+                    State::Ended { why, .. } => why,
+                    State::Failed(e) => EndReason::Failed(e),
+                    _ => EndReason::Failed("leadership ended".into()),
+                };
+                return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+            }
             changed = state.changed() => {
                 if changed.is_err() {
-                    continue; // the sender is gone: `failed()` reports why
+                    continue; // the sender is gone: the state says why
                 }
                 let current = state.borrow_and_update().clone();
+                let running_term = running.as_ref().map(|r| r.1);
                 match current {
-                    State::Leading { term, .. } if workload.is_none() => {
+                    State::Leading { term, lost } if running.is_none() => {
                         let env = [
                             ("ARBITER_LEASE", settings.lease.clone()),
                             ("ARBITER_IDENTITY", settings.identity.clone()),
                             ("ARBITER_TERM", term.to_string()),
                         ];
                         match Workload::start(&settings.command, &env) {
-                            Ok(w) => workload = Some(w),
+                            Ok(w) => running = Some((w, term, lost)),
                             Err(e) => {
-                                let _ = handle.release().await;
                                 handle.shutdown().await;
                                 return Err(e);
                             }
                         }
                     }
-                    State::Ended { term, why } => {
-                        tracing::warn!(term, reason = ?why, "leadership ended: stopping the workload");
-                        if let Some(w) = workload.take() {
-                            w.stop(settings.kill_grace).await;
-                        }
-                        return Ok(match why {
-                            EndReason::Handover { to } => {
-                                match handle.release().await {
-                                    Ok(_) => tracing::info!(%to, "handed the lease over"),
-                                    Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire"),
-                                }
-                                0
-                            }
-                            _ => {
-                                // The lease may still name us (a slow API): give it back if so.
-                                let _ = handle.release().await;
-                                1
-                            }
-                        });
+                    State::Leading { term, .. } if running_term == Some(term) => {}
+                    // Any other state (even leading at a newer term: the running workload's term
+                    // is over) ends this process.
+                    State::Leading { term, .. } => {
+                        let why = EndReason::Failed(format!("the workload's term ended; the lease is at term {term}"));
+                        return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+                    }
+                    State::Ended { why, .. } => {
+                        return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
                     }
                     State::Failed(e) => {
-                        tracing::error!(error = %e, "a background task died: stopping the workload");
-                        if let Some(w) = workload.take() {
-                            w.stop(settings.kill_grace).await;
-                        }
-                        return Ok(1);
+                        return Ok(stop_and_exit(&handle, running.take(), EndReason::Failed(e), settings.kill_grace).await);
                     }
-                    _ => {}
+                    State::Following if running.is_some() => {
+                        let why = EndReason::Failed("no longer leading".into());
+                        return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+                    }
+                    State::Following => {}
                 }
             }
-            code = async { workload.as_mut().expect("guarded").wait().await }, if workload.is_some() => {
+            code = async { running.as_mut().expect("guarded").0.wait().await }, if running.is_some() => {
                 tracing::info!(code, "the workload exited on its own: releasing the lease");
-                if let Some(w) = workload.take() {
+                if let Some((w, _, _)) = running.take() {
                     w.finish().await;
                 }
                 handle.shutdown().await;
                 return Ok(code);
             }
             _ = &mut shutdown => {
-                if let Some(w) = workload.take() {
+                if let Some((w, _, _)) = running.take() {
                     w.stop(settings.kill_grace).await;
                 }
                 handle.shutdown().await;
                 return Ok(0);
             }
         }
+    }
+}
+
+/// Stops the workload (if any) and gives the lease back; the exit code: 0 after a handover,
+/// 1 after any other end of leadership.
+async fn stop_and_exit(
+    handle: &crate::candidate::Handle,
+    running: Option<(Workload, i32, CancellationToken)>,
+    why: EndReason,
+    kill_grace: Duration,
+) -> i32 {
+    let term = running.as_ref().map(|r| r.1);
+    tracing::warn!(?term, reason = ?why, "leadership ended: stopping the workload");
+    if let Some((w, _, _)) = running {
+        w.stop(kill_grace).await;
+    }
+    // Give the lease back if it still names this process (after a handover, or a slow API).
+    let released = handle.release().await;
+    match why {
+        EndReason::Handover { to } => {
+            match released {
+                Ok(_) => tracing::info!(%to, "handed the lease over"),
+                Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire"),
+            }
+            0
+        }
+        _ => 1,
     }
 }
 

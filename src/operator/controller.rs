@@ -560,7 +560,7 @@ impl Worker {
                     );
                 }
                 let note = format!("pod {h} handed lease {} over to {to}", key.name);
-                single_active::publish(
+                publish(
                     &self.recorder,
                     &single_active::workload_ref(&p.workload),
                     EventType::Normal,
@@ -653,7 +653,7 @@ impl Worker {
                     "pod {h} ({}) is active, term {term}",
                     version.unwrap_or_default()
                 );
-                single_active::publish(
+                publish(
                     &self.recorder,
                     &single_active::workload_ref(&p.workload),
                     EventType::Normal,
@@ -725,7 +725,7 @@ impl Worker {
             };
             if let Some(p) = &plan {
                 let r = single_active::workload_ref(&p.workload);
-                single_active::publish(&self.recorder, &r, type_, reason, note.clone()).await;
+                publish(&self.recorder, &r, type_, reason, note.clone()).await;
             }
             publish(&self.recorder, &c.object_ref(&()), type_, reason, note).await;
         }
@@ -1055,7 +1055,7 @@ fn message(
         .unwrap_or_default()
 }
 
-async fn publish(
+pub async fn publish(
     recorder: &Recorder,
     reference: &ObjectReference,
     type_: EventType,

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
-use super::controller::Caches;
+use super::controller::{Caches, publish};
 use super::queue::LeaseKey;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, PodState};
@@ -95,25 +95,6 @@ pub fn workload_ref(w: &Workload) -> ObjectReference {
         namespace: Some(w.namespace.clone()),
         uid: Some(w.owner.uid.clone()),
         ..ObjectReference::default()
-    }
-}
-
-pub async fn publish(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let ev = kube::runtime::events::Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, reference).await {
-        tracing::warn!(reason, error = %e, "publishing event failed");
     }
 }
 

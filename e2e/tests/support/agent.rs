@@ -106,18 +106,8 @@ impl Agent {
 
     /// Waits for the agent to exit; its exit code.
     pub async fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
-        let start = std::time::Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                start.elapsed() < deadline,
-                "agent {} still running after {deadline:?}",
-                self.identity
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("agent {}", self.identity);
+        super::wait_child(&mut self.child, deadline, || what.clone()).await
     }
 }
 

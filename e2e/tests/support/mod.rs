@@ -158,3 +158,70 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The (reason, message) of every Event about the object named `name` in the test namespace.
+pub async fn events_for(env: &TestEnv, name: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = env.api();
+    let list = api.list(&Default::default()).await.expect("listing events");
+    list.items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+/// Waits for `child` to exit (panicking with `what` after `deadline`); its exit code.
+pub async fn wait_child(
+    child: &mut std::process::Child,
+    deadline: Duration,
+    what: impl Fn() -> String,
+) -> Option<i32> {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("polling a child process") {
+            return status.code();
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "{} still running after {deadline:?}",
+            what()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A kubeconfig like `admin`'s, authenticated as ServiceAccount `sa` of `ns` (a real,
+/// RBAC-limited token), written into `dir`.
+pub async fn service_account_kubeconfig(
+    client: &Client,
+    admin: &Path,
+    ns: &str,
+    sa: &str,
+    dir: &Path,
+) -> PathBuf {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let token = sas
+        .create_token_request(sa, &PostParams::default(), &request)
+        .await
+        .expect("a token")
+        .status
+        .expect("a status")
+        .token;
+    let text = std::fs::read_to_string(admin).expect("reading the admin kubeconfig");
+    let admin_token = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .expect("a token in the kubeconfig");
+    let out = dir.join(format!("kubeconfig-{sa}"));
+    std::fs::write(&out, text.replace(admin_token, &token)).expect("writing a kubeconfig");
+    out
+}

@@ -102,20 +102,16 @@ impl Operator {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Whether the process has exited.
+    #[allow(dead_code)] // used by the chaos suite
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+
     /// Waits for the process to exit and returns its status code.
     pub async fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
-        let start = std::time::Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                start.elapsed() < deadline,
-                "operator still running after {deadline:?}:\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("operator (log:\n{})", self.logs());
+        super::wait_child(&mut self.child, deadline, || what.clone()).await
     }
 }
 
