@@ -128,9 +128,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         tokio::select! {
             // The running term ended (loss, handover, a dead background task): stop at once.
             _ = async { lost.as_ref().expect("guarded").cancelled().await }, if lost.is_some() => {
-                let why = match state.borrow().clone() {
-                    State::Ended { why, .. } => why,
-                    State::Failed(e) => EndReason::Failed(e),
+                let term = running.as_ref().map(|r| r.1);
+                let why = match (handle.last_end(), state.borrow().clone()) {
+                    (Some((t, why)), _) if Some(t) == term => why,
+                    (_, State::Failed(e)) => EndReason::Failed(e),
                     _ => EndReason::Failed("leadership ended".into()),
                 };
                 return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
@@ -160,7 +161,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     // Any other state (even leading at a newer term: the running workload's term
                     // is over) ends this process.
                     State::Leading { term, .. } => {
-                        let why = EndReason::Failed(format!("the workload's term ended; the lease is at term {term}"));
+                        let why = ended_reason(&handle, running_term)
+                            .unwrap_or_else(|| EndReason::Failed(format!("the workload's term ended; the lease is at term {term}")));
                         return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
                     }
                     State::Ended { why, .. } => {
@@ -170,7 +172,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                         return Ok(stop_and_exit(&handle, running.take(), EndReason::Failed(e), settings.kill_grace).await);
                     }
                     State::Following if running.is_some() => {
-                        let why = EndReason::Failed("no longer leading".into());
+                        let why = ended_reason(&handle, running_term).unwrap_or_else(|| EndReason::Failed("no longer leading".into()));
                         return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
                     }
                     State::Following => {}
@@ -193,6 +195,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             }
         }
     }
+}
+
+/// Why the workload's term ended, if the library recorded it.
+fn ended_reason(handle: &crate::candidate::Handle, term: Option<i32>) -> Option<EndReason> {
+    handle
+        .last_end()
+        .filter(|(t, _)| Some(*t) == term)
+        .map(|(_, why)| why)
 }
 
 /// Stops the workload (if any) and gives the lease back; the exit code: 0 after a handover,

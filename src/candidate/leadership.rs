@@ -114,6 +114,7 @@ pub async fn run(
     config: Config,
     incarnation: String,
     state: watch::Sender<State>,
+    ended: watch::Sender<Option<(i32, EndReason)>>,
 ) -> anyhow::Error {
     let store = LeaseStore::new(client.clone(), &config.namespace);
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
@@ -182,6 +183,7 @@ pub async fn run(
         .await;
         lost.cancel();
         tracing::warn!(lease = %config.lease, term, reason = ?why, "leadership ended");
+        ended.send_replace(Some((term, why.clone())));
         state.send_replace(State::Ended { term, why });
         // Do not take the lease again until it has moved on from this term.
         loop {

@@ -194,6 +194,7 @@ impl Candidate {
         let incarnation = format!("{:016x}", crate::random_id());
         registration::register(&client, &self.config, &incarnation).await?;
         let (tx, rx) = watch::channel(State::Following);
+        let (ended_tx, ended) = watch::channel(None);
         let config = self.config.clone();
         let (c1, c2, inc, inc2) = (
             client.clone(),
@@ -205,7 +206,7 @@ impl Candidate {
         let task = tokio::spawn(async move {
             let e = tokio::select! {
                 e = registration::keep_fresh(c1, cfg1, inc2) => e,
-                e = leadership::run(c2, cfg2, inc, tx.clone()) => e,
+                e = leadership::run(c2, cfg2, inc, tx.clone(), ended_tx) => e,
             };
             // Whatever died, leadership ends with it: never a zombie leader.
             if let State::Leading { lost, .. } = &*tx.borrow() {
@@ -219,6 +220,7 @@ impl Candidate {
             config,
             incarnation,
             state: rx,
+            ended,
             task,
         })
     }
@@ -230,6 +232,7 @@ pub struct Handle {
     config: Config,
     incarnation: String,
     state: watch::Receiver<State>,
+    ended: watch::Receiver<Option<(i32, EndReason)>>,
     task: tokio::task::JoinHandle<anyhow::Error>,
 }
 
@@ -237,6 +240,11 @@ impl Handle {
     /// The leadership state; `changed()` wakes on every transition.
     pub fn state(&self) -> watch::Receiver<State> {
         self.state.clone()
+    }
+
+    /// How the last term ended, and which term (kept after the state moves on).
+    pub fn last_end(&self) -> Option<(i32, EndReason)> {
+        self.ended.borrow().clone()
     }
 
     /// This process's incarnation (recorded on the lease while it holds it).
