@@ -181,9 +181,10 @@ pub async fn run(
             &mut latest,
         )
         .await;
+        // The reason is recorded before the token fires, so whoever wakes on it can read why.
+        ended.send_replace(Some((term, why.clone())));
         lost.cancel();
         tracing::warn!(lease = %config.lease, term, reason = ?why, "leadership ended");
-        ended.send_replace(Some((term, why.clone())));
         state.send_replace(State::Ended { term, why });
         // Do not take the lease again until it has moved on from this term.
         loop {
