@@ -31,7 +31,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use support::agent::{Proxy, apiserver};
+use support::agent::{Proxy, TIMINGS, apiserver};
 use support::operator::Operator;
 use support::{Cluster, client_for};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -39,19 +39,10 @@ use tokio::net::TcpListener;
 
 const NS: &str = "chaos";
 const LEASE: &str = "chaos";
+/// The lease duration in `TIMINGS`, in seconds.
 const LEASE_DURATION: f64 = 10.0;
 /// The operators' own HA lease duration (`--ha-lease-duration` below).
 const HA_LEASE_DURATION: f64 = 6.0;
-const TIMINGS: [&str; 8] = [
-    "--lease-duration",
-    "10s",
-    "--renew-deadline",
-    "5s",
-    "--retry-period",
-    "1s",
-    "--kill-grace",
-    "2s",
-];
 
 /// Every write the fenced resource received: (seconds since start, identity, term, accepted).
 type Writes = Arc<Mutex<Vec<(f64, String, i32, bool)>>>;
