@@ -147,6 +147,16 @@ pub fn now() -> MicroTime {
     MicroTime(jiff::Timestamp::now())
 }
 
+/// Marks the lease released (holder `""`, fresh renew time), recording who stepped down.
+pub fn mark_released(lease: &mut Lease, by: Option<&str>) {
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = Some(String::new());
+    spec.renew_time = Some(now());
+    if let Some(by) = by {
+        set_annotation(lease, RELEASED_BY_ANNOTATION, Some(by));
+    }
+}
+
 /// Sets or clears the preferred holder, in the field and the annotation.
 pub fn set_preferred_holder(lease: &mut Lease, preferred: Option<&str>) {
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);

@@ -88,14 +88,7 @@ pub async fn release(
         {
             return Ok(false);
         }
-        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-        spec.holder_identity = Some(String::new());
-        spec.renew_time = Some(lease::now());
-        lease::set_annotation(
-            &mut l,
-            lease::RELEASED_BY_ANNOTATION,
-            Some(&config.identity),
-        );
+        lease::mark_released(&mut l, Some(&config.identity));
         match store.replace(&l).await {
             Ok(_) => {
                 tracing::info!(lease = %config.lease, "released the lease");

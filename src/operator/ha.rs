@@ -146,9 +146,7 @@ impl Elector {
         if lease::holder(&l) != Some(self.identity.as_str()) {
             return Ok(());
         }
-        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-        spec.holder_identity = Some(String::new());
-        spec.renew_time = Some(lease::now());
+        lease::mark_released(&mut l, None);
         self.store.replace(&l).await?;
         tracing::info!(lease = %l.name_any(), "released operator lease");
         Ok(())

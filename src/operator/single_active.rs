@@ -185,10 +185,7 @@ impl Plan {
     ) -> anyhow::Result<Lease> {
         self.demote_all_but(client, None).await?;
         let mut l = current.clone();
-        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-        spec.holder_identity = Some(String::new());
-        spec.renew_time = Some(lease::now());
-        lease::set_annotation(&mut l, lease::RELEASED_BY_ANNOTATION, Some(holder));
+        lease::mark_released(&mut l, Some(holder));
         let written = LeaseStore::new(client.clone(), &key.namespace)
             .replace(&l)
             .await?;
