@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: test demo lint unit e2e crds control-plane static manifests render-manifests chaos chaos-short
+.PHONY: test demo lint unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
@@ -66,3 +66,10 @@ chaos: control-plane
 ## chaos-short: the same with 3 trials, part of `make test`
 chaos-short: control-plane
 	$(CARGO) test --test chaos -- --trials 3 --seed 1
+
+## bench: handover/failover side by side with client-go leader election and upstream
+## coordinated leader election, then one operator at scale; prints tables (docs/benchmarks.md)
+RUNS ?= 20
+LEASES ?= 1000,10000
+bench: control-plane
+	$(CARGO) test --release --test bench -- --runs $(RUNS) --leases $(LEASES)

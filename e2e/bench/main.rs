@@ -1,0 +1,209 @@
+//! `make bench`: numbers, printed, never asserted.
+//!
+//! - **failover**: the leaderless gap of arbiter against plain client-go leader election and
+//!   upstream coordinated leader election, per scenario, over `--runs` rounds (default 20), with
+//!   the ratio arbiter ÷ each baseline.
+//! - **scale**: one operator arbitrating `--leases` leases (default 1000) × 3 simulated
+//!   candidates: its peak RSS and CPU seconds, the API requests it makes per lease-hour in steady
+//!   state (counted from the API server's audit log), and election latency when 10% of the
+//!   holders fail at once.
+//!
+//! It starts its own control plane with the `CoordinatedLeaderElection` gate and
+//! `coordination.k8s.io/v1beta1` on (the upstream baseline needs them) and an audit log.
+//!
+//! `cargo test --release --test bench -- [--only failover|scale] [--runs N] [--leases N,N]
+//! [--window SECONDS]`
+
+#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
+mod failover;
+mod scale;
+mod stats;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use failover::{CASES, Scenario, System};
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use support::Cluster;
+use support::operator::Operator;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn main() {
+    let runs: usize = arg("--runs").and_then(|v| v.parse().ok()).unwrap_or(20);
+    let leases: Vec<usize> = arg("--leases")
+        .unwrap_or_else(|| "1000".into())
+        .split(',')
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let only = arg("--only");
+    let window = Duration::from_secs(arg("--window").and_then(|v| v.parse().ok()).unwrap_or(180));
+    let audit = scale::Audit::prepare();
+    // SAFETY: no other thread exists yet.
+    unsafe {
+        std::env::set_var(
+            "ARBITER_E2E_APISERVER_FLAGS",
+            format!(
+                "--feature-gates=CoordinatedLeaderElection=true \
+                 --runtime-config=coordination.k8s.io/v1beta1=true {}",
+                audit.flags()
+            ),
+        );
+        std::env::remove_var("ARBITER_E2E_KUBECONFIG");
+    }
+    println!("bench on {}", stats::machine());
+    let cluster = Cluster::start_or_reuse();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        if only.as_deref().is_none_or(|o| o == "failover") {
+            failover_bench(&cluster, runs).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "scale") {
+            for n in &leases {
+                scale::run(&cluster.kubeconfig, &audit, *n, window).await;
+            }
+        }
+    });
+}
+
+async fn failover_bench(cluster: &Cluster, runs: usize) {
+    let client = support::client_for(&cluster.kubeconfig).await;
+    arbiter::api::apply_crds(client.clone(), Duration::from_secs(30))
+        .await
+        .expect("installing the CRD");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    for system in [System::Arbiter, System::ClientGo, System::Upstream] {
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(system.namespace().into());
+        let _ = namespaces.create(&PostParams::default(), &ns).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let env = failover::Env {
+        client,
+        kubeconfig: cluster.kubeconfig.clone(),
+        lecandidate: failover::build_lecandidate(),
+        dir: dir.path().to_path_buf(),
+    };
+    // One operator, default timings, for the arbiter cases.
+    let _operator = Operator::start_with(&cluster.kubeconfig, System::Arbiter.namespace(), &[]);
+
+    println!(
+        "\nfailover: {runs} rounds of {} cases, run concurrently within a round",
+        CASES.len()
+    );
+    let mut gaps = Samples::default();
+    let mut failures = Vec::new();
+    for round in 0..runs {
+        let results = join_all(
+            CASES
+                .iter()
+                .map(|&(system, scenario)| failover::sample(&env, system, scenario, round)),
+        )
+        .await;
+        let mut line = format!("round {round:>2}:");
+        for (&(system, scenario), r) in CASES.iter().zip(results) {
+            match r {
+                Ok(sample) => {
+                    line += &format!(" {:.2}", sample.gap);
+                    gaps.entry((scenario, system)).or_default().push(sample);
+                }
+                Err(e) => {
+                    line += " -";
+                    failures.push(format!("round {round} {system:?} {scenario:?}: {e}"));
+                }
+            }
+        }
+        println!("{line}");
+    }
+    for f in &failures {
+        println!("no sample: {f}");
+    }
+    report(
+        &gaps,
+        "leaderless gap: old workload's end to new workload's start",
+        |s| s.gap,
+    );
+    report(
+        &gaps,
+        "time to a new leader: fault to new workload's start",
+        |s| s.to_new,
+    );
+}
+
+type Samples = BTreeMap<(Scenario, System), Vec<failover::Sample>>;
+
+/// One table: per scenario and system, n, p50, p95, max, and arbiter ÷ each baseline.
+fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> f64) {
+    println!("\n{title} (seconds)\n");
+    println!(
+        "| scenario | system | n | overlaps | p50 | p95 | max | arbiter ÷ this, p50 | arbiter ÷ this, p95 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    // Overlaps: samples where the new workload started before the old one ended.
+    let summary = |scenario, system| {
+        let s = samples.get(&(scenario, system))?;
+        let v: Vec<f64> = s.iter().map(metric).collect();
+        Some((stats::summary(&v), s.iter().filter(|x| x.gap < 0.0).count()))
+    };
+    for scenario in [
+        Scenario::Graceful,
+        Scenario::Preempt,
+        Scenario::Crash,
+        Scenario::CrashPodGone,
+    ] {
+        let Some((ours, overlaps)) = summary(scenario, System::Arbiter) else {
+            continue;
+        };
+        println!(
+            "| {} | {} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | | |",
+            scenario.label(),
+            System::Arbiter.label(),
+            ours.n,
+            ours.p50,
+            ours.p95,
+            ours.max
+        );
+        // Pod-gone has no baseline of its own: the baselines can only wait for expiry.
+        let base = if scenario == Scenario::CrashPodGone {
+            Scenario::Crash
+        } else {
+            scenario
+        };
+        for system in [System::ClientGo, System::Upstream] {
+            let Some((s, overlaps)) = summary(base, system) else {
+                continue;
+            };
+            let ratio = |a: f64, b: f64| {
+                if b > 0.0 {
+                    format!("{:.3}", a / b)
+                } else {
+                    "-".into()
+                }
+            };
+            let name = if base == scenario {
+                system.label().to_string()
+            } else {
+                format!("{} ({})", system.label(), base.label())
+            };
+            println!(
+                "| | {name} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {} | {} |",
+                s.n,
+                s.p50,
+                s.p95,
+                s.max,
+                ratio(ours.p50, s.p50),
+                ratio(ours.p95, s.p95)
+            );
+        }
+    }
+}

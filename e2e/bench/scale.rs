@@ -1,0 +1,447 @@
+//! One operator, many leases: what it costs and how fast it re-elects.
+//!
+//! The candidates are simulated by this process (one watch on the LeaseCandidates answers the
+//! operator's pings, one watch on the Leases lets each assigned holder renew by
+//! compare-and-swap every [`RENEW_EVERY`]), so thousands of them cost a few tasks rather than
+//! thousands of processes. The operator is the real `arbiter operator` process; its API requests
+//! are counted from the API server's audit log by their `arbiter/` User-Agent.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arbiter::api::{LeaseCandidate, LeaseCandidateSpec, OLDEST_EMULATION_VERSION};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::Semaphore;
+
+use crate::stats;
+use crate::support::{self, operator::Operator};
+
+/// Lease duration the operator assigns and the holders write: long enough that renewing
+/// thousands of leases stays within what this machine's API server can take.
+const LEASE_SECONDS: i32 = 60;
+/// How often a simulated holder renews.
+const RENEW_EVERY: f64 = 20.0;
+/// The operator's own HA lease (its default `--ha-lease-name`): a fixed cost, counted apart.
+const HA_LEASE: &str = "arbiter-operator";
+/// Time allowed after every lease is held before steady state is measured.
+const SETTLE: Duration = Duration::from_secs(60);
+/// Requests the simulator keeps in flight.
+const IN_FLIGHT: usize = 32;
+
+/// The API server's audit log (Metadata level, one line per completed request).
+pub struct Audit {
+    dir: tempfile::TempDir,
+}
+
+impl Audit {
+    pub fn prepare() -> Audit {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("policy.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
+             omitStages: [RequestReceived, ResponseStarted]\n\
+             rules:\n- level: Metadata\n",
+        )
+        .unwrap();
+        Audit { dir }
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
+    }
+
+    pub fn flags(&self) -> String {
+        format!(
+            "--audit-policy-file={} --audit-log-path={} --audit-log-maxsize=0",
+            self.dir.path().join("policy.yaml").display(),
+            self.log().display()
+        )
+    }
+
+    /// arbiter's requests completed between `from` and `to`, by "verb resource".
+    fn count(&self, from: jiff::Timestamp, to: jiff::Timestamp) -> BTreeMap<String, usize> {
+        let text = std::fs::read_to_string(self.log()).unwrap_or_default();
+        let mut counts = BTreeMap::new();
+        for line in text.lines() {
+            if !line.contains("\"userAgent\":\"arbiter/") {
+                continue;
+            }
+            let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let Some(at) = ev["stageTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            else {
+                continue;
+            };
+            if at < from || at > to {
+                continue;
+            }
+            let object = &ev["objectRef"];
+            let mut key = format!(
+                "{} {}",
+                ev["verb"].as_str().unwrap_or("?"),
+                object["resource"].as_str().unwrap_or("?")
+            );
+            if let Some(sub) = object["subresource"].as_str() {
+                key += &format!("/{sub}");
+            }
+            if object["name"].as_str() == Some(HA_LEASE) {
+                key += " (own HA lease)";
+            }
+            *counts.entry(key).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// What the simulated candidates know.
+#[derive(Default)]
+struct Fleet {
+    /// Candidates that stopped answering and renewing (their "process" died).
+    dead: HashSet<String>,
+    /// Per lease: the latest object seen, and when its current holder last renewed it.
+    leases: HashMap<String, Lease>,
+    last_renew: HashMap<String, Instant>,
+    /// Per lease: every assignment seen (holder, when).
+    assignments: HashMap<String, Vec<(String, Instant)>>,
+}
+
+/// CPU seconds and peak RSS (MiB) of a process, from /proc.
+fn usage(pid: i32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rfind(')')
+        .map(|i| stat[i + 2..].split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the line (11 and 12 after the command).
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+        .sum();
+    let hwm_kb: f64 = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmHWM:")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0);
+    (ticks / 100.0, hwm_kb / 1024.0)
+}
+
+/// Runs the scale benchmark with `n` leases, counting steady-state requests over `window`.
+pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
+    let client = support::client_for(kubeconfig).await;
+    arbiter::api::apply_crds(client.clone(), Duration::from_secs(30))
+        .await
+        .expect("installing the CRD");
+    let ns = format!("bench-scale-{n}");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(ns.clone());
+    let _ = namespaces.create(&PostParams::default(), &namespace).await;
+    println!("\nscale: {n} leases x 3 candidates in {ns}");
+
+    let lease_duration = format!("{LEASE_SECONDS}s");
+    let operator = Operator::start_with(kubeconfig, &ns, &["--lease-duration", &lease_duration]);
+    let fleet = Arc::new(Mutex::new(Fleet::default()));
+    let tasks = [
+        tokio::spawn(answer_pings(client.clone(), ns.clone(), fleet.clone())),
+        tokio::spawn(track_leases(client.clone(), ns.clone(), fleet.clone())),
+        tokio::spawn(renew_held(client.clone(), ns.clone(), fleet.clone())),
+    ];
+
+    // Registration: 3n candidates, all at one version (no handovers in steady state).
+    let started = Instant::now();
+    let candidates: Api<LeaseCandidate> = Api::namespaced(client.clone(), &ns);
+    stream::iter((0..n).flat_map(|l| (0..3).map(move |c| (l, c))))
+        .map(|(l, c)| {
+            let candidates = candidates.clone();
+            async move {
+                let mut lc = LeaseCandidate::new(
+                    &format!("l{l}-c{c}"),
+                    LeaseCandidateSpec {
+                        lease_name: format!("l{l}"),
+                        binary_version: "1.30.0".into(),
+                        emulation_version: Some("1.30.0".into()),
+                        strategy: OLDEST_EMULATION_VERSION.into(),
+                        ping_time: None,
+                        renew_time: Some(MicroTime(jiff::Timestamp::now())),
+                    },
+                );
+                lc.metadata.namespace = None;
+                candidates
+                    .create(&PostParams::default(), &lc)
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creating candidates");
+    let registered = started.elapsed();
+    let all_held = wait(&fleet, Duration::from_secs(1800), |f| {
+        (f.last_renew.len() >= n).then_some(())
+    })
+    .await;
+    let converged = started.elapsed();
+    let (cpu_start, _) = usage(operator.pid());
+    if all_held.is_none() {
+        println!("  not every lease got a holder within 30 min; stopping");
+    }
+
+    // Steady state, once the election's after-effects are written (each candidate's status
+    // says "liveness: Acked" for 10 s after its ping, then "Unknown", written on the lease's
+    // next reconcile, which the holder's next renew triggers).
+    tokio::time::sleep(SETTLE).await;
+    let from = jiff::Timestamp::now();
+    tokio::time::sleep(window).await;
+    let to = jiff::Timestamp::now();
+    let (cpu_steady, _) = usage(operator.pid());
+    // The audit backend writes as requests complete; give it a moment to catch up.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let counts = audit.count(from, to);
+    let total: usize = counts
+        .iter()
+        .filter(|(k, _)| !k.ends_with("(own HA lease)"))
+        .map(|(_, c)| c)
+        .sum();
+    let ha: usize = counts
+        .iter()
+        .filter(|(k, _)| k.ends_with("(own HA lease)"))
+        .map(|(_, c)| c)
+        .sum();
+    let lease_hours = n as f64 * window.as_secs_f64() / 3600.0;
+
+    // 10% of the holders die at once.
+    let failed_at = Instant::now();
+    let victims: Vec<(String, String, Instant)> = {
+        let mut f = fleet.lock().unwrap();
+        let mut held: Vec<(String, String, Instant)> = f
+            .leases
+            .iter()
+            .filter_map(|(name, l)| {
+                let holder = arbiter::lease::holder(l)?.to_string();
+                Some((name.clone(), holder, *f.last_renew.get(name)?))
+            })
+            .collect();
+        held.sort();
+        held.truncate(n / 10);
+        for (_, holder, _) in &held {
+            f.dead.insert(holder.clone());
+        }
+        held
+    };
+    let victim_leases: HashMap<String, (String, Instant)> = victims
+        .iter()
+        .map(|(l, h, t)| (l.clone(), (h.clone(), *t)))
+        .collect();
+    let latencies = wait(&fleet, Duration::from_secs(600), |f| {
+        let mut out = Vec::new();
+        for (lease, (old, last_renew)) in &victim_leases {
+            let next = f
+                .assignments
+                .get(lease)?
+                .iter()
+                .find(|(h, t)| h != old && *t > failed_at)?;
+            let expiry = *last_renew + Duration::from_secs(LEASE_SECONDS as u64);
+            out.push((
+                next.1.saturating_duration_since(expiry).as_secs_f64(),
+                (next.1 - failed_at).as_secs_f64(),
+            ));
+        }
+        Some(out)
+    })
+    .await;
+    let (cpu_end, rss_peak) = usage(operator.pid());
+
+    println!("| {n} leases x 3 candidates | value |");
+    println!("|---|---|");
+    println!(
+        "| candidates registered in | {:.1} s |",
+        registered.as_secs_f64()
+    );
+    println!(
+        "| every lease held after | {:.1} s |",
+        converged.as_secs_f64()
+    );
+    println!("| operator peak RSS | {rss_peak:.1} MiB |");
+    println!("| operator CPU, start to every lease held | {cpu_start:.1} s |");
+    println!(
+        "| operator CPU in steady state | {:.2} s per {} s ({:.1}% of a core) |",
+        cpu_steady - cpu_start,
+        window.as_secs(),
+        100.0 * (cpu_steady - cpu_start) / window.as_secs_f64()
+    );
+    println!(
+        "| operator API requests per lease-hour, steady state | {:.2} ({total} in {} s) |",
+        total as f64 / lease_hours,
+        window.as_secs()
+    );
+    println!(
+        "| plus its own HA lease, whatever the number of leases | {:.0} per hour |",
+        ha as f64 * 3600.0 / window.as_secs_f64()
+    );
+    for (what, c) in &counts {
+        println!("|   {what} | {c} |");
+    }
+    match latencies {
+        Some(l) => {
+            let after_expiry: Vec<f64> = l.iter().map(|x| x.0).collect();
+            let after_failure: Vec<f64> = l.iter().map(|x| x.1).collect();
+            let (a, b) = (
+                stats::summary(&after_expiry),
+                stats::summary(&after_failure),
+            );
+            println!(
+                "| re-election after 10% of holders fail ({} leases): from lease expiry | p50 {:.2} s, p99 {:.2} s, max {:.2} s |",
+                a.n, a.p50, a.p99, a.max
+            );
+            println!(
+                "| same, from the failure (includes the {LEASE_SECONDS} s lease) | p50 {:.1} s, p99 {:.1} s, max {:.1} s |",
+                b.p50, b.p99, b.max
+            );
+        }
+        None => println!("| re-election after 10% of holders fail | not all within 600 s |"),
+    }
+    println!("| operator CPU, whole run | {cpu_end:.1} s |");
+
+    for t in tasks {
+        t.abort();
+    }
+    drop(operator);
+    let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
+}
+
+async fn wait<T>(
+    fleet: &Arc<Mutex<Fleet>>,
+    deadline: Duration,
+    check: impl Fn(&Fleet) -> Option<T>,
+) -> Option<T> {
+    let until = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check(&fleet.lock().unwrap()) {
+            return Some(v);
+        }
+        if Instant::now() > until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Answers every ping of a live candidate with `renewTime >= pingTime`.
+async fn answer_pings(client: Client, ns: String, fleet: Arc<Mutex<Fleet>>) {
+    let api: Api<LeaseCandidate> = Api::namespaced(client, &ns);
+    let limit = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut events = watcher(api.clone(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    while let Some(ev) = events.next().await {
+        let Ok(c) = ev else { continue };
+        let Some(ping) = c.spec.ping_time.as_ref().map(|p| p.0) else {
+            continue;
+        };
+        if c.spec.renew_time.as_ref().is_some_and(|r| r.0 >= ping)
+            || fleet.lock().unwrap().dead.contains(&c.name_any())
+        {
+            continue;
+        }
+        let (api, permit) = (api.clone(), limit.clone().acquire_owned().await.unwrap());
+        tokio::spawn(async move {
+            let renew = MicroTime(ping.max(jiff::Timestamp::now()));
+            let patch = json!({"spec": {"renewTime": renew}});
+            let _ = api
+                .patch(
+                    &c.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await;
+            drop(permit);
+        });
+    }
+}
+
+/// Follows the Leases: the latest object of each, and every change of holder.
+async fn track_leases(client: Client, ns: String, fleet: Arc<Mutex<Fleet>>) {
+    let api: Api<Lease> = Api::namespaced(client, &ns);
+    // The leases the operator arbitrates (not its own HA lease).
+    let managed = format!("{}=true", arbiter::lease::MANAGED_LABEL);
+    let mut events = watcher(api, watcher::Config::default().labels(&managed))
+        .applied_objects()
+        .boxed();
+    while let Some(ev) = events.next().await {
+        let Ok(l) = ev else { continue };
+        let name = l.name_any();
+        let holder = arbiter::lease::holder(&l).map(str::to_string);
+        let mut f = fleet.lock().unwrap();
+        let before = f
+            .leases
+            .get(&name)
+            .and_then(|o| arbiter::lease::holder(o).map(str::to_string));
+        if holder != before
+            && let Some(h) = &holder
+        {
+            f.assignments
+                .entry(name.clone())
+                .or_default()
+                .push((h.clone(), Instant::now()));
+            // A new holder renews at once, as an agent does before starting its workload.
+            if !f.dead.contains(h) {
+                f.last_renew.remove(&name);
+            }
+        }
+        f.leases.insert(name, l);
+    }
+}
+
+/// Renews, by compare-and-swap, every lease held by a live candidate that is due.
+async fn renew_held(client: Client, ns: String, fleet: Arc<Mutex<Fleet>>) {
+    let store = arbiter::lease::LeaseStore::new(client, &ns);
+    loop {
+        let due: Vec<Lease> = {
+            let f = fleet.lock().unwrap();
+            f.leases
+                .iter()
+                .filter(|(name, l)| {
+                    arbiter::lease::holder(l).is_some_and(|h| !f.dead.contains(h))
+                        && f.last_renew
+                            .get(*name)
+                            .is_none_or(|t| t.elapsed().as_secs_f64() >= RENEW_EVERY)
+                })
+                .map(|(_, l)| l.clone())
+                .collect()
+        };
+        stream::iter(due)
+            .for_each_concurrent(IN_FLIGHT, |mut l| {
+                let (store, fleet) = (&store, &fleet);
+                async move {
+                    let spec = l.spec.get_or_insert_with(Default::default);
+                    spec.renew_time = Some(arbiter::lease::now());
+                    spec.lease_duration_seconds = Some(LEASE_SECONDS);
+                    if let Ok(written) = store.replace(&l).await {
+                        let mut f = fleet.lock().unwrap();
+                        f.last_renew.insert(written.name_any(), Instant::now());
+                    }
+                }
+            })
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
