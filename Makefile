@@ -14,6 +14,7 @@ test: lint unit static-check chaos-short e2e
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	cd e2e && go vet ./lecandidate
 
 ## unit: pure logic, table and property tests, the CRD drift check, doc tests
 unit:

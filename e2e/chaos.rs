@@ -44,6 +44,9 @@ const LEASE_DURATION: f64 = 10.0;
 /// The operators' own HA lease duration (`--ha-lease-duration` below).
 const HA_LEASE_DURATION: f64 = 6.0;
 
+/// The operators' HA lease (their default `--ha-lease-name`).
+const HA_LEASE: &str = "arbiter-operator";
+
 /// Every write the fenced resource received: (seconds since start, identity, term, accepted).
 type Writes = Arc<Mutex<Vec<(f64, String, i32, bool)>>>;
 
@@ -275,10 +278,17 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         "--ha-retry-period",
         "1s",
     ];
-    let mut operators = vec![
-        Operator::start_args(kubeconfig, &op_args),
-        Operator::start_args(kubeconfig, &op_args),
-    ];
+    // Each operator process gets an identity of its own, so that the steady state can require
+    // the HA lease to be held by one that is running.
+    let mut started = 0;
+    let mut start_operator = || {
+        started += 1;
+        let id = format!("operator-{started}");
+        let mut args = op_args.to_vec();
+        args.extend(["--identity", &id]);
+        (id.clone(), Operator::start_args(kubeconfig, &args))
+    };
+    let mut operators = vec![start_operator(), start_operator()];
     let mut agents = Vec::new();
     for (i, version) in ["1.30.0", "1.30.0", "1.31.0"].iter().enumerate() {
         let proxy = Proxy::start(apiserver(kubeconfig)).await;
@@ -303,7 +313,9 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
     let mut slow_recoveries = 0;
 
     for trial in 0..trials {
-        // Steady state: a holder whose workload is writing.
+        // Steady state: a holder whose workload is writing, and an active operator (a fault
+        // injected while the operators are still failing over from the previous one would be
+        // two faults, with a bound of their own).
         let (holder, term) = loop {
             for a in agents.iter_mut() {
                 a.keep_alive(port, dir.path());
@@ -311,8 +323,8 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             // An operator replica that exited (it could not renew its lease) is restarted, as
             // its Deployment would.
             for o in operators.iter_mut() {
-                if o.exited() {
-                    *o = Operator::start_args(kubeconfig, &op_args);
+                if o.1.exited() {
+                    *o = start_operator();
                 }
             }
             let l = leases.get_opt(LEASE).await.ok().flatten();
@@ -329,7 +341,16 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                 .rev()
                 .take(5)
                 .any(|w| w.2 == t && w.3 && now - w.0 < 0.5);
-            if let (Some(h), true) = (h, writing) {
+            let ha = leases.get_opt(HA_LEASE).await.ok().flatten();
+            let operator_active = ha.as_ref().is_some_and(|l| {
+                let spec = l.spec.as_ref();
+                let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
+                arbiter::lease::holder(l).is_some_and(|h| operators.iter().any(|o| o.0 == h))
+                    && renewed.is_some_and(|r| {
+                        jiff::Timestamp::now().duration_since(r).as_secs_f64() < HA_LEASE_DURATION
+                    })
+            });
+            if let (Some(h), true, true) = (h, writing, operator_active) {
                 break (h, t);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -364,18 +385,18 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                 agents[i].proxy.delay(Duration::ZERO);
             }
             (Fault::KillOperator, _) => {
-                let victim = operators.remove(0);
+                let victim = operators.remove(0).1;
                 let _ = kill(Pid::from_raw(victim.pid()), Signal::SIGKILL);
                 drop(victim);
-                operators.push(Operator::start_args(kubeconfig, &op_args));
+                operators.push(start_operator());
             }
             (Fault::RestartApiserver, _) => restart(kubeconfig, "kube-apiserver").await,
             (Fault::RestartEtcd, _) => restart(kubeconfig, "etcd").await,
             (Fault::FailoverOperator, _) => {
-                let mut victim = operators.remove(0);
+                let mut victim = operators.remove(0).1;
                 let _ = kill(Pid::from_raw(victim.pid()), Signal::SIGTERM);
                 victim.wait_exit(Duration::from_secs(30)).await;
-                operators.push(Operator::start_args(kubeconfig, &op_args));
+                operators.push(start_operator());
             }
             _ => continue,
         }
@@ -390,8 +411,8 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             // An operator replica that exited (it could not renew its lease) is restarted, as
             // its Deployment would.
             for o in operators.iter_mut() {
-                if o.exited() {
-                    *o = Operator::start_args(kubeconfig, &op_args);
+                if o.1.exited() {
+                    *o = start_operator();
                 }
             }
             let w = writes.lock().unwrap().clone();

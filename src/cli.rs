@@ -50,6 +50,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Operator(settings) => crate::operator::run(*settings).await.map(|()| 0),
         Command::Run(settings) => crate::agent::run(*settings).await,
         Command::Status(settings) => crate::status::run(settings).await,
+        // Normally dispatched by main before any runtime starts (see `agent::guard`).
         Command::Guard { pgid, parent } => crate::agent::guard(pgid, parent).map(|()| 0),
     }
 }

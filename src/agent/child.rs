@@ -6,6 +6,8 @@
 //! main process so the container boundary stops them). The guard is this binary re-executed
 //! (`arbiter guard`), a child of the agent outside CMD's group, with the parent-death signal set:
 //! when the agent dies for any reason, the kernel signals the guard, which SIGKILLs CMD's group.
+//! Until the guard is up, CMD's leader carries a parent-death SIGKILL of its own, so an agent
+//! killed between starting CMD and starting the guard leaves nothing running either.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -29,6 +31,19 @@ impl Workload {
             .ok_or_else(|| anyhow::anyhow!("no command to run"))?;
         let mut command = Command::new(program);
         command.args(args).process_group(0).kill_on_drop(false);
+        // Until the guard is up, CMD's leader guards itself: the kernel SIGKILLs it when the
+        // agent dies (and if the agent died before this was armed, it does not start at all).
+        let agent = nix::unistd::getpid();
+        // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+                if nix::unistd::getppid() != agent {
+                    return Err(std::io::Error::other("the agent exited"));
+                }
+                Ok(())
+            });
+        }
         for (k, v) in env {
             command.env(k, v);
         }
@@ -114,6 +129,9 @@ fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> i32 {
 }
 
 /// `arbiter guard`: wait for the agent (`parent`) to die, then SIGKILL process group `pgid`.
+///
+/// Must run on the process's only thread (no async runtime): the parent-death signal is
+/// process-directed, and a thread that does not block SIGTERM would take it and die of it.
 pub fn guard(pgid: i32, parent: i32) -> anyhow::Result<()> {
     use nix::sys::signal::{SigSet, SigmaskHow, sigprocmask};
     // Block SIGTERM and wait for it synchronously: it is the parent-death signal.

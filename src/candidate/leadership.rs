@@ -125,12 +125,17 @@ pub async fn run(
                 .map(|l| standing(l, &config, &incarnation))
             {
                 Some(Standing::Ours) => break,
-                Some(Standing::Stale | Standing::HandoverTo(_)) => {
-                    // An earlier process of this identity held it (never resume its term), or
-                    // the arbiter already wants someone else: give it back without leading.
-                    tracing::warn!(lease = %config.lease, "the lease names this identity but is not ours to lead; releasing it");
+                Some(Standing::Stale) => {
+                    // An earlier process of this identity held it: never resume its term, and
+                    // do not release it either (that process, or its workload, may still run;
+                    // the arbiter reassigns the lease once it expires).
+                    tracing::warn!(lease = %config.lease, "the lease names this identity but an earlier process held it; waiting for the arbiter to reassign it");
+                }
+                Some(Standing::HandoverTo(_)) => {
+                    // The arbiter already wants someone else: give it back without leading.
+                    tracing::warn!(lease = %config.lease, "the lease names this identity but the arbiter wants another holder; releasing it");
                     if let Err(e) = release(&store, &config, &incarnation).await {
-                        tracing::warn!(error = %e, "releasing a stale holding failed");
+                        tracing::warn!(error = %e, "releasing the lease failed");
                     }
                 }
                 _ => {}
