@@ -345,10 +345,14 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             let operator_active = ha.as_ref().is_some_and(|l| {
                 let spec = l.spec.as_ref();
                 let renewed = spec.and_then(|s| s.renew_time.as_ref()).map(|t| t.0);
-                arbiter::lease::holder(l).is_some_and(|h| operators.iter().any(|o| o.0 == h))
-                    && renewed.is_some_and(|r| {
-                        jiff::Timestamp::now().duration_since(r).as_secs_f64() < HA_LEASE_DURATION
-                    })
+                arbiter::lease::holder(l).is_some_and(|h| {
+                    // The operator appends a random suffix to the identity it is given.
+                    operators
+                        .iter()
+                        .any(|o| h.starts_with(&format!("{}-", o.0)))
+                }) && renewed.is_some_and(|r| {
+                    jiff::Timestamp::now().duration_since(r).as_secs_f64() < HA_LEASE_DURATION
+                })
             });
             if let (Some(h), true, true) = (h, writing, operator_active) {
                 break (h, t);

@@ -23,6 +23,7 @@ use crate::support::{TestEnv, eventually};
 crate::tests![agent:
     oldest_agent_leads_and_only_its_workload_runs,
     sigkill_of_the_leading_agent_kills_its_workload_and_the_next_waits_for_expiry,
+    sigkill_of_an_agent_as_its_workload_starts_leaves_nothing_running,
     network_cut_stops_the_workload_before_the_next_holder_starts,
     graceful_handover_gap_is_small,
     sigterm_stops_the_workload_releases_and_deregisters,
@@ -103,6 +104,41 @@ async fn oldest_agent_leads_and_only_its_workload_runs(env: Arc<TestEnv>) {
     })
     .await;
     assert_eq!(running(&read_log(&log)), ["v130"]);
+}
+
+/// The moment right after CMD starts, while the guard is still starting, is the riskiest for an
+/// agent to die (`make chaos` once left a workload running there): SIGKILL it then, repeatedly.
+async fn sigkill_of_an_agent_as_its_workload_starts_leaves_nothing_running(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..8 {
+        let log = dir.path().join(format!("workload-{i}.log"));
+        let id = format!("early-{i}");
+        let mut a = Agent::spawn(&env.kubeconfig, &env.ns, &id, &id, "1.30.0", &log);
+        // Poll tightly: the kill should land within milliseconds of the workload's start.
+        let until = std::time::Instant::now() + DEADLINE;
+        let cmd = loop {
+            if let Some(s) = starts(&read_log(&log)).first() {
+                break s.2;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "{id}'s workload never started"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        kill(Pid::from_raw(a.pid()), Signal::SIGKILL).unwrap();
+        a.wait_exit(DEADLINE).await;
+        eventually(
+            &format!("{id}'s workload (pid {cmd}) and its child to die with the agent"),
+            Duration::from_secs(5),
+            || async {
+                let child = child_of(&read_log(&log), &id);
+                (!alive(cmd) && child.is_none_or(|c| !alive(c))).then_some(())
+            },
+        )
+        .await;
+    }
 }
 
 async fn sigkill_of_the_leading_agent_kills_its_workload_and_the_next_waits_for_expiry(

@@ -139,9 +139,18 @@ pub fn guard(pgid: i32, parent: i32) -> anyhow::Result<()> {
     set.add(Signal::SIGTERM);
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
     nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
-    // The agent may have died before the parent-death signal was armed.
-    if nix::unistd::getppid().as_raw() == parent {
-        set.wait()?;
+    // Wait for the signal, and also look at who the parent is every 100 ms: the agent may have
+    // died before the parent-death signal was armed, and a second way to notice costs nothing.
+    let tick = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    };
+    while nix::unistd::getppid().as_raw() == parent {
+        // SAFETY: a valid signal set and timeout; no siginfo is requested.
+        let got = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &tick) };
+        if got == libc::SIGTERM {
+            break;
+        }
     }
     let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
     Ok(())
