@@ -32,6 +32,8 @@ const LEASE_SECONDS: i32 = 60;
 const RENEW_EVERY: f64 = 20.0;
 /// The operator's own HA lease (its default `--ha-lease-name`): a fixed cost, counted apart.
 const HA_LEASE: &str = "arbiter-operator";
+/// Time allowed for every lease to get a holder.
+const CONVERGE: Duration = Duration::from_secs(900);
 /// Time allowed after every lease is held before steady state is measured.
 const SETTLE: Duration = Duration::from_secs(60);
 /// Requests the simulator keeps in flight.
@@ -195,14 +197,24 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
         .await
         .expect("creating candidates");
     let registered = started.elapsed();
-    let all_held = wait(&fleet, Duration::from_secs(1800), |f| {
+    let all_held = wait(&fleet, CONVERGE, |f| {
         (f.last_renew.len() >= n).then_some(())
     })
     .await;
     let converged = started.elapsed();
-    let (cpu_start, _) = usage(operator.pid());
+    let (cpu_start, rss) = usage(operator.pid());
     if all_held.is_none() {
-        println!("  not every lease got a holder within 30 min; stopping");
+        let held = fleet.lock().unwrap().last_renew.len();
+        println!(
+            "| {n} leases x 3 candidates | {held} held after {} s; stopped there (operator: {cpu_start:.1} CPU s, {rss:.1} MiB peak RSS) |",
+            CONVERGE.as_secs()
+        );
+        for t in tasks {
+            t.abort();
+        }
+        drop(operator);
+        let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
+        return;
     }
 
     // Steady state, once the election's after-effects are written (each candidate's status
