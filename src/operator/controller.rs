@@ -26,6 +26,7 @@ use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
 /// On a Lease: the uid of the pod its holder runs in.
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 use super::identity::IncarnationLog;
+use super::index::CandidateIndex;
 use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
 use super::single_active::{self, Prepared};
@@ -46,6 +47,8 @@ pub struct Caches {
     pub stateful_sets: Store<StatefulSet>,
     /// Every candidate's recent incarnation stamps (duplicate identities).
     pub incarnations: IncarnationLog,
+    /// The candidates of each lease.
+    pub by_lease: CandidateIndex,
     /// Uids of deleted pods whose containers had all stopped: proof that their processes are
     /// gone (a pod removed while still running, e.g. force-deleted, is not proof).
     pub stopped_pods: Arc<Mutex<HashSet<String>>>,
@@ -81,11 +84,13 @@ pub fn watch_all(
         deployments,
         stateful_sets,
         incarnations: IncarnationLog::default(),
+        by_lease: CandidateIndex::default(),
         stopped_pods: stopped_pods.clone(),
     };
 
     let e = enqueue.clone();
     let log = caches.incarnations.clone();
+    let index = caches.by_lease.clone();
     let candidate_events = watcher(
         api::<LeaseCandidate>(&client, namespace),
         watcher::Config::default(),
@@ -95,8 +100,14 @@ pub fn watch_all(
     .map(move |ev| {
         let ev = ev?;
         match &ev {
-            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => log.record(c),
-            watcher::Event::Delete(c) => log.forget(c),
+            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+                log.record(c);
+                index.insert(c);
+            }
+            watcher::Event::Delete(c) => {
+                log.forget(c);
+                index.remove(c);
+            }
             _ => {}
         }
         for c in touched(ev) {
@@ -428,17 +439,10 @@ impl Worker {
     }
 
     async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Option<Duration>> {
-        let mut candidates: Vec<Arc<LeaseCandidate>> = self
+        let mut candidates = self
             .caches
-            .candidates
-            .state()
-            .into_iter()
-            .filter(|c| {
-                c.namespace().as_deref() == Some(key.namespace.as_str())
-                    && c.spec.lease_name == key.name
-            })
-            .collect();
-        candidates.sort_by_key(|c| c.name_any());
+            .by_lease
+            .candidates(key, &self.caches.candidates);
         let lease = self
             .caches
             .leases

@@ -8,6 +8,7 @@ pub mod controller;
 pub mod depose;
 pub mod ha;
 pub mod identity;
+pub mod index;
 pub mod metrics;
 pub mod queue;
 pub mod single_active;
