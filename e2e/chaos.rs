@@ -32,7 +32,7 @@ use kube::api::{Api, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use support::agent::{Proxy, TIMINGS, apiserver};
-use support::operator::Operator;
+use support::operator::{FAST_HA, Operator};
 use support::{Cluster, client_for};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
@@ -41,7 +41,7 @@ const NS: &str = "chaos";
 const LEASE: &str = "chaos";
 /// The lease duration in `TIMINGS`, in seconds.
 const LEASE_DURATION: f64 = 10.0;
-/// The operators' own HA lease duration (`--ha-lease-duration` below).
+/// The operators' own HA lease duration (`FAST_HA`).
 const HA_LEASE_DURATION: f64 = 6.0;
 
 /// The operators' HA lease (their default `--ha-lease-name`).
@@ -271,13 +271,10 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         "127.0.0.1:0",
         "--lease-duration",
         "10s",
-        "--ha-lease-duration",
-        "6s",
-        "--ha-renew-deadline",
-        "4s",
-        "--ha-retry-period",
-        "1s",
-    ];
+    ]
+    .into_iter()
+    .chain(FAST_HA)
+    .collect::<Vec<_>>();
     // Each operator process gets an identity of its own, so that the steady state can require
     // the HA lease to be held by one that is running.
     let mut started = 0;

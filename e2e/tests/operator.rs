@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::operator::{
-    Operator, Responder, create_candidate, hold_and_release, wait_for_holder,
+    FAST_HA, Operator, Responder, create_candidate, hold_and_release, wait_for_holder,
 };
 use crate::support::standin::StandIn;
 use crate::support::{TestEnv, events_for, eventually};
@@ -371,14 +371,7 @@ async fn ha_holder(env: &TestEnv) -> Option<String> {
 }
 
 async fn two_operators(env: &TestEnv) -> (Operator, Operator, String) {
-    let ha = [
-        "--ha-lease-duration",
-        "6s",
-        "--ha-renew-deadline",
-        "4s",
-        "--ha-retry-period",
-        "1s",
-    ];
+    let ha = FAST_HA;
     let first = Operator::start(env, &ha);
     let active = eventually("an active operator", DEADLINE, || ha_holder(env)).await;
     let second = Operator::start(env, &ha);

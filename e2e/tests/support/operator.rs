@@ -19,6 +19,17 @@ use serde_json::json;
 use super::{TestEnv, eventually};
 
 /// A running `arbiter operator`, killed on drop. Its log is kept in a file for failures.
+/// Fast HA timings for tests with two operator replicas: HA lease 6 s, renew deadline 4 s,
+/// retry 1 s.
+pub const FAST_HA: [&str; 6] = [
+    "--ha-lease-duration",
+    "6s",
+    "--ha-renew-deadline",
+    "4s",
+    "--ha-retry-period",
+    "1s",
+];
+
 pub struct Operator {
     child: Child,
     pub log: PathBuf,
