@@ -50,8 +50,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Operator(settings) => crate::operator::run(*settings).await.map(|()| 0),
         Command::Run(settings) => crate::agent::run(*settings).await,
         Command::Status(settings) => crate::status::run(settings).await,
-        // Normally dispatched by main before any runtime starts (see `agent::guard`).
-        Command::Guard { pgid, parent } => crate::agent::guard(pgid, parent).map(|()| 0),
+        // Inside an async runtime the guard could die of its own parent-death signal (see
+        // `agent::guard`): main runs it before any runtime starts.
+        Command::Guard { .. } => {
+            anyhow::bail!("`arbiter guard` must run before any async runtime starts (see main)")
+        }
     }
 }
 

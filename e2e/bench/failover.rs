@@ -126,8 +126,9 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        kill_container(self.pid());
+        // A stand-in kills its own session when dropped.
         if let Proc::Plain(c) = self {
+            kill_container(c.id() as i32);
             let _ = c.wait();
         }
     }

@@ -26,7 +26,7 @@ use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
 /// On a Lease: the uid of the pod its holder runs in.
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 use super::identity::IncarnationLog;
-use super::index::CandidateIndex;
+use super::index::{CandidateIndex, key_of};
 use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
 use super::single_active::{self, Prepared};
@@ -257,13 +257,6 @@ fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
             vec![o]
         }
         watcher::Event::Init | watcher::Event::InitDone => vec![],
-    }
-}
-
-fn key_of(c: &LeaseCandidate) -> LeaseKey {
-    LeaseKey {
-        namespace: c.namespace().unwrap_or_default(),
-        name: c.spec.lease_name.clone(),
     }
 }
 

@@ -18,7 +18,8 @@ use crate::api::LeaseCandidate;
 #[derive(Clone, Default)]
 pub struct CandidateIndex(Arc<Mutex<HashMap<LeaseKey, BTreeSet<String>>>>);
 
-fn key_of(c: &LeaseCandidate) -> LeaseKey {
+/// The lease a candidate names.
+pub fn key_of(c: &LeaseCandidate) -> LeaseKey {
     LeaseKey {
         namespace: c.namespace().unwrap_or_default(),
         name: c.spec.lease_name.clone(),
