@@ -7,12 +7,15 @@ use std::time::{Duration, Instant};
 
 use arbiter::api::{LeaseCandidate, OLDEST_EMULATION_VERSION as OEV};
 use arbiter::lease;
+use arbiter::operator::terms;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use serde_json::json;
 
 use crate::support::operator::{
     FAST_HA, Operator, Responder, create_candidate, hold_and_release, wait_for_holder,
@@ -344,6 +347,27 @@ async fn term_survives_lease_deletion(env: Arc<TestEnv>) {
     let _r = Responder::start(env.client.clone(), &env.ns, &["t1"]);
     create_candidate(&env, "t1", "terms", "1.0.0", Some("1.0.0"), OEV, None).await;
     let first = wait_for_holder(&env, "terms", "t1", DEADLINE).await;
+    // The mark is recorded, before the Lease, in the lease name's shard.
+    let shards: Api<ConfigMap> = env.api();
+    let shard = terms::shard_of("terms");
+    let mark = |cm: &ConfigMap| cm.data.as_ref()?.get("terms")?.parse::<i32>().ok();
+    let recorded = shards.get(&shard).await.unwrap();
+    assert_eq!(
+        mark(&recorded),
+        Some(lease::term(&first)),
+        "mark in {shard}"
+    );
+    // A mark above the Lease (say, from an earlier life of the name) wins, even though the
+    // operator's copy of the shard is now stale.
+    let ahead = lease::term(&first) + 1000;
+    shards
+        .patch(
+            &shard,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { "terms": ahead.to_string() } })),
+        )
+        .await
+        .unwrap();
     let api: Api<Lease> = env.api();
     api.delete("terms", &DeleteParams::default()).await.unwrap();
     let second = eventually("the lease to be recreated", DEADLINE, || async {
@@ -351,12 +375,15 @@ async fn term_survives_lease_deletion(env: Arc<TestEnv>) {
         (l.uid() != first.uid() && lease::holder(&l).is_some()).then_some(l)
     })
     .await;
-    assert!(
-        lease::term(&second) > lease::term(&first),
-        "term went from {} to {}",
+    assert_eq!(
+        lease::term(&second),
+        ahead + 1,
+        "term went from {} (mark {ahead}) to {}",
         lease::term(&first),
         lease::term(&second)
     );
+    let recorded = shards.get(&shard).await.unwrap();
+    assert_eq!(mark(&recorded), Some(ahead + 1), "mark in {shard}");
 }
 
 /// The operator's own HA lease holder, if any.

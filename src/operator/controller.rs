@@ -30,7 +30,8 @@ use super::index::{CandidateIndex, key_of};
 use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
 use super::single_active::{self, Prepared};
-use super::{Settings, status, terms};
+use super::terms::TermLedger;
+use super::{Settings, status};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action, Decision, PodState};
 use crate::lease::{self, LeaseStore, MANAGED_LABEL};
@@ -315,6 +316,7 @@ pub async fn run(
 ) {
     let recorder = Recorder::new(client.clone(), settings.reporter());
     let mut worker = Worker {
+        terms: TermLedger::new(client.clone()),
         client,
         caches,
         recorder,
@@ -354,6 +356,7 @@ struct Worker {
     metrics: Arc<Metrics>,
     /// Per lease: the record last seen, when this process first saw it, and its holder.
     seen: HashMap<LeaseKey, Seen>,
+    terms: TermLedger,
     deposer: Deposer,
     timers: HashMap<LeaseKey, Timers>,
     /// Single-active pods whose unreadable version was reported.
@@ -832,7 +835,7 @@ impl Worker {
 
     /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
     async fn act(
-        &self,
+        &mut self,
         key: &LeaseKey,
         lease: Option<&Lease>,
         candidates: &[Arc<LeaseCandidate>],
@@ -862,21 +865,20 @@ impl Worker {
                 });
                 lease::set_strategy(&mut l, strategy);
                 if let Some(holder) = holder {
-                    let term = terms::reserve(client.clone(), &key.namespace, &key.name, 0).await?;
-                    assign(&mut l, holder, term, duration, pod_of_holder(holder));
+                    let pod = pod_of_holder(holder);
+                    let term = self.terms.next(&key.namespace, &key.name, 0).await?;
+                    assign(&mut l, holder, term, duration, pod);
                 }
                 Some(store.create(&l).await?)
             }
             (Action::Assign { holder, .. }, Some(current)) => {
-                let term = terms::reserve(
-                    client.clone(),
-                    &key.namespace,
-                    &key.name,
-                    lease::term(current),
-                )
-                .await?;
+                let pod = pod_of_holder(holder);
+                let term = self
+                    .terms
+                    .next(&key.namespace, &key.name, lease::term(current))
+                    .await?;
                 let mut l = current.clone();
-                assign(&mut l, holder, term, duration, pod_of_holder(holder));
+                assign(&mut l, holder, term, duration, pod);
                 Some(store.replace(&l).await?)
             }
             (Action::RequestHandover { to }, Some(current)) => {

@@ -1,53 +1,240 @@
 //! The term high-water mark, so a term never goes backwards even if a Lease is deleted.
 //!
-//! Before the arbiter writes a Lease with term N it records N in the ConfigMap
-//! `arbiter-terms` of the lease's namespace (key: the lease name), by compare-and-swap. If the
-//! Lease write then fails, N is simply skipped: terms stay strictly increasing, gaps allowed.
+//! Before the arbiter writes a Lease with term N it records N as the lease name's mark, by
+//! compare-and-swap. If the Lease write then fails, N is simply skipped: terms stay strictly
+//! increasing, gaps allowed.
+//!
+//! The marks of a namespace are spread over [`SHARDS`] ConfigMaps, `arbiter-terms-00` to
+//! `arbiter-terms-63`, by a fixed hash of the lease name ([`shard_of`]). One ConfigMap per
+//! namespace would be rewritten whole at every election and cap a namespace at 1 MiB of lease
+//! names; a ConfigMap per lease would need the right to read and write every ConfigMap in the
+//! cluster. A fixed set of names keeps RBAC to `resourceNames`.
+//!
+//! The ledger remembers each shard as it last wrote or read it, and writes against that
+//! resourceVersion: a mark read from a stale copy can only be too low, and then the write is
+//! refused (409), the shard is read again, and the mark recomputed. So one election costs one
+//! ConfigMap write, and no term is ever handed out twice.
+//!
+//! The hash and the number of shards must never change: an operator that looked for a mark in
+//! another shard would find none and could restart a deleted lease's terms from 1.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
-pub const TERMS_CONFIGMAP: &str = "arbiter-terms";
+/// How many ConfigMaps hold a namespace's marks. Fixed forever (see the module doc).
+pub const SHARDS: u64 = 64;
 
-/// Reserves the next term for `lease`: greater than both the recorded mark and `current`.
-pub async fn reserve(
+/// How often a write is retried when another writer changed the shard in between.
+const ATTEMPTS: usize = 5;
+
+/// The ConfigMap that holds the mark of `lease`.
+pub fn shard_of(lease: &str) -> String {
+    use std::hash::Hasher;
+    // FNV-1a over the name's bytes: specified, so the same on every build and platform.
+    let mut h = fnv::FnvHasher::default();
+    h.write(lease.as_bytes());
+    format!("arbiter-terms-{:02}", h.finish() % SHARDS)
+}
+
+/// The names of every shard, for RBAC `resourceNames`.
+pub fn shard_names() -> impl Iterator<Item = String> {
+    (0..SHARDS).map(|i| format!("arbiter-terms-{i:02}"))
+}
+
+/// Hands out terms: each greater than every term handed out before for the same lease name.
+pub struct TermLedger {
     client: Client,
-    namespace: &str,
-    lease: &str,
-    current: i32,
-) -> Result<i32, kube::Error> {
-    let api: Api<ConfigMap> = Api::namespaced(client, namespace);
-    match api.get_opt(TERMS_CONFIGMAP).await? {
-        None => {
-            let next = current + 1;
-            let mut cm = ConfigMap::default();
-            cm.metadata.name = Some(TERMS_CONFIGMAP.into());
-            cm.metadata.labels = Some(BTreeMap::from([(
-                crate::lease::MANAGED_LABEL.into(),
-                "true".into(),
-            )]));
-            cm.data = Some(BTreeMap::from([(lease.to_string(), next.to_string())]));
-            api.create(&PostParams::default(), &cm).await?;
-            Ok(next)
+    /// Each shard as last read or written, by (namespace, shard name).
+    shards: HashMap<(String, String), ConfigMap>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TermError {
+    #[error("recording the term of {lease}: {source}")]
+    Api {
+        lease: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("recording the term of {lease}: shard {shard} kept changing; will retry")]
+    Contended { lease: String, shard: String },
+    #[error(
+        "the term mark of {lease} in ConfigMap {shard} is {value:?}, not a number; no term is \
+         handed out until it is mended (set it to at least the last term the lease had)"
+    )]
+    Unreadable {
+        lease: String,
+        shard: String,
+        value: String,
+    },
+    #[error(
+        "lease {lease} has used every term up to {recorded}; delete and recreate it under a new name"
+    )]
+    Exhausted { lease: String, recorded: i32 },
+}
+
+impl TermLedger {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            shards: HashMap::new(),
         }
-        Some(mut cm) => {
-            let recorded = cm
-                .data
-                .as_ref()
-                .and_then(|d| d.get(lease))
-                .and_then(|v| v.parse::<i32>().ok())
-                .unwrap_or(0);
-            let next = recorded.max(current) + 1;
+    }
+
+    /// Records and returns the next term for `lease`: greater than both its recorded mark
+    /// and `current` (the term on the Lease as the caller read it, 0 for a new Lease).
+    pub async fn next(
+        &mut self,
+        namespace: &str,
+        lease: &str,
+        current: i32,
+    ) -> Result<i32, TermError> {
+        let shard = shard_of(lease);
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let key = (namespace.to_string(), shard.clone());
+        let api_err = |source| TermError::Api {
+            lease: lease.to_string(),
+            source,
+        };
+        for _ in 0..ATTEMPTS {
+            let cached = self.shards.remove(&key);
+            let read = match cached {
+                Some(cm) => Some(cm),
+                None => api.get_opt(&shard).await.map_err(api_err)?,
+            };
+            let mut cm = read.unwrap_or_else(|| empty_shard(&shard));
+            let mark = recorded(&cm, lease).map_err(|value| TermError::Unreadable {
+                lease: lease.to_string(),
+                shard: shard.clone(),
+                value,
+            })?;
+            let next = next_term(mark, current).ok_or(TermError::Exhausted {
+                lease: lease.to_string(),
+                recorded: mark.max(current),
+            })?;
             cm.data
                 .get_or_insert_with(BTreeMap::new)
                 .insert(lease.to_string(), next.to_string());
-            // `cm` carries the resourceVersion it was read at: a concurrent writer gets 409.
-            api.replace(&cm.name_any(), &PostParams::default(), &cm)
-                .await?;
-            Ok(next)
+            // A shard read from the API carries its resourceVersion, so a concurrent writer
+            // gets 409; a new one is created, so a concurrent creator gets 409 too.
+            let written = if cm.resource_version().is_some() {
+                api.replace(&shard, &PostParams::default(), &cm).await
+            } else {
+                api.create(&PostParams::default(), &cm).await
+            };
+            match written {
+                Ok(cm) => {
+                    self.shards.insert(key, cm);
+                    return Ok(next);
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
+                Err(e) => return Err(api_err(e)),
+            }
         }
+        Err(TermError::Contended {
+            lease: lease.to_string(),
+            shard,
+        })
+    }
+}
+
+/// The mark recorded for `lease` in a shard: 0 if none, the stored text if it is not a number
+/// (a mark that cannot be read must not be taken for 0).
+fn recorded(cm: &ConfigMap, lease: &str) -> Result<i32, String> {
+    match cm.data.as_ref().and_then(|d| d.get(lease)) {
+        None => Ok(0),
+        Some(v) => v.trim().parse::<i32>().map_err(|_| v.clone()),
+    }
+}
+
+/// The next term: one above both the mark and the Lease's current term; `None` if that would
+/// not fit the Lease's `leaseTransitions` (int32).
+fn next_term(recorded: i32, current: i32) -> Option<i32> {
+    recorded.max(current).checked_add(1)
+}
+
+fn empty_shard(name: &str) -> ConfigMap {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    cm.metadata.labels = Some(BTreeMap::from([(
+        crate::lease::MANAGED_LABEL.into(),
+        "true".into(),
+    )]));
+    cm
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shard of a name is part of the stored data's format: if this test fails, an
+    /// upgraded operator would look for existing marks in the wrong ConfigMap. (The values are
+    /// FNV-1a 64 mod 64, computed apart from this code.)
+    #[test]
+    fn shards_are_fixed_forever() {
+        let pinned = [
+            ("a", "arbiter-terms-12"),
+            ("kube-scheduler", "arbiter-terms-36"),
+            ("demo", "arbiter-terms-22"),
+            ("lease-00042", "arbiter-terms-06"),
+        ];
+        for (lease, shard) in pinned {
+            assert_eq!(shard_of(lease), shard, "shard of {lease}");
+        }
+    }
+
+    #[test]
+    fn shards_spread_names_and_are_all_allowed_by_rbac() {
+        let names: std::collections::HashSet<String> = shard_names().collect();
+        assert_eq!(names.len(), SHARDS as usize);
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for i in 0..10_000 {
+            let shard = shard_of(&format!("lease-{i:05}"));
+            assert!(names.contains(&shard), "{shard} is not in shard_names()");
+            *counts.entry(shard).or_default() += 1;
+        }
+        // 10,000 names over 64 shards: about 156 each; none empty, none more than twice that.
+        assert_eq!(counts.len(), SHARDS as usize);
+        assert!(counts.values().all(|&n| n < 2 * 10_000 / SHARDS as usize));
+    }
+
+    #[test]
+    fn the_chart_grants_every_shard() {
+        let manifests = include_str!("../../manifests/arbiter.yaml");
+        for name in shard_names() {
+            assert!(
+                manifests.contains(&format!("- \"{name}\"")),
+                "manifests/arbiter.yaml (the chart) does not grant {name}"
+            );
+        }
+    }
+
+    #[test]
+    fn next_term_is_above_both_and_refuses_to_wrap() {
+        assert_eq!(next_term(0, 0), Some(1));
+        assert_eq!(
+            next_term(7, 3),
+            Some(8),
+            "a recorded mark above the Lease wins"
+        );
+        assert_eq!(next_term(3, 7), Some(8), "a Lease above the mark wins");
+        assert_eq!(next_term(i32::MAX, 0), None);
+        assert_eq!(next_term(0, i32::MAX), None);
+    }
+
+    #[test]
+    fn recorded_reads_the_lease_entry_only() {
+        let mut cm = empty_shard("arbiter-terms-00");
+        assert_eq!(recorded(&cm, "x"), Ok(0));
+        cm.data = Some(BTreeMap::from([
+            ("x".to_string(), "41".to_string()),
+            ("y".to_string(), "not a number".to_string()),
+        ]));
+        assert_eq!(recorded(&cm, "x"), Ok(41));
+        assert_eq!(recorded(&cm, "y"), Err("not a number".to_string()));
+        assert_eq!(recorded(&cm, "z"), Ok(0));
     }
 }
