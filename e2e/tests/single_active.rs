@@ -26,6 +26,7 @@ crate::tests![single_active:
     eviction_blocked_by_a_pdb_is_reported_and_retried,
     stateful_set_scaling_and_annotation_removal,
     unreadable_version_is_reported,
+    invalid_annotation_is_reported_and_freezes_roles,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -518,4 +519,60 @@ async fn unreadable_version_is_reported(env: Arc<TestEnv>) {
             .items
             .is_empty()
     );
+}
+
+async fn invalid_annotation_is_reported_and_freezes_roles(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=frozen");
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("frozen", 2, "example.com/frozen:1.0.0"),
+        )
+        .await
+        .unwrap();
+    let leader = one_active(&env, &inv, "app=frozen").await;
+    let annotate = |value: Option<&str>| {
+        let patch = json!({"metadata": {"annotations": {"arbiter.dev/on-depose": value}}});
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .patch("frozen", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    annotate(Some("explode")).await;
+    let message = eventually(
+        "an InvalidAnnotation event on the Deployment",
+        DEADLINE,
+        || async {
+            events_for(&env, "frozen")
+                .await
+                .into_iter()
+                .find(|(r, _)| r == "InvalidAnnotation")
+                .map(|(_, m)| m)
+        },
+    )
+    .await;
+    assert!(
+        message.contains("arbiter.dev/on-depose") && message.contains("explode"),
+        "{message}"
+    );
+    // Reported, not taken as the annotation's removal: roles and candidates are left alone.
+    let pods: Api<Pod> = env.api();
+    let still = pods.get(&leader.name_any()).await.unwrap();
+    assert!(active(&still), "the active pod was demoted");
+    let candidates: Api<arbiter::api::LeaseCandidate> = env.api();
+    let managed = candidates
+        .list(&ListParams::default().labels("arbiter.dev/single-active-workload=frozen"))
+        .await
+        .unwrap();
+    assert_eq!(managed.items.len(), 2, "the pods' candidates were removed");
+    // Mended: the same pod stays active.
+    annotate(None).await;
+    let after = one_active(&env, &inv, "app=frozen").await;
+    assert_eq!(after.name_any(), leader.name_any());
+    inv.check();
 }

@@ -8,7 +8,9 @@
 //!   is running, it did not ignore the last ping, and it does not break the skew rule when
 //!   skew is refused. Before electing, the arbiter **pings** (`spec.pingTime`) the eligible
 //!   candidates whose liveness it does not know, waits up to the ack window for their
-//!   `renewTime >= pingTime`, and elects only among those that acknowledged.
+//!   `renewTime >= pingTime`, and elects only among those that acknowledged. It stops waiting
+//!   as soon as the best candidate that could still answer has answered: no later answer could
+//!   change the outcome.
 //! - A **live holder** (lease not expired on the arbiter's clock, holder not released, its pod
 //!   not confirmed stopped) is never replaced directly. A better candidate gets it only through
 //!   a **handover request** (`preferredHolder`), after which the holder releases.
@@ -352,19 +354,33 @@ pub fn decide(
         }
         _ => ranked.iter().collect(),
     };
-    let mut unknown: Vec<String> = pool
-        .iter()
-        .filter(|(_, l)| *l == Liveness::Unknown)
-        .map(|(r, _)| r.name.to_string())
-        .collect();
-    if !unknown.is_empty() {
-        unknown.sort();
-        return decision(Action::Ping {
-            candidates: unknown,
-        });
-    }
-    if pool.iter().any(|(_, l)| *l == Liveness::Pending) {
-        return decision(Action::WaitForAcks);
+    // Those not yet heard from only matter if one of them could outrank every candidate that
+    // acknowledged: when the best that could still answer has already answered, waiting could
+    // not change the outcome, so it is elected at once.
+    let best_possible = oldest_emulation::pick_best(
+        pool.iter()
+            .filter(|(_, l)| *l != Liveness::Unresponsive)
+            .map(|(r, _)| r),
+    );
+    let best_answered = best_possible.is_some_and(|best| {
+        pool.iter()
+            .any(|(r, l)| r.name == best.name && *l == Liveness::Acked)
+    });
+    if !best_answered {
+        let mut unknown: Vec<String> = pool
+            .iter()
+            .filter(|(_, l)| *l == Liveness::Unknown)
+            .map(|(r, _)| r.name.to_string())
+            .collect();
+        if !unknown.is_empty() {
+            unknown.sort();
+            return decision(Action::Ping {
+                candidates: unknown,
+            });
+        }
+        if pool.iter().any(|(_, l)| *l == Liveness::Pending) {
+            return decision(Action::WaitForAcks);
+        }
     }
     let acked = pool
         .iter()

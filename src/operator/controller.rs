@@ -7,7 +7,7 @@
 //! compare-and-swap), update candidates' conditions, emit Events.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -25,17 +25,19 @@ use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
 
 /// On a Lease: the uid of the pod its holder runs in.
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
+use super::annotated::AnnotatedWorkloads;
 use super::identity::IncarnationLog;
-use super::index::{CandidateIndex, key_of};
+use super::index::{CandidateIndex, key_of, owner_pod};
 use super::metrics::{LeaseLabels, MethodLabels, Metrics};
 use super::queue::{Enqueue, LeaseKey, Queue};
 use super::single_active::{self, Prepared};
+use super::stopped::StoppedPods;
 use super::terms::TermLedger;
 use super::{Settings, status};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action, Decision, PodState};
 use crate::lease::{self, LeaseStore, MANAGED_LABEL};
-use crate::workloads::{WORKLOAD_LABEL, Workload};
+use crate::workloads::Workload;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 
 /// The caches every replica keeps warm, leader or not.
@@ -44,15 +46,17 @@ pub struct Caches {
     pub candidates: Store<LeaseCandidate>,
     pub leases: Store<Lease>,
     pub pods: Store<Pod>,
+    /// Kept for readiness: [`Self::workloads`] is complete once these are.
     pub deployments: Store<Deployment>,
     pub stateful_sets: Store<StatefulSet>,
+    /// The single-active workloads, from the Deployment and StatefulSet watches.
+    pub workloads: AnnotatedWorkloads,
     /// Every candidate's recent incarnation stamps (duplicate identities).
     pub incarnations: IncarnationLog,
     /// The candidates of each lease.
     pub by_lease: CandidateIndex,
-    /// Uids of deleted pods whose containers had all stopped: proof that their processes are
-    /// gone (a pod removed while still running, e.g. force-deleted, is not proof).
-    pub stopped_pods: Arc<Mutex<HashSet<String>>>,
+    /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
+    pub stopped_pods: StoppedPods,
 }
 
 /// The three watches, as one stream that ends only on error. Each event enqueues the leases it
@@ -67,7 +71,7 @@ pub fn watch_all(
     let (pods, pw) = reflector::store();
     let (deployments, dw) = reflector::store();
     let (stateful_sets, sw) = reflector::store();
-    let stopped_pods = Arc::new(Mutex::new(HashSet::new()));
+    let stopped_pods = StoppedPods::default();
     fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
@@ -84,6 +88,7 @@ pub fn watch_all(
         pods,
         deployments,
         stateful_sets,
+        workloads: AnnotatedWorkloads::default(),
         incarnations: IncarnationLog::default(),
         by_lease: CandidateIndex::default(),
         stopped_pods: stopped_pods.clone(),
@@ -131,68 +136,33 @@ pub fn watch_all(
             Ok(())
         });
     let e = enqueue.clone();
-    let (cands, c2) = (caches.candidates.clone(), caches.candidates.clone());
-    let workloads = caches.clone();
+    let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
     let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
         .default_backoff()
         .reflect(pw)
         .map(move |ev| {
             let ev = ev?;
-            if let watcher::Event::Delete(pod) = &ev
-                && containers_stopped(pod)
-            {
-                stopped_pods
-                    .lock()
-                    .unwrap()
-                    .insert(pod.uid().unwrap_or_default());
+            match &ev {
+                watcher::Event::Delete(pod) => stopped_pods.observe(pod, true),
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    stopped_pods.observe(pod, false)
+                }
+                _ => {}
             }
             for pod in touched(ev) {
-                let uid = pod.uid();
-                for c in cands.state() {
-                    if owner_pod(&c).map(|(_, u)| Some(u)) == Some(uid.clone()) {
-                        e.key(key_of(&c));
-                    }
+                for key in pod_index.leases_of_pod(&pod.uid().unwrap_or_default()) {
+                    e.key(key);
                 }
                 // A single-active workload's pod may have no candidate yet.
-                for w in workloads.workloads() {
-                    if w.selects(&pod) {
-                        e.key(LeaseKey {
-                            namespace: w.namespace.clone(),
-                            name: w.lease.clone(),
-                        });
-                    }
+                for key in annotated.selecting(&pod) {
+                    e.key(key);
                 }
             }
             Ok(())
         });
-    // Workloads: annotated ones, and ones whose annotation was just removed (their candidates
-    // carry the workload's name) need their lease reconciled.
-    fn workload_keys<K: Resource<DynamicType = ()>>(
-        obj: &K,
-        parsed: Option<Result<Workload, crate::workloads::WorkloadError>>,
-        candidates: &Store<LeaseCandidate>,
-    ) -> Vec<LeaseKey> {
-        let ns = obj.meta().namespace.clone().unwrap_or_default();
-        if let Some(Ok(w)) = parsed {
-            return vec![LeaseKey {
-                namespace: ns,
-                name: w.lease,
-            }];
-        }
-        let name = obj.meta().name.clone().unwrap_or_default();
-        let mut keys: Vec<LeaseKey> = candidates
-            .state()
-            .iter()
-            .filter(|c| {
-                c.namespace().as_deref() == Some(ns.as_str())
-                    && c.labels().get(WORKLOAD_LABEL) == Some(&name)
-            })
-            .map(|c| key_of(c))
-            .collect();
-        keys.dedup();
-        keys
-    }
-    let (e, c) = (enqueue.clone(), c2.clone());
+    // Workloads: the lease an annotated one governs, and the one it governed before if its
+    // annotation was removed or its lease name changed, need reconciling.
+    let (e, annotated) = (enqueue.clone(), caches.workloads.clone());
     let deployment_events = watcher(
         api::<Deployment>(&client, namespace),
         watcher::Config::default(),
@@ -200,14 +170,17 @@ pub fn watch_all(
     .default_backoff()
     .reflect(dw)
     .map(move |ev| {
-        for d in touched(ev?) {
-            for k in workload_keys(&d, Workload::from_deployment(&d), &c) {
-                e.key(k);
+        let ev = ev?;
+        let deleted = matches!(ev, watcher::Event::Delete(_));
+        for d in touched(ev) {
+            let parsed = Workload::from_deployment(&d);
+            for key in annotated.observe(&d, "Deployment", parsed, deleted) {
+                e.key(key);
             }
         }
         Ok(())
     });
-    let (e, c) = (enqueue, c2);
+    let (e, annotated) = (enqueue, caches.workloads.clone());
     let stateful_set_events = watcher(
         api::<StatefulSet>(&client, namespace),
         watcher::Config::default(),
@@ -215,9 +188,12 @@ pub fn watch_all(
     .default_backoff()
     .reflect(sw)
     .map(move |ev| {
-        for s in touched(ev?) {
-            for k in workload_keys(&s, Workload::from_stateful_set(&s), &c) {
-                e.key(k);
+        let ev = ev?;
+        let deleted = matches!(ev, watcher::Event::Delete(_));
+        for s in touched(ev) {
+            let parsed = Workload::from_stateful_set(&s);
+            for key in annotated.observe(&s, "StatefulSet", parsed, deleted) {
+                e.key(key);
             }
         }
         Ok(())
@@ -234,24 +210,6 @@ pub fn watch_all(
     (caches, errors)
 }
 
-impl Caches {
-    /// The annotated (single-active) workloads, parsed; ones that cannot be handled are skipped
-    /// here and reported by their reconcile.
-    pub fn workloads(&self) -> Vec<Workload> {
-        let d = self
-            .deployments
-            .state()
-            .into_iter()
-            .filter_map(|d| Workload::from_deployment(&d)?.ok());
-        let s = self
-            .stateful_sets
-            .state()
-            .into_iter()
-            .filter_map(|s| Workload::from_stateful_set(&s)?.ok());
-        d.chain(s).collect()
-    }
-}
-
 fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
     match ev {
         watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => {
@@ -259,30 +217,6 @@ fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
         }
         watcher::Event::Init | watcher::Event::InitDone => vec![],
     }
-}
-
-/// The Pod a candidate belongs to: `(name, uid)` of its controlling Pod owner reference.
-fn owner_pod(c: &LeaseCandidate) -> Option<(String, String)> {
-    c.owner_references()
-        .iter()
-        .find(|o| o.kind == "Pod" && o.api_version == "v1")
-        .map(|o| (o.name.clone(), o.uid.clone()))
-}
-
-/// A deleted pod whose every container had terminated (what a kubelet reports before it
-/// removes the object), or that had reached a terminal phase.
-fn containers_stopped(pod: &Pod) -> bool {
-    let Some(status) = &pod.status else {
-        return false;
-    };
-    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
-        return true;
-    }
-    let statuses = status.container_statuses.as_deref().unwrap_or_default();
-    !statuses.is_empty()
-        && statuses
-            .iter()
-            .all(|s| s.state.as_ref().is_some_and(|st| st.terminated.is_some()))
 }
 
 /// The arbiter's view of a candidate's pod.
@@ -301,7 +235,7 @@ fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
                 _ => PodState::NotRunning,
             }
         }
-        _ if caches.stopped_pods.lock().unwrap().contains(&uid) => PodState::Stopped,
+        _ if caches.stopped_pods.contains(&ns, &uid) => PodState::Stopped,
         _ => PodState::Missing,
     }
 }
@@ -325,7 +259,7 @@ pub async fn run(
         seen: HashMap::new(),
         deposer: Deposer::default(),
         timers: HashMap::new(),
-        reported_unreadable: HashSet::new(),
+        reported: HashSet::new(),
     };
     while let Some(key) = queue.next().await {
         let start = Instant::now();
@@ -360,7 +294,7 @@ struct Worker {
     deposer: Deposer,
     timers: HashMap<LeaseKey, Timers>,
     /// Single-active pods whose unreadable version was reported.
-    reported_unreadable: HashSet<(String, String)>,
+    reported: HashSet<(String, String)>,
 }
 
 /// When a lease became leaderless, and when a handover was requested (for metrics).
@@ -411,18 +345,8 @@ impl Worker {
         let Some(uid) = l.annotations().get(HOLDER_POD_ANNOTATION) else {
             return false;
         };
-        if self.caches.stopped_pods.lock().unwrap().contains(uid) {
-            return true;
-        }
         let ns = l.namespace().unwrap_or_default();
-        self.caches.pods.state().iter().any(|p| {
-            p.uid().as_ref() == Some(uid)
-                && p.namespace().as_deref() == Some(ns.as_str())
-                && matches!(
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                    Some("Succeeded" | "Failed")
-                )
-        })
+        self.caches.stopped_pods.contains(&ns, uid)
     }
 
     fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
@@ -450,11 +374,11 @@ impl Worker {
             &self.recorder,
             key,
             &candidates,
-            &mut self.reported_unreadable,
+            &mut self.reported,
         )
         .await?;
         let plan = match prepared {
-            Prepared::CleanedUp => return Ok(None),
+            Prepared::CleanedUp | Prepared::Frozen => return Ok(None),
             Prepared::Ordinary => None,
             Prepared::Workload(p) => Some(*p),
         };

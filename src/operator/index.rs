@@ -1,10 +1,11 @@
-//! Which candidates name which lease, kept from the candidate watch's events, so that a
-//! reconcile looks up its lease's candidates instead of scanning every candidate in the cache
-//! (which made an election's cost grow with the number of leases).
+//! Which candidates name which lease, and which pod owns them, kept from the candidate watch's
+//! events, so that a reconcile looks up its lease's candidates, and a pod event finds the
+//! leases its candidates name, without scanning every candidate in the cache (which made an
+//! election's cost grow with the number of leases).
 //!
 //! The index only narrows the search: names are looked up in the cache, and a name whose object
 //! is gone or names another lease (deleted and recreated while the watch was re-listing, which
-//! sends no delete) is simply not returned.
+//! sends no delete) is simply not returned. A stale pod entry only costs an extra reconcile.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,23 @@ use super::queue::LeaseKey;
 use crate::api::LeaseCandidate;
 
 #[derive(Clone, Default)]
-pub struct CandidateIndex(Arc<Mutex<HashMap<LeaseKey, BTreeSet<String>>>>);
+pub struct CandidateIndex(Arc<Mutex<Inner>>);
+
+#[derive(Default)]
+struct Inner {
+    /// lease → names of the candidates naming it.
+    by_lease: HashMap<LeaseKey, BTreeSet<String>>,
+    /// owner pod uid → (lease, candidate name) of the candidates it owns.
+    by_pod: HashMap<String, BTreeSet<(LeaseKey, String)>>,
+}
+
+/// The Pod a candidate belongs to: `(name, uid)` of its Pod owner reference.
+pub fn owner_pod(c: &LeaseCandidate) -> Option<(String, String)> {
+    c.owner_references()
+        .iter()
+        .find(|o| o.kind == "Pod" && o.api_version == "v1")
+        .map(|o| (o.name.clone(), o.uid.clone()))
+}
 
 /// The lease a candidate names.
 pub fn key_of(c: &LeaseCandidate) -> LeaseKey {
@@ -27,22 +44,46 @@ pub fn key_of(c: &LeaseCandidate) -> LeaseKey {
 }
 
 impl CandidateIndex {
-    /// A candidate was created or changed (its lease name is immutable).
+    /// A candidate was created or changed (its lease name is immutable; its owner is taken
+    /// as it was first seen, which is how the agent and the operator create it).
     pub fn insert(&self, c: &LeaseCandidate) {
         let mut index = self.0.lock().unwrap();
-        index.entry(key_of(c)).or_default().insert(c.name_any());
+        let key = key_of(c);
+        if let Some((_, uid)) = owner_pod(c) {
+            let entry = (key.clone(), c.name_any());
+            index.by_pod.entry(uid).or_default().insert(entry);
+        }
+        index.by_lease.entry(key).or_default().insert(c.name_any());
     }
 
     /// A candidate was deleted.
     pub fn remove(&self, c: &LeaseCandidate) {
         let mut index = self.0.lock().unwrap();
         let key = key_of(c);
-        if let Some(names) = index.get_mut(&key) {
-            names.remove(&c.name_any());
-            if names.is_empty() {
-                index.remove(&key);
+        if let Some((_, uid)) = owner_pod(c)
+            && let Some(entries) = index.by_pod.get_mut(&uid)
+        {
+            entries.remove(&(key.clone(), c.name_any()));
+            if entries.is_empty() {
+                index.by_pod.remove(&uid);
             }
         }
+        if let Some(names) = index.by_lease.get_mut(&key) {
+            names.remove(&c.name_any());
+            if names.is_empty() {
+                index.by_lease.remove(&key);
+            }
+        }
+    }
+
+    /// The leases named by the candidates the pod `uid` owns.
+    pub fn leases_of_pod(&self, uid: &str) -> BTreeSet<LeaseKey> {
+        let index = self.0.lock().unwrap();
+        index
+            .by_pod
+            .get(uid)
+            .map(|entries| entries.iter().map(|(key, _)| key.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// The cached candidates naming `key`'s lease, sorted by name.
@@ -55,6 +96,7 @@ impl CandidateIndex {
             .0
             .lock()
             .unwrap()
+            .by_lease
             .get(key)
             .map(|n| n.iter().cloned().collect())
             .unwrap_or_default();
@@ -128,5 +170,46 @@ mod tests {
         index.insert(&moved);
         assert!(index.candidates(&key("one"), &cache).is_empty());
         assert_eq!(names(index.candidates(&key("two"), &cache)), ["b", "c"]);
+    }
+
+    #[test]
+    fn finds_the_leases_of_a_pod_s_candidates() {
+        let owned = |name: &str, lease: &str, pod_uid: &str| {
+            let mut c = candidate(name, lease);
+            c.metadata.owner_references = Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    name: format!("pod-{pod_uid}"),
+                    uid: pod_uid.into(),
+                    ..Default::default()
+                },
+            ]);
+            c
+        };
+        let index = CandidateIndex::default();
+        let (a, b, c) = (
+            owned("a", "one", "p1"),
+            owned("b", "two", "p1"),
+            owned("c", "one", "p2"),
+        );
+        for x in [&a, &b, &c, &candidate("d", "three")] {
+            index.insert(x);
+        }
+        let leases = |uid| -> Vec<String> {
+            index
+                .leases_of_pod(uid)
+                .into_iter()
+                .map(|k| k.name)
+                .collect()
+        };
+        assert_eq!(leases("p1"), ["one", "two"]);
+        assert_eq!(leases("p2"), ["one"]);
+        assert!(leases("p3").is_empty());
+        index.remove(&a);
+        assert_eq!(leases("p1"), ["two"]);
+        index.remove(&b);
+        assert!(leases("p1").is_empty());
+        assert_eq!(names(Vec::new()).len(), 0);
     }
 }

@@ -4,6 +4,7 @@
 //! ([`ha`]). The acting replica reconciles leases ([`controller`]); if it cannot renew its own
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
+pub mod annotated;
 pub mod controller;
 pub mod depose;
 pub mod ha;
@@ -13,6 +14,7 @@ pub mod metrics;
 pub mod queue;
 pub mod single_active;
 pub mod status;
+pub mod stopped;
 pub mod terms;
 
 use std::net::SocketAddr;

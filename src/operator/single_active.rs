@@ -32,11 +32,14 @@ pub enum Prepared {
     Ordinary,
     /// The lease of a workload whose annotation was removed: cleaned up, nothing else to do.
     CleanedUp,
+    /// The lease of a workload whose annotations cannot be used (reported): nothing to do.
+    Frozen,
     Workload(Box<Plan>),
 }
 
 /// Finds the workload governing `key`, makes its pods candidates, and reports pods whose
-/// version cannot be read (once each, tracked in `reported`).
+/// version cannot be read and workloads whose annotations cannot be used (once each, tracked
+/// in `reported`).
 pub async fn prepare(
     client: &Client,
     caches: &Caches,
@@ -45,10 +48,33 @@ pub async fn prepare(
     candidates: &[Arc<LeaseCandidate>],
     reported: &mut HashSet<(String, String)>,
 ) -> anyhow::Result<Prepared> {
-    let workload = caches
-        .workloads()
-        .into_iter()
-        .find(|w| w.namespace == key.namespace && w.lease == key.name);
+    let workload = match caches.workloads.governing(key) {
+        Some(Ok(w)) => Some(w),
+        Some(Err(invalid)) => {
+            // Neither cleaned up nor elected: the pods keep their roles until it is mended.
+            let note = format!(
+                "{}; lease {} is left as it is (roles frozen) until the annotations are fixed",
+                invalid.error, key.name
+            );
+            let seen = (
+                key.namespace.clone(),
+                format!("{:?}: {note}", invalid.object.uid),
+            );
+            if reported.insert(seen) {
+                tracing::warn!(lease = %key, %note);
+                publish(
+                    recorder,
+                    &invalid.object,
+                    EventType::Warning,
+                    "InvalidAnnotation",
+                    note,
+                )
+                .await;
+            }
+            return Ok(Prepared::Frozen);
+        }
+        None => None,
+    };
     let Some(workload) = workload else {
         if candidates.iter().any(|c| managed(c)) {
             let pods: Vec<Arc<Pod>> = caches

@@ -67,6 +67,16 @@ fn annotated<K: Resource>(obj: &K) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// The lease an annotated workload governs: its `arbiter.dev/lease-name`, else its own name.
+pub fn lease_name<K: Resource>(obj: &K) -> String {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LEASE_NAME_ANNOTATION))
+        .cloned()
+        .unwrap_or_else(|| obj.name_any())
+}
+
 fn parse<K: Resource<DynamicType = ()>>(
     obj: &K,
     kind: &'static str,
@@ -99,10 +109,7 @@ fn parse<K: Resource<DynamicType = ()>>(
     Some(Ok(Workload {
         kind,
         namespace: obj.meta().namespace.clone().unwrap_or_default(),
-        lease: annotations
-            .get(LEASE_NAME_ANNOTATION)
-            .cloned()
-            .unwrap_or_else(|| name.clone()),
+        lease: lease_name(obj),
         name,
         selector,
         on_depose,

@@ -197,6 +197,30 @@ fn no_acknowledged_candidate_is_reported() {
 }
 
 #[test]
+fn candidates_that_could_not_win_are_not_waited_for() {
+    let now = t0() + secs(60);
+    let pending = Candidate {
+        ping_time: Some(now),
+        renew_time: Some(now - secs(60)),
+        ..acked("id-2", "1.20.0", now)
+    };
+    let cands = [
+        acked("id-1", "1.19.0", now),
+        pending,
+        never_pinged("id-3", "1.21.0"),
+    ];
+    assert_eq!(act(&cands, None, now), create("id-1"));
+    // An unknown candidate that could outrank it is asked first.
+    let cands = [acked("id-1", "1.19.0", now), never_pinged("id-0", "1.18.0")];
+    assert_eq!(
+        act(&cands, None, now),
+        Action::Ping {
+            candidates: vec!["id-0".into()]
+        }
+    );
+}
+
+#[test]
 fn outstanding_ping_is_waited_for() {
     let now = t0() + secs(60);
     let pinged = Candidate {
@@ -638,7 +662,7 @@ proptest! {
     }
 
     #[test]
-    fn the_elected_candidate_is_the_best_acknowledged_one(
+    fn the_elected_candidate_ranks_above_every_candidate_that_could_answer(
         cands in candidates_strategy(),
         lease in lease_strategy(),
         rules in rules_strategy(),
@@ -658,7 +682,12 @@ proptest! {
                 c.created,
                 c.name.clone(),
             );
-            let rivals = cands.iter().filter(|c| d.standings[&c.name] == Standing::Eligible(Liveness::Acked));
+            // Every rival that is or could still be alive: waiting for an answer could not
+            // have elected anyone better.
+            let rivals = cands.iter().filter(|c| matches!(
+                d.standings[&c.name],
+                Standing::Eligible(Liveness::Acked | Liveness::Pending | Liveness::Unknown)
+            ));
             for other in rivals.filter(|c| Some(&c.name) != lapsed.as_ref() || lapsed.as_ref() == Some(h)) {
                 prop_assert!(key(me) <= key(other), "{} elected over better {}", h, other.name);
             }

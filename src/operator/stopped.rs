@@ -1,0 +1,155 @@
+//! Pods confirmed stopped, by uid, kept from the pod watch's events so that a reconcile asks a
+//! set instead of scanning every cached pod.
+//!
+//! A pod is confirmed stopped when it is seen in a terminal phase (`Succeeded`, `Failed`), or
+//! deleted after every container had terminated (what a kubelet reports before it removes the
+//! object). A pod removed while still running (force-deleted, say) is not proof, and is not
+//! recorded. Both facts are forever true of a uid, so the set never has to be corrected; it is
+//! only forgotten after [`FORGET_AFTER`], by which time any lease its holder had has expired
+//! (forgetting makes the arbiter wait for expiry, never act sooner).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+/// How long a stopped pod is remembered.
+pub const FORGET_AFTER: Duration = Duration::from_secs(3600);
+
+/// The set never prunes below this many entries.
+const PRUNE_FLOOR: usize = 1024;
+
+#[derive(Clone, Default)]
+pub struct StoppedPods(Arc<Mutex<Inner>>);
+
+#[derive(Default)]
+struct Inner {
+    /// uid → (namespace, when it was recorded).
+    pods: HashMap<String, (String, Instant)>,
+    prune_at: usize,
+}
+
+impl StoppedPods {
+    /// Records what a pod watch event proves: `deleted` for a Delete event.
+    pub fn observe(&self, pod: &Pod, deleted: bool) {
+        let proof = if deleted {
+            containers_stopped(pod)
+        } else {
+            terminal(pod)
+        };
+        if let (true, Some(uid)) = (proof, pod.uid()) {
+            self.record(&pod.namespace().unwrap_or_default(), &uid, Instant::now());
+        }
+    }
+
+    fn record(&self, namespace: &str, uid: &str, now: Instant) {
+        let mut inner = self.0.lock().unwrap();
+        inner
+            .pods
+            .entry(uid.to_string())
+            .or_insert_with(|| (namespace.to_string(), now));
+        if inner.pods.len() >= inner.prune_at.max(PRUNE_FLOOR) {
+            inner
+                .pods
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < FORGET_AFTER);
+            inner.prune_at = 2 * inner.pods.len();
+        }
+    }
+
+    /// Whether the pod `uid` of `namespace` is confirmed stopped.
+    pub fn contains(&self, namespace: &str, uid: &str) -> bool {
+        let inner = self.0.lock().unwrap();
+        inner.pods.get(uid).is_some_and(|(ns, _)| ns == namespace)
+    }
+}
+
+/// In a terminal phase: every container has terminated and none will restart.
+pub fn terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Terminal, or every container reported terminated.
+fn containers_stopped(pod: &Pod) -> bool {
+    if terminal(pod) {
+        return true;
+    }
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    !statuses.is_empty()
+        && statuses
+            .iter()
+            .all(|s| s.state.as_ref().is_some_and(|st| st.terminated.is_some()))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, PodStatus,
+    };
+
+    use super::*;
+
+    fn pod(uid: &str, phase: &str, containers: &[bool]) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.uid = Some(uid.into());
+        let state = |stopped: bool| ContainerState {
+            terminated: stopped.then(ContainerStateTerminated::default),
+            running: (!stopped).then(ContainerStateRunning::default),
+            ..ContainerState::default()
+        };
+        p.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            container_statuses: Some(
+                containers
+                    .iter()
+                    .map(|&s| ContainerStatus {
+                        state: Some(state(s)),
+                        ..ContainerStatus::default()
+                    })
+                    .collect(),
+            ),
+            ..PodStatus::default()
+        });
+        p
+    }
+
+    #[test]
+    fn records_only_proof_that_a_pod_stopped() {
+        let stopped = StoppedPods::default();
+        stopped.observe(&pod("running", "Running", &[false]), false);
+        stopped.observe(&pod("terminating", "Running", &[true, false]), true);
+        stopped.observe(&pod("unknown", "Running", &[]), true);
+        stopped.observe(&pod("containers-done", "Running", &[true]), false);
+        stopped.observe(&pod("failed", "Failed", &[]), false);
+        stopped.observe(&pod("deleted-done", "Running", &[true, true]), true);
+        for uid in ["running", "terminating", "unknown", "containers-done"] {
+            assert!(!stopped.contains("ns", uid), "{uid} is not proof");
+        }
+        for uid in ["failed", "deleted-done"] {
+            assert!(stopped.contains("ns", uid), "{uid} is proof");
+            assert!(!stopped.contains("other", uid), "{uid} is in ns only");
+        }
+    }
+
+    #[test]
+    fn forgets_old_entries_once_it_grows() {
+        let stopped = StoppedPods::default();
+        let start = Instant::now();
+        stopped.record("ns", "old", start);
+        for i in 0..PRUNE_FLOOR {
+            stopped.record("ns", &format!("new-{i}"), start + FORGET_AFTER);
+        }
+        assert!(!stopped.contains("ns", "old"));
+        assert!(stopped.contains("ns", "new-0"));
+        assert!(stopped.0.lock().unwrap().pods.len() < PRUNE_FLOOR + 1);
+    }
+}
