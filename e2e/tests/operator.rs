@@ -123,20 +123,14 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
     wait_for_holder(&env, "swap", "bar1", DEADLINE).await;
     // Record every version of the Lease from here on.
     let history = record_lease(&env, "swap");
-    let requested_at = Instant::now();
     create_candidate(&env, "bar2", "swap", "1.19.0", Some("1.19.0"), OEV, None).await;
     // bar1 is live (renewed every 200 ms), so bar2 gets it only through bar1's release.
     let l = wait_for_holder(&env, "swap", "bar2", DEADLINE).await;
-    let took = requested_at.elapsed();
     assert_eq!(lease::term(&l), 2);
     assert_eq!(
         lease::preferred_holder(&l),
         None,
         "the preferred holder is cleared on assignment"
-    );
-    assert!(
-        took < Duration::from_secs(5),
-        "handover took {took:?}; the lease duration is 15 s"
     );
     // The sequence the Lease went through: asked, released, assigned; bar1 never replaced live.
     let seen = history.lock().unwrap().clone();

