@@ -68,11 +68,13 @@ pub fn conditions(
         ),
     };
     let eligible = match decision.standings.get(candidate) {
-        Some(Standing::Eligible(liveness)) => cond(
+        // Not the candidate's liveness, which changes with every ping: the condition would be
+        // rewritten several times per election for no one's benefit.
+        Some(Standing::Eligible(_)) => cond(
             ELIGIBLE,
             true,
             "Eligible",
-            format!("can be elected (liveness: {liveness:?})"),
+            "can be elected".into(),
             generation,
         ),
         Some(Standing::Ineligible(reason)) => {
