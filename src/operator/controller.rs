@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
@@ -22,6 +22,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
+
+/// How many independent writes for one lease (pings, candidates' statuses) are in flight at once.
+const CONCURRENT_WRITES: usize = 8;
 
 /// On a Lease: the uid of the pod its holder runs in.
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
@@ -823,10 +826,15 @@ impl Worker {
             (Action::Ping { candidates }, _) => {
                 let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
                 let ping = json!({ "spec": { "pingTime": lease::now() } });
-                for name in candidates {
-                    api.patch(name, &PatchParams::default(), &Patch::Merge(&ping))
-                        .await?;
-                }
+                let (api, ping) = (&api, &ping);
+                futures::stream::iter(candidates)
+                    .map(|name| async move {
+                        api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
+                            .await
+                    })
+                    .buffer_unordered(CONCURRENT_WRITES)
+                    .try_collect::<Vec<_>>()
+                    .await?;
                 None
             }
             _ => None,
@@ -878,6 +886,7 @@ async fn report(
         duplicates,
     };
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+    let mut updates = Vec::new();
     for c in candidates {
         let name = c.name_any();
         let current = c
@@ -931,16 +940,24 @@ async fn report(
             ));
         }
         let patch = json!({ "status": { "conditions": conditions, "observedGeneration": c.meta().generation } });
-        if let Err(e) = api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
-        }
-        for (type_, reason, note) in events {
-            publish(recorder, &c.object_ref(&()), type_, reason, note).await;
-        }
+        let api = &api;
+        updates.push(async move {
+            if let Err(e) = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
+            }
+            for (type_, reason, note) in events {
+                publish(recorder, &c.object_ref(&()), type_, reason, note).await;
+            }
+        });
     }
+    // Candidates' statuses are independent of each other: written side by side.
+    futures::stream::iter(updates)
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect::<Vec<()>>()
+        .await;
     if let Action::RequestHandover { to } = &decision.action
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
     {
