@@ -527,6 +527,13 @@ async fn invalid_annotation_is_reported_and_freezes_roles(env: Arc<TestEnv>) {
         )
         .await
         .unwrap();
+    let candidates: Api<arbiter::api::LeaseCandidate> = env.api();
+    let managed = ListParams::default().labels("arbiter.dev/single-active-workload=frozen");
+    eventually("both pods to be candidates", DEADLINE, || async {
+        let list = candidates.list(&managed).await.ok()?;
+        (list.items.len() == 2).then_some(())
+    })
+    .await;
     let leader = one_active(&env, &inv, "app=frozen").await;
     let annotate = |value: Option<&str>| {
         let patch = json!({"metadata": {"annotations": {"arbiter.dev/on-depose": value}}});
@@ -559,12 +566,12 @@ async fn invalid_annotation_is_reported_and_freezes_roles(env: Arc<TestEnv>) {
     let pods: Api<Pod> = env.api();
     let still = pods.get(&leader.name_any()).await.unwrap();
     assert!(active(&still), "the active pod was demoted");
-    let candidates: Api<arbiter::api::LeaseCandidate> = env.api();
-    let managed = candidates
-        .list(&ListParams::default().labels("arbiter.dev/single-active-workload=frozen"))
-        .await
-        .unwrap();
-    assert_eq!(managed.items.len(), 2, "the pods' candidates were removed");
+    let after_report = candidates.list(&managed).await.unwrap();
+    assert_eq!(
+        after_report.items.len(),
+        2,
+        "the pods' candidates were removed"
+    );
     // Mended: the same pod stays active.
     annotate(None).await;
     let after = one_active(&env, &inv, "app=frozen").await;
