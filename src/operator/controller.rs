@@ -40,7 +40,7 @@ use super::{Settings, status};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action, Decision, PodState};
 use crate::lease::{self, LeaseStore, MANAGED_LABEL};
-use crate::workloads::Workload;
+use crate::workloads::{Workload, WorkloadError};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 
 /// The caches every replica keeps warm, leader or not.
@@ -165,42 +165,47 @@ pub fn watch_all(
         });
     // Workloads: the lease an annotated one governs, and the one it governed before if its
     // annotation was removed or its lease name changed, need reconciling.
-    let (e, annotated) = (enqueue.clone(), caches.workloads.clone());
+    fn on_workload_event<K: Resource<DynamicType = ()>>(
+        kind: &'static str,
+        parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
+        annotated: AnnotatedWorkloads,
+        e: Enqueue,
+    ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> anyhow::Result<()> {
+        move |ev| {
+            let ev = ev?;
+            let deleted = matches!(ev, watcher::Event::Delete(_));
+            for obj in touched(ev) {
+                for key in annotated.observe(&obj, kind, parse(&obj), deleted) {
+                    e.key(key);
+                }
+            }
+            Ok(())
+        }
+    }
     let deployment_events = watcher(
         api::<Deployment>(&client, namespace),
         watcher::Config::default(),
     )
     .default_backoff()
     .reflect(dw)
-    .map(move |ev| {
-        let ev = ev?;
-        let deleted = matches!(ev, watcher::Event::Delete(_));
-        for d in touched(ev) {
-            let parsed = Workload::from_deployment(&d);
-            for key in annotated.observe(&d, "Deployment", parsed, deleted) {
-                e.key(key);
-            }
-        }
-        Ok(())
-    });
-    let (e, annotated) = (enqueue, caches.workloads.clone());
+    .map(on_workload_event(
+        "Deployment",
+        Workload::from_deployment,
+        caches.workloads.clone(),
+        enqueue.clone(),
+    ));
     let stateful_set_events = watcher(
         api::<StatefulSet>(&client, namespace),
         watcher::Config::default(),
     )
     .default_backoff()
     .reflect(sw)
-    .map(move |ev| {
-        let ev = ev?;
-        let deleted = matches!(ev, watcher::Event::Delete(_));
-        for s in touched(ev) {
-            let parsed = Workload::from_stateful_set(&s);
-            for key in annotated.observe(&s, "StatefulSet", parsed, deleted) {
-                e.key(key);
-            }
-        }
-        Ok(())
-    });
+    .map(on_workload_event(
+        "StatefulSet",
+        Workload::from_stateful_set,
+        caches.workloads.clone(),
+        enqueue,
+    ));
     let errors = futures::stream::select_all([
         candidate_events.boxed(),
         lease_events.boxed(),
