@@ -21,7 +21,7 @@ use crate::support::operator::{
     FAST_HA, Operator, Responder, create_candidate, hold_and_release, wait_for_holder,
 };
 use crate::support::standin::StandIn;
-use crate::support::{TestEnv, events_for, eventually};
+use crate::support::{TestEnv, events_for, eventually, wait_for_event};
 
 crate::tests![operator:
     single_candidate_is_elected,
@@ -542,18 +542,7 @@ pub async fn lapsed_holder_is_evicted(env: &TestEnv, lease_name: &str) {
 pub async fn lapsed_holder_eviction_fails(env: &TestEnv, lease_name: &str) -> String {
     let (a, _b, _r, renew_b) = lapsing_pair(env, lease_name).await;
     wait_for_holder(env, lease_name, "pod-b", DEADLINE).await;
-    let message = eventually(
-        "an EvictionFailed event on pod-a's candidate",
-        DEADLINE,
-        || async {
-            events_for(env, "pod-a")
-                .await
-                .into_iter()
-                .find(|(r, _)| r == "EvictionFailed")
-                .map(|(_, m)| m)
-        },
-    )
-    .await;
+    let message = wait_for_event(env, "pod-a", "EvictionFailed", DEADLINE).await;
     assert_eq!(a.exited(), None, "pod-a was not forced out");
     renew_b.abort();
     message

@@ -17,7 +17,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use crate::support::operator::{Operator, wait_for_holder};
-use crate::support::{TestEnv, events_for, eventually};
+use crate::support::{TestEnv, events_for, eventually, wait_for_event};
 
 crate::tests![single_active:
     deployment_gets_exactly_one_active_pod,
@@ -489,18 +489,7 @@ async fn unreadable_version_is_reported(env: Arc<TestEnv>) {
         )
         .await
         .unwrap();
-    let message = eventually(
-        "a VersionUnreadable event on the Deployment",
-        DEADLINE,
-        || async {
-            events_for(&env, "nover")
-                .await
-                .into_iter()
-                .find(|(r, _)| r == "VersionUnreadable")
-                .map(|(_, m)| m)
-        },
-    )
-    .await;
+    let message = wait_for_event(&env, "nover", "VersionUnreadable", DEADLINE).await;
     assert!(
         message.contains("\"latest\"") && message.contains("app.kubernetes.io/version"),
         "{message}"
@@ -546,18 +535,7 @@ async fn invalid_annotation_is_reported_and_freezes_roles(env: Arc<TestEnv>) {
         }
     };
     annotate(Some("explode")).await;
-    let message = eventually(
-        "an InvalidAnnotation event on the Deployment",
-        DEADLINE,
-        || async {
-            events_for(&env, "frozen")
-                .await
-                .into_iter()
-                .find(|(r, _)| r == "InvalidAnnotation")
-                .map(|(_, m)| m)
-        },
-    )
-    .await;
+    let message = wait_for_event(&env, "frozen", "InvalidAnnotation", DEADLINE).await;
     assert!(
         message.contains("arbiter.dev/on-depose") && message.contains("explode"),
         "{message}"

@@ -170,6 +170,18 @@ pub async fn events_for(env: &TestEnv, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Waits for an Event with `reason` on the object named `name`; its message.
+pub async fn wait_for_event(env: &TestEnv, name: &str, reason: &str, deadline: Duration) -> String {
+    eventually(&format!("a {reason} event on {name}"), deadline, || async {
+        events_for(env, name)
+            .await
+            .into_iter()
+            .find(|(r, _)| r == reason)
+            .map(|(_, m)| m)
+    })
+    .await
+}
+
 /// Waits for `child` to exit (panicking with `what` after `deadline`); its exit code.
 pub async fn wait_child(
     child: &mut std::process::Child,
