@@ -23,20 +23,19 @@ pub enum Command {
     Run(Box<crate::agent::Settings>),
     /// Show the leases arbiter manages: holder, term, versions, candidates, state.
     Status(crate::status::Settings),
-    /// Internal: started by `arbiter run` to kill CMD's process group if the agent dies.
+    /// Internal: started by `arbiter run` to stop CMD's process group at a deadline the agent
+    /// keeps extending, or at once if the agent dies (see `agent::watchdog`).
     #[command(hide = true)]
     Guard {
-        #[arg(long)]
-        pgid: i32,
+        /// The agent's pid.
         #[arg(long)]
         parent: i32,
+        /// The first deadline, CLOCK_MONOTONIC nanoseconds.
+        #[arg(long)]
+        until: u64,
+        #[arg(long)]
+        kill_grace_ms: u64,
     },
-}
-
-/// Parses durations such as `15s`, `500ms`, `1m`.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("invalid duration {s:?} ({e}): use e.g. 15s, 500ms, 1m"))
 }
 
 /// Runs the parsed command line; returns the process exit code.

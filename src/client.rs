@@ -1,14 +1,42 @@
-//! The Kubernetes client every arbiter process uses.
+//! The Kubernetes client every arbiter process uses, and the two rules every request obeys:
+//!
+//! - **A timeout.** Every request but a watch must answer within a bound (kube's own default is
+//!   none: a request on a dead connection hangs forever, and a renew that hangs keeps a process
+//!   believing it still leads). Watches are long by design; kube-runtime's watcher restarts them.
+//! - **A gate for writes** (the operator): a write (anything but GET/HEAD/OPTIONS) is sent only
+//!   while the [`Gate`] is open, and the gate closes on its own, by the clock, at the renew
+//!   deadline of the operator's own lease. A replica that lost its lease therefore writes nothing
+//!   from that moment, whatever its reconcile was doing: the gate does not wait for anyone to
+//!   notice the loss.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use http::{Method, Request, Response};
+use kube::client::{Body, ClientBuilder};
 use kube::{Client, Config};
+use tower::{Layer, Service};
 
 /// The User-Agent of every request arbiter makes: `arbiter/VERSION`.
 pub const USER_AGENT: &str = concat!("arbiter/", env!("CARGO_PKG_VERSION"));
 
+/// The request timeout of [`connect`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A client from the environment (in-cluster, or `KUBECONFIG`), with kube's automatic retries
-/// turned off: a request that fails must fail promptly to the caller, who owns the deadline (a
-/// renew retried inside the client for minutes would outlive the lease it renews).
+/// turned off (a request that fails must fail promptly to the caller, who owns the deadline: a
+/// renew retried inside the client for minutes would outlive the lease it renews) and a
+/// [`DEFAULT_TIMEOUT`] on every request but watches.
 pub async fn connect() -> anyhow::Result<Client> {
+    connect_with(DEFAULT_TIMEOUT, None).await
+}
+
+/// [`connect`] with a request timeout of `timeout`, and writes only while `gate` is open.
+pub async fn connect_with(timeout: Duration, gate: Option<Gate>) -> anyhow::Result<Client> {
     let mut config = Config::infer()
         .await
         .map_err(|e| anyhow::anyhow!("loading the Kubernetes client configuration: {e}"))?;
@@ -18,5 +46,246 @@ pub async fn connect() -> anyhow::Result<Client> {
         http::header::USER_AGENT,
         http::HeaderValue::from_static(USER_AGENT),
     ));
-    Client::try_from(config).map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))
+    let builder = ClientBuilder::try_from(config)
+        .map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))?;
+    Ok(builder.with_layer(&Policy { timeout, gate }).build())
+}
+
+/// Open until a deadline on this process's monotonic clock; closed from the start.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    base: Instant,
+    /// Nanoseconds after `base` until which writes may be sent; 0: closed.
+    until: Arc<AtomicU64>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            base: Instant::now(),
+            until: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Gate {
+    /// Opens the gate until `deadline` (it never moves back: an older deadline is ignored).
+    pub fn open_until(&self, deadline: Instant) {
+        let ns = deadline.saturating_duration_since(self.base).as_nanos() as u64;
+        self.until.fetch_max(ns, Ordering::SeqCst);
+    }
+
+    pub fn is_open(&self) -> bool {
+        let now = self.base.elapsed().as_nanos() as u64;
+        now < self.until.load(Ordering::SeqCst)
+    }
+}
+
+/// A write refused because the gate is closed.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refused to send {method} {path}: this replica is not (or no longer certainly) the active arbiter"
+)]
+pub struct GateClosed {
+    pub method: Method,
+    pub path: String,
+}
+
+/// A request that did not answer in time.
+#[derive(Debug, thiserror::Error)]
+#[error("{method} {path} did not answer within {timeout:?}")]
+pub struct TimedOut {
+    pub method: Method,
+    pub path: String,
+    pub timeout: Duration,
+}
+
+/// The tower layer that applies the two rules.
+#[derive(Clone)]
+struct Policy {
+    timeout: Duration,
+    gate: Option<Gate>,
+}
+
+impl<S> Layer<S> for Policy {
+    type Service = PolicyService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        PolicyService {
+            inner,
+            policy: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct PolicyService<S> {
+    inner: S,
+    policy: Policy,
+}
+
+/// Whether a request is a watch (long-running by design).
+fn is_watch<B>(req: &Request<B>) -> bool {
+    req.uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"))
+}
+
+fn is_write<B>(req: &Request<B>) -> bool {
+    !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+impl<S, B> Service<Request<Body>> for PolicyService<S>
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Into<tower::BoxError>,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = tower::BoxError;
+    type Future = BoxFuture<'static, Result<Response<B>, tower::BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let (method, path) = (req.method().clone(), req.uri().path().to_string());
+        if is_write(&req) && self.policy.gate.as_ref().is_some_and(|g| !g.is_open()) {
+            return futures::future::ready(Err(GateClosed { method, path }.into())).boxed();
+        }
+        let watch = is_watch(&req);
+        let timeout = self.policy.timeout;
+        let response = self.inner.call(req);
+        async move {
+            if watch {
+                return response.await.map_err(Into::into);
+            }
+            match tokio::time::timeout(timeout, response).await {
+                Ok(r) => r.map_err(Into::into),
+                Err(_) => Err(TimedOut {
+                    method,
+                    path,
+                    timeout,
+                }
+                .into()),
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in API server that counts what reaches it and answers after `delay`.
+    #[derive(Clone)]
+    struct Counting {
+        reached: Arc<AtomicU64>,
+        delay: Duration,
+    }
+
+    impl Service<Request<Body>> for Counting {
+        type Response = Response<String>;
+        type Error = tower::BoxError;
+        type Future = BoxFuture<'static, Result<Response<String>, tower::BoxError>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            self.reached.fetch_add(1, Ordering::SeqCst);
+            let delay = self.delay;
+            async move {
+                tokio::time::sleep(delay).await;
+                Ok(Response::new(String::new()))
+            }
+            .boxed()
+        }
+    }
+
+    fn request(method: Method, uri: &str) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    fn service(delay: Duration, gate: Option<Gate>) -> (PolicyService<Counting>, Arc<AtomicU64>) {
+        let reached = Arc::new(AtomicU64::new(0));
+        let inner = Counting {
+            reached: reached.clone(),
+            delay,
+        };
+        let layer = Policy {
+            timeout: Duration::from_secs(1),
+            gate,
+        };
+        (layer.layer(inner), reached)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_pass_only_while_the_gate_is_open_and_it_closes_by_the_clock() {
+        let gate = Gate::default();
+        let (mut svc, reached) = service(Duration::ZERO, Some(gate.clone()));
+        let put = || {
+            request(
+                Method::PUT,
+                "/apis/coordination.k8s.io/v1/namespaces/a/leases/l",
+            )
+        };
+        let err = svc.call(put()).await.unwrap_err();
+        assert!(err.is::<GateClosed>(), "{err}");
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            0,
+            "a refused write is never sent"
+        );
+        // Reads are always allowed (a standby keeps its caches warm).
+        svc.call(request(Method::GET, "/api/v1/pods"))
+            .await
+            .unwrap();
+        assert_eq!(reached.load(Ordering::SeqCst), 1);
+
+        gate.open_until(Instant::now() + Duration::from_secs(4));
+        for m in [Method::PUT, Method::POST, Method::PATCH, Method::DELETE] {
+            svc.call(request(m, "/x")).await.unwrap();
+        }
+        assert_eq!(reached.load(Ordering::SeqCst), 5);
+        // An older deadline does not shorten a later one.
+        gate.open_until(Instant::now());
+        assert!(gate.is_open());
+        // Nobody closes the gate: its deadline passing is enough.
+        let gate2 = Gate::default();
+        gate2.open_until(Instant::now() + Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!gate2.is_open(), "the gate closes at its deadline");
+        let (mut svc2, reached2) = service(Duration::ZERO, Some(gate2));
+        assert!(svc2.call(put()).await.unwrap_err().is::<GateClosed>());
+        assert_eq!(reached2.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_request_but_a_watch_times_out() {
+        let (mut svc, _) = service(Duration::from_secs(3600), None);
+        let err = svc
+            .call(request(Method::GET, "/api/v1/namespaces/a/pods/p"))
+            .await
+            .unwrap_err();
+        assert!(err.is::<TimedOut>(), "{err}");
+        let err = svc.call(request(Method::PUT, "/x")).await.unwrap_err();
+        assert!(err.is::<TimedOut>(), "{err}");
+        // A watch may stay open as long as the server keeps it.
+        let watch = svc.call(request(
+            Method::GET,
+            "/api/v1/pods?watch=true&resourceVersion=1&timeoutSeconds=290",
+        ));
+        assert!(
+            tokio::time::timeout(Duration::from_secs(600), watch)
+                .await
+                .is_err(),
+            "a watch is not cut by the request timeout"
+        );
+    }
 }

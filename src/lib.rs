@@ -9,6 +9,7 @@ pub mod candidate;
 pub mod cli;
 pub mod client;
 pub mod election;
+pub mod flags;
 pub mod lease;
 pub mod operator;
 pub mod status;

@@ -4,8 +4,14 @@ fn main() -> std::process::ExitCode {
     let cli = arbiter::cli::Cli::parse();
     // The guard runs without an async runtime: it must stay one thread, so that its blocked
     // SIGTERM (the parent-death signal) cannot land on another thread and kill it unheard.
-    if let arbiter::cli::Command::Guard { pgid, parent } = cli.command {
-        return exit(arbiter::agent::guard(pgid, parent).map(|()| 0));
+    if let arbiter::cli::Command::Guard {
+        parent,
+        until,
+        kill_grace_ms,
+    } = cli.command
+    {
+        let grace = std::time::Duration::from_millis(kill_grace_ms);
+        return exit(arbiter::agent::watchdog::run(parent, until, grace).map(|()| 0));
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -14,13 +20,18 @@ fn main() -> std::process::ExitCode {
     exit(runtime.block_on(arbiter::cli::run(cli)))
 }
 
+/// The exit code: the command's own, 2 for a flag error, 1 for any other error. An error is
+/// printed once, as `error: ...` on stderr.
 fn exit(result: anyhow::Result<i32>) -> std::process::ExitCode {
     match result {
         Ok(code) => std::process::ExitCode::from(code.clamp(0, 255) as u8),
         Err(err) => {
-            tracing::error!("{err:#}");
             eprintln!("error: {err:#}");
-            std::process::ExitCode::FAILURE
+            if err.downcast_ref::<arbiter::flags::Usage>().is_some() {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use arbiter::api::LeaseCandidate;
 use arbiter::lease;
+use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use nix::sys::signal::{Signal, kill};
@@ -29,6 +30,8 @@ crate::tests![agent:
     sigterm_stops_the_workload_releases_and_deregisters,
     workload_exit_releases_the_lease_with_its_code,
     unsafe_timings_are_refused,
+    flag_errors_exit_2_with_one_message_and_create_nothing,
+    a_stopped_agent_cannot_keep_its_workload_running,
     two_agents_with_one_identity_are_reported,
 ];
 
@@ -411,12 +414,190 @@ async fn unsafe_timings_are_refused(env: Arc<TestEnv>) {
         .output()
         .await
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "a flag error exits 2");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("must be less than --lease-duration"),
         "{stderr}"
     );
+}
+
+/// Every flag error: exit 2, the message once, nothing created in the cluster. A lease
+/// duration that is not whole seconds would be truncated in `leaseDurationSeconds` (2500ms
+/// written as 2 s, 900ms as 0 s: every lease expired), so it is refused.
+async fn flag_errors_exit_2_with_one_message_and_create_nothing(env: Arc<TestEnv>) {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--lease",
+            "flags",
+            "--identity",
+            "f",
+            "--namespace",
+            &env.ns,
+            "--binary-version",
+            "1.0.0",
+        ];
+        args.extend_from_slice(extra);
+        args.extend(["--", "true"]);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let operator = |extra: &[&str]| {
+        let mut args = vec!["operator", "--metrics-address", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            run(&[
+                "--lease-duration",
+                "2500ms",
+                "--renew-deadline",
+                "1500ms",
+                "--kill-grace",
+                "900ms",
+                "--retry-period",
+                "300ms",
+            ]),
+            "whole number of seconds",
+        ),
+        (
+            run(&["--lease-duration", "900ms"]),
+            "whole number of seconds",
+        ),
+        (run(&["--retry-period", "0s"]), "must be greater than zero"),
+        (
+            run(&["--renew-deadline", "0s"]),
+            "must be greater than zero",
+        ),
+        (
+            run(&["--retry-period", "10s", "--renew-deadline", "5s"]),
+            "--retry-period (10s) must be less than --renew-deadline",
+        ),
+        (
+            operator(&["--lease-duration", "2500ms"]),
+            "whole number of seconds",
+        ),
+        (
+            operator(&["--ha-lease-duration", "1500ms"]),
+            "whole number of seconds",
+        ),
+        (
+            operator(&["--ha-retry-period", "0s"]),
+            "must be greater than zero",
+        ),
+        (
+            operator(&["--ha-renew-deadline", "20s"]),
+            "--ha-renew-deadline (20s) < --ha-lease-duration (15s)",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
+            .args(&args)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.matches(expected).count(),
+            1,
+            "{args:?}: the error is printed once: {stderr}"
+        );
+    }
+    let candidates: Api<LeaseCandidate> = env.api();
+    let leases: Api<Lease> = env.api();
+    let lp = kube::api::ListParams::default();
+    assert!(candidates.list(&lp).await.unwrap().items.is_empty());
+    assert!(leases.list(&lp).await.unwrap().items.is_empty());
+}
+
+/// The agent alone stops (SIGSTOP to its process group: a hung or deadlocked agent looks the
+/// same), while its workload would keep running: the workload's guard stops it at the last
+/// renew + renew deadline + kill grace on its own clock, before the lease can go to anyone
+/// else. (Today's main: the workload ran on, and the next holder started beside it.)
+async fn a_stopped_agent_cannot_keep_its_workload_running(env: Arc<TestEnv>) {
+    use nix::sys::signal::killpg;
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "stall", "1.30.0", &log);
+    let a_term = lease::term(&wait_for_holder(&env, "stall", "a", DEADLINE).await);
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "stall", "1.31.0", &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("b to be Eligible", DEADLINE, || async {
+        let c = candidates.get("b").await.ok()?;
+        c.status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Eligible" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    let (cmd, grandchild) = eventually("a's workload and its child", DEADLINE, || async {
+        let l = read_log(&log);
+        Some((
+            starts(&l).iter().find(|s| s.0 == "a")?.2,
+            child_of(&l, "a")?,
+        ))
+    })
+    .await;
+
+    let agent_group = Pid::from_raw(a.pid());
+    killpg(agent_group, Signal::SIGSTOP).unwrap();
+    let stopped_at = now();
+    let result = std::panic::AssertUnwindSafe(async {
+        let stop = eventually(
+            "a's workload to be stopped while its agent is stopped",
+            DEADLINE,
+            || async { stop_of(&read_log(&log), "a") },
+        )
+        .await;
+        eventually(
+            "a's workload and its grandchild to be gone",
+            Duration::from_secs(5),
+            || async { (!alive(cmd) && !alive(grandchild)).then_some(()) },
+        )
+        .await;
+        // The last renew the API server accepted from a (the agent sent it no later).
+        let leases: Api<Lease> = env.api();
+        let l = leases.get("stall").await.unwrap();
+        let spec = l.spec.clone().unwrap();
+        let renewed = spec.renew_time.unwrap().0.as_millisecond() as f64 / 1000.0;
+        // The guard's bound, plus the time a shell takes to run its trap.
+        let bound = renewed + (RENEW_DEADLINE + KILL_GRACE).as_secs_f64() + 0.5;
+        assert!(
+            stop <= bound,
+            "a's workload stopped at {stop:.3}, after its bound {bound:.3} (agent stopped at {stopped_at:.3})"
+        );
+        let b_start = eventually("b's workload to start", DEADLINE, || async {
+            starts(&read_log(&log))
+                .iter()
+                .find(|s| s.0 == "b" && s.1 > a_term)
+                .map(|s| s.3)
+        })
+        .await;
+        assert!(
+            b_start > stop,
+            "overlap: b started at {b_start:.3}, a's workload stopped at {stop:.3}"
+        );
+        assert!(!alive(cmd) && !alive(grandchild), "a's workload came back");
+    })
+    .catch_unwind()
+    .await;
+    // Resumed, the agent finds its term over: it exits non-zero and starts nothing.
+    killpg(agent_group, Signal::SIGCONT).unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+    assert_eq!(a.wait_exit(DEADLINE).await, Some(1));
+    let a_starts = starts(&read_log(&log))
+        .iter()
+        .filter(|s| s.0 == "a")
+        .count();
+    assert_eq!(a_starts, 1, "the resumed agent started nothing");
 }
 
 async fn two_agents_with_one_identity_are_reported(env: Arc<TestEnv>) {

@@ -1,89 +1,162 @@
-//! The workload: CMD in a process group of its own, stopped as a whole, and a guard process
-//! that kills the group if the agent itself dies (SIGKILL included).
+//! The workload: CMD in a process group of its own, stopped as a whole, under a watchdog
+//! process (`arbiter guard`, see [`super::watchdog`]) that stops it at a deadline the agent must
+//! keep extending, and at once if the agent dies.
 //!
 //! CMD runs in a new process group, so SIGTERM/SIGKILL reach its children and grandchildren
 //! too (unless one starts a session or group of its own: run such workloads as the container's
-//! main process so the container boundary stops them). The guard is this binary re-executed
-//! (`arbiter guard`), a child of the agent outside CMD's group, with the parent-death signal set:
-//! when the agent dies for any reason, the kernel signals the guard, which SIGKILLs CMD's group.
-//! Until the guard is up, CMD's leader carries a parent-death SIGKILL of its own, so an agent
-//! killed between starting CMD and starting the guard leaves nothing running either.
+//! main process so the container boundary stops them). The guard is this binary re-executed, in
+//! a group of its own, started **before** CMD: CMD's process, between fork and exec, hands its
+//! pid to the guard and waits for the guard's go-ahead, so CMD never runs unwatched. CMD's leader
+//! also carries a parent-death SIGKILL, so an agent killed before the guard could act leaves
+//! nothing running either.
 
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use nix::fcntl::OFlag;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
+
+use super::watchdog::{self, Message};
 
 /// A running CMD and its guard.
 pub struct Workload {
     child: Child,
     pgid: Pid,
     guard: Option<Child>,
+    /// The agent's end of the pipe to the guard.
+    feed: OwnedFd,
 }
 
 impl Workload {
-    /// Starts `cmd` with `env` in a new process group, and its guard.
-    pub fn start(cmd: &[String], env: &[(&str, String)]) -> anyhow::Result<Workload> {
+    /// Starts the guard, then `cmd` with `env` in a new process group. The guard stops CMD at
+    /// `deadline` (SIGTERM, SIGKILL `kill_grace` later) unless [`Workload::extend`] moves it.
+    pub fn start(
+        cmd: &[String],
+        env: &[(&str, String)],
+        deadline: Instant,
+        kill_grace: Duration,
+    ) -> anyhow::Result<Workload> {
         let (program, args) = cmd
             .split_first()
             .ok_or_else(|| anyhow::anyhow!("no command to run"))?;
+        // agent (and CMD's pre-exec child) -> guard: messages; guard -> CMD's child: go-ahead.
+        let (feed_r, feed_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let (go_r, go_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let mut guard_cmd = Command::new(std::env::current_exe()?);
+        guard_cmd
+            .args([
+                "guard",
+                "--parent",
+                &std::process::id().to_string(),
+                "--until",
+                &watchdog::monotonic_ns(deadline).to_string(),
+                "--kill-grace-ms",
+                &kill_grace.as_millis().to_string(),
+            ])
+            .stdin(Stdio::from(feed_r))
+            .stdout(Stdio::from(go_w))
+            // Its own group, so a signal or stop sent to the agent's group does not reach it.
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut guard = guard_cmd
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("starting the workload guard: {e}"))?;
+        if let Some(pid) = guard.id() {
+            super::reaper::own(pid as i32);
+        }
+        // Only the guard may hold the read end of the feed and the write end of the go pipe:
+        // when the guard is gone, CMD's child reads end-of-file and never execs.
+        drop(guard_cmd);
+
         let mut command = Command::new(program);
         command.args(args).process_group(0).kill_on_drop(false);
-        // Until the guard is up, CMD's leader guards itself: the kernel SIGKILLs it when the
-        // agent dies (and if the agent died before this was armed, it does not start at all).
         let agent = nix::unistd::getpid();
-        // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
+        let (feed_fd, go_fd) = (feed_w.as_raw_fd(), go_r.as_raw_fd());
+        // SAFETY: only async-signal-safe calls (prctl, getppid, getpid, write, read) between
+        // fork and exec, on file descriptors the closure does not own.
         unsafe {
             command.pre_exec(move || {
+                // The kernel SIGKILLs CMD's leader when the agent dies (and if the agent died
+                // before this was armed, it does not start at all).
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
                 if nix::unistd::getppid() != agent {
                     return Err(std::io::Error::other("the agent exited"));
                 }
-                Ok(())
+                // Register with the guard, then wait for its go-ahead.
+                let msg = Message::Pgid(nix::unistd::getpid().as_raw()).encode();
+                let feed = std::os::fd::BorrowedFd::borrow_raw(feed_fd);
+                if nix::unistd::write(feed, &msg).map_err(std::io::Error::from)? != msg.len() {
+                    return Err(std::io::Error::other("short write to the guard"));
+                }
+                let go = std::os::fd::BorrowedFd::borrow_raw(go_fd);
+                let mut b = [0u8; 1];
+                loop {
+                    match nix::unistd::read(go, &mut b) {
+                        Ok(1) => return Ok(()),
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        _ => {
+                            return Err(std::io::Error::other(
+                                "the workload guard refused to start it",
+                            ));
+                        }
+                    }
+                }
             });
         }
         for (k, v) in env {
             command.env(k, v);
         }
-        let child = command
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {program}: {e}"))?;
+        let spawned = command.spawn();
+        drop(go_r);
+        let child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(pid) = guard.id() {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                }
+                let _ = guard.start_kill();
+                return Err(anyhow::anyhow!("starting {program}: {e}"));
+            }
+        };
         let pgid = Pid::from_raw(child.id().expect("a just-started child has a pid") as i32);
-        let guard = Command::new(std::env::current_exe()?)
-            .args([
-                "guard",
-                "--pgid",
-                &pgid.to_string(),
-                "--parent",
-                &std::process::id().to_string(),
-            ])
-            .stdin(Stdio::null())
-            // Its own group too, so a signal to the agent's group cannot take it with the agent.
-            .process_group(0)
-            .kill_on_drop(false)
-            .spawn()
-            .map_err(|e| {
-                let _ = killpg(pgid, Signal::SIGKILL);
-                anyhow::anyhow!("starting the workload guard: {e}")
-            })?;
+        super::reaper::own(pgid.as_raw());
         tracing::info!(pid = pgid.as_raw(), command = %cmd.join(" "), "workload started");
         Ok(Workload {
             child,
             pgid,
             guard: Some(guard),
+            feed: feed_w,
         })
+    }
+
+    /// Moves the guard's deadline (after a successful renew). If the guard cannot be told (it
+    /// is not reading), the old deadline stands: the safe direction.
+    pub fn extend(&self, deadline: Instant) {
+        self.tell(Message::Extend(watchdog::monotonic_ns(deadline)));
+    }
+
+    fn tell(&self, m: Message) {
+        let msg = m.encode();
+        if let Err(e) = nix::unistd::write(self.feed.as_fd(), &msg) {
+            tracing::warn!(error = %e, "could not reach the workload guard");
+        }
     }
 
     /// Waits for CMD (the group leader) to exit; its exit code, or 128+N for signal N.
     pub async fn wait(&mut self) -> i32 {
-        exit_code(self.child.wait().await)
+        let code = exit_code(self.child.wait().await);
+        super::reaper::disown(self.pgid.as_raw());
+        code
     }
 
     /// SIGTERM to the whole group, SIGKILL after `grace`; returns CMD's exit code. Nothing of
     /// the group is left running when this returns.
     pub async fn stop(mut self, grace: Duration) -> i32 {
+        // Tell the guard first, so it does not SIGTERM a second time.
+        self.tell(Message::Stopping);
         let _ = killpg(self.pgid, Signal::SIGTERM);
         let code = match tokio::time::timeout(grace, self.child.wait()).await {
             Ok(status) => exit_code(status),
@@ -97,6 +170,7 @@ impl Workload {
                 exit_code(self.child.wait().await)
             }
         };
+        super::reaper::disown(self.pgid.as_raw());
         // The leader is gone; make sure nothing else of its group survives.
         let _ = killpg(self.pgid, Signal::SIGKILL);
         self.dismiss_guard().await;
@@ -112,10 +186,14 @@ impl Workload {
 
     async fn dismiss_guard(&mut self) {
         if let Some(mut g) = self.guard.take() {
-            if let Some(pid) = g.id() {
+            let pid = g.id();
+            if let Some(pid) = pid {
                 let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
             }
             let _ = g.wait().await;
+            if let Some(pid) = pid {
+                super::reaper::disown(pid as i32);
+            }
         }
     }
 }
@@ -126,32 +204,4 @@ fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> i32 {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
         Err(_) => 1,
     }
-}
-
-/// `arbiter guard`: wait for the agent (`parent`) to die, then SIGKILL process group `pgid`.
-///
-/// Must run on the process's only thread (no async runtime): the parent-death signal is
-/// process-directed, and a thread that does not block SIGTERM would take it and die of it.
-pub fn guard(pgid: i32, parent: i32) -> anyhow::Result<()> {
-    use nix::sys::signal::{SigSet, SigmaskHow, sigprocmask};
-    // Block SIGTERM and wait for it synchronously: it is the parent-death signal.
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGTERM);
-    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&set), None)?;
-    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
-    // Wait for the signal, and also look at who the parent is every 100 ms: the agent may have
-    // died before the parent-death signal was armed, and a second way to notice costs nothing.
-    let tick = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 100_000_000,
-    };
-    while nix::unistd::getppid().as_raw() == parent {
-        // SAFETY: a valid signal set and timeout; no siginfo is requested.
-        let got = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &tick) };
-        if got == libc::SIGTERM {
-            break;
-        }
-    }
-    let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
-    Ok(())
 }

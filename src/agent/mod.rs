@@ -13,6 +13,8 @@
 //! | CMD exited on its own | releases the lease, deletes its candidate | CMD's code |
 
 mod child;
+mod reaper;
+pub mod watchdog;
 
 use std::time::Duration;
 
@@ -20,8 +22,6 @@ use crate::api::OLDEST_EMULATION_VERSION;
 use crate::candidate::{Candidate, EndReason, State, Timings};
 use child::Workload;
 use tokio_util::sync::CancellationToken;
-
-pub use child::guard;
 
 const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -46,17 +46,17 @@ pub struct Settings {
     /// OldestEmulationVersion, or a qualified third-party strategy name.
     #[arg(long, default_value = OLDEST_EMULATION_VERSION)]
     pub strategy: String,
-    /// Written as the lease's duration on every renew.
-    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
+    /// Written as the lease's duration on every renew (whole seconds).
+    #[arg(long, default_value = "15s", value_parser = crate::flags::lease_duration)]
     pub lease_duration: Duration,
     /// Stop CMD when no renew has succeeded for this long.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::flags::positive_duration)]
     pub renew_deadline: Duration,
     /// How often to renew.
-    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::flags::positive_duration)]
     pub retry_period: Duration,
-    /// Time between SIGTERM and SIGKILL when stopping CMD.
-    #[arg(long, default_value = "3s", value_parser = crate::cli::parse_duration)]
+    /// Time between SIGTERM and SIGKILL when stopping CMD (0s: SIGKILL at once).
+    #[arg(long, default_value = "3s", value_parser = crate::flags::duration)]
     pub kill_grace: Duration,
     /// The Pod's uid, to make the candidate owned by (and deleted with) the Pod.
     #[arg(long, env = "POD_UID", hide_env_values = true)]
@@ -69,7 +69,7 @@ pub struct Settings {
 impl Settings {
     fn check(&self) -> anyhow::Result<()> {
         if self.renew_deadline + self.kill_grace >= self.lease_duration {
-            anyhow::bail!(
+            crate::usage!(
                 "--renew-deadline ({:?}) + --kill-grace ({:?}) must be less than --lease-duration ({:?}): otherwise CMD could still run when the lease is given to someone else",
                 self.renew_deadline,
                 self.kill_grace,
@@ -77,7 +77,7 @@ impl Settings {
             );
         }
         if self.retry_period >= self.renew_deadline {
-            anyhow::bail!(
+            crate::usage!(
                 "--retry-period ({:?}) must be less than --renew-deadline ({:?})",
                 self.retry_period,
                 self.renew_deadline
@@ -92,7 +92,11 @@ impl Settings {
         }
         std::fs::read_to_string(NAMESPACE_FILE)
             .map(|s| s.trim().to_string())
-            .map_err(|_| anyhow::anyhow!("no namespace: pass --namespace or set POD_NAMESPACE"))
+            .map_err(|_| {
+                anyhow::Error::new(crate::flags::Usage(
+                    "no namespace: pass --namespace or set POD_NAMESPACE".into(),
+                ))
+            })
     }
 }
 
@@ -100,7 +104,8 @@ impl Settings {
 pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     settings.check()?;
     let namespace = settings.namespace()?;
-    let client = crate::client::connect().await?;
+    // No request may outlive the renew deadline (the renew itself is cut off there too).
+    let client = crate::client::connect_with(settings.renew_deadline, None).await?;
     let mut builder = Candidate::builder(&settings.lease, &settings.identity)
         .namespace(&namespace)
         .binary_version(&settings.binary_version)
@@ -116,12 +121,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     if let Some(uid) = &settings.pod_uid {
         builder = builder.pod(&settings.identity, uid);
     }
-    let handle = builder.start(client).await?;
-    let mut state = handle.state();
-    // The running workload, the term it runs under, and that term's cancellation token.
-    let mut running: Option<(Workload, i32, CancellationToken)> = None;
+    reaper::start_if_init();
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
+    // Registration waits out an unreachable API server (with backoff, logged); SIGTERM ends it.
+    let handle = tokio::select! {
+        handle = builder.start(client) => handle?,
+        _ = &mut shutdown => return Ok(0),
+    };
+    let mut state = handle.state();
+    let mut renewals = handle.renewed();
+    // The running workload, the term it runs under, and that term's cancellation token.
+    let mut running: Option<(Workload, i32, CancellationToken)> = None;
 
     loop {
         let lost = running.as_ref().map(|r| r.2.clone());
@@ -149,7 +160,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                             ("ARBITER_IDENTITY", settings.identity.clone()),
                             ("ARBITER_TERM", term.to_string()),
                         ];
-                        match Workload::start(&settings.command, &env) {
+                        // The guard stops CMD at the last renew + renew deadline unless the
+                        // agent keeps moving that deadline (and it is the only way it moves).
+                        let renewed = *renewals.borrow_and_update();
+                        let deadline = match renewed {
+                            Some((t, at)) if t == term => at.into_std() + settings.renew_deadline,
+                            _ => std::time::Instant::now(), // never: CMD is refused a start
+                        };
+                        match Workload::start(&settings.command, &env, deadline, settings.kill_grace) {
                             Ok(w) => running = Some((w, term, lost)),
                             Err(e) => {
                                 handle.shutdown().await;
@@ -176,6 +194,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                         return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
                     }
                     State::Following => {}
+                }
+            }
+            // A successful renew: move the guard's deadline.
+            changed = renewals.changed(), if running.is_some() => {
+                if changed.is_err() {
+                    continue;
+                }
+                let renewed = *renewals.borrow_and_update();
+                if let (Some((t, at)), Some((w, term, _))) = (renewed, running.as_ref())
+                    && t == *term
+                {
+                    w.extend(at.into_std() + settings.renew_deadline);
                 }
             }
             code = async { running.as_mut().expect("guarded").0.wait().await }, if running.is_some() => {

@@ -64,7 +64,7 @@ async fn renew(
     }
     let spec = l.spec.get_or_insert_with(LeaseSpec::default);
     spec.renew_time = Some(lease::now());
-    spec.lease_duration_seconds = Some(config.timings.lease_duration.as_secs() as i32);
+    spec.lease_duration_seconds = Some(crate::flags::lease_seconds(config.timings.lease_duration));
     lease::set_annotation(&mut l, INCARNATION_ANNOTATION, Some(incarnation));
     let written = store.replace(&l).await?;
     Ok(Ok(lease::term(&written)))
@@ -108,6 +108,7 @@ pub async fn run(
     incarnation: String,
     state: watch::Sender<State>,
     ended: watch::Sender<Option<(i32, EndReason)>>,
+    renewed: watch::Sender<Option<(i32, Instant)>>,
 ) -> anyhow::Error {
     let store = LeaseStore::new(client.clone(), &config.namespace);
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
@@ -164,6 +165,7 @@ pub async fn run(
                 continue;
             }
         };
+        renewed.send_replace(Some((term, started)));
         let lost = CancellationToken::new();
         state.send_replace(State::Leading {
             term,
@@ -174,7 +176,8 @@ pub async fn run(
             &store,
             &config,
             &incarnation,
-            started,
+            (term, started),
+            &renewed,
             &mut events,
             &mut latest,
         )
@@ -207,7 +210,8 @@ async fn lead(
     store: &LeaseStore,
     config: &Config,
     incarnation: &str,
-    mut last_ok: Instant,
+    (term, mut last_ok): (i32, Instant),
+    renewed: &watch::Sender<Option<(i32, Instant)>>,
     events: &mut (impl futures::Stream<Item = Result<watcher::Event<Lease>, watcher::Error>> + Unpin),
     latest: &mut Latest,
 ) -> EndReason {
@@ -223,7 +227,10 @@ async fn lead(
                 let sent = Instant::now();
                 match tokio::time::timeout_at(deadline, renew(store, config, incarnation)).await {
                     Err(_) => return EndReason::RenewDeadline,
-                    Ok(Ok(Ok(_))) => last_ok = sent,
+                    Ok(Ok(Ok(_))) => {
+                        last_ok = sent;
+                        renewed.send_replace(Some((term, sent)));
+                    }
                     Ok(Ok(Err(why))) => return why,
                     Ok(Err(e)) => tracing::warn!(error = %e, "renew failed; retrying until the renew deadline"),
                 }

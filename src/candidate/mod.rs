@@ -48,6 +48,7 @@ use std::time::Duration;
 
 use kube::Client;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::OLDEST_EMULATION_VERSION;
@@ -178,11 +179,20 @@ impl Candidate {
     /// Checks the timings, registers the candidate and starts following the lease.
     pub async fn start(mut self, client: Client) -> anyhow::Result<Handle> {
         let t = &self.config.timings;
-        if t.retry_period >= t.renew_deadline || t.renew_deadline >= t.lease_duration {
+        if t.retry_period.is_zero()
+            || t.retry_period >= t.renew_deadline
+            || t.renew_deadline >= t.lease_duration
+        {
             anyhow::bail!(
-                "timings must satisfy retry period ({:?}) < renew deadline ({:?}) < lease duration ({:?})",
+                "timings must satisfy 0 < retry period ({:?}) < renew deadline ({:?}) < lease duration ({:?})",
                 t.retry_period,
                 t.renew_deadline,
+                t.lease_duration
+            );
+        }
+        if t.lease_duration.subsec_nanos() != 0 || t.lease_duration.as_secs() > i32::MAX as u64 {
+            anyhow::bail!(
+                "the lease duration ({:?}) must be whole seconds: a Lease holds leaseDurationSeconds",
                 t.lease_duration
             );
         }
@@ -195,6 +205,7 @@ impl Candidate {
         registration::register(&client, &self.config, &incarnation).await?;
         let (tx, rx) = watch::channel(State::Following);
         let (ended_tx, ended) = watch::channel(None);
+        let (renewed_tx, renewed) = watch::channel(None);
         let config = self.config.clone();
         let (c1, c2, inc, inc2) = (
             client.clone(),
@@ -206,7 +217,7 @@ impl Candidate {
         let task = tokio::spawn(async move {
             let e = tokio::select! {
                 e = registration::keep_fresh(c1, cfg1, inc2) => e,
-                e = leadership::run(c2, cfg2, inc, tx.clone(), ended_tx) => e,
+                e = leadership::run(c2, cfg2, inc, tx.clone(), ended_tx, renewed_tx) => e,
             };
             // Whatever died, leadership ends with it: never a zombie leader.
             if let State::Leading { lost, .. } = &*tx.borrow() {
@@ -221,6 +232,7 @@ impl Candidate {
             incarnation,
             state: rx,
             ended,
+            renewed,
             task,
         })
     }
@@ -233,6 +245,7 @@ pub struct Handle {
     incarnation: String,
     state: watch::Receiver<State>,
     ended: watch::Receiver<Option<(i32, EndReason)>>,
+    renewed: watch::Receiver<Option<(i32, Instant)>>,
     task: tokio::task::JoinHandle<anyhow::Error>,
 }
 
@@ -245,6 +258,13 @@ impl Handle {
     /// How the last term ended, and which term (kept after the state moves on).
     pub fn last_end(&self) -> Option<(i32, EndReason)> {
         self.ended.borrow().clone()
+    }
+
+    /// The term and the send time of the last successful renew (on this process's monotonic
+    /// clock): leadership of that term is certain to end no later than this + the renew
+    /// deadline. `arbiter run` moves its watchdog's deadline with it.
+    pub fn renewed(&self) -> watch::Receiver<Option<(i32, Instant)>> {
+        self.renewed.clone()
     }
 
     /// This process's incarnation (recorded on the lease while it holds it).

@@ -18,7 +18,47 @@ use crate::lease::INCARNATION_ANNOTATION;
 const REFRESH: Duration = Duration::from_secs(30);
 
 /// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
+///
+/// While the API server cannot be reached (connection refused or reset, a timeout, 5xx, 429),
+/// it retries with backoff (kube-runtime's watcher backoff: 0.8 s doubling to 30 s, jittered)
+/// and logs each attempt; anything the API server refuses outright (no CRD, no RBAC, an invalid
+/// candidate, a changed leaseName) fails at once.
 pub async fn register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
+    let mut backoff = kube::runtime::watcher::DefaultBackoff::default();
+    let mut attempt = 1u32;
+    loop {
+        let e = match try_register(client, config, incarnation).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let transient = e
+            .chain()
+            .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_transient));
+        if !transient {
+            return Err(e);
+        }
+        let wait = backoff.next().unwrap_or(Duration::from_secs(30));
+        tracing::warn!(
+            attempt,
+            retry_in = ?wait,
+            error = %format!("{e:#}"),
+            "cannot register the candidate yet: the API server is unreachable; retrying"
+        );
+        tokio::time::sleep(wait).await;
+        attempt += 1;
+    }
+}
+
+/// An error worth retrying: the API server did not answer, or answered "not now".
+fn is_transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+async fn try_register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
     // Twice at most: a create that loses a race with another writer becomes an update.
     for _ in 0..2 {
@@ -27,7 +67,10 @@ pub async fn register(client: &Client, config: &Config, incarnation: &str) -> an
             kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
                 "the LeaseCandidate API (arbiter.dev/v1alpha1) is not served: is arbiter's CRD installed? ({e})"
             ),
-            _ => anyhow::anyhow!("reading LeaseCandidate {}/{}: {e}", config.namespace, config.identity),
+            _ => {
+                let what = format!("reading LeaseCandidate {}/{}", config.namespace, config.identity);
+                anyhow::Error::new(e).context(what)
+            }
         })?;
         match existing {
             Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
@@ -80,11 +123,12 @@ pub async fn register(client: &Client, config: &Config, incarnation: &str) -> an
                     Err(kube::Error::Api(s)) if s.code == 422 => {
                         anyhow::bail!("the API server refused the candidate: {}", s.message)
                     }
-                    Err(e) => anyhow::bail!(
-                        "creating LeaseCandidate {}/{}: {e}",
-                        config.namespace,
-                        config.identity
-                    ),
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e).context(format!(
+                            "creating LeaseCandidate {}/{}",
+                            config.namespace, config.identity
+                        )));
+                    }
                 }
             }
         }

@@ -776,7 +776,7 @@ impl Worker {
     ) -> anyhow::Result<Option<Lease>> {
         let client = &self.client;
         let store = LeaseStore::new(client.clone(), &key.namespace);
-        let duration = self.settings.lease_duration.as_secs() as i32;
+        let duration = crate::flags::lease_seconds(self.settings.lease_duration);
         // The new holder's pod: its restarts (to recognise a lapsed holder that never exited)
         // and its uid (to recognise its death even after its candidate is gone).
         let pod_of_holder = |holder: &str| {

@@ -4,12 +4,19 @@
 //! that has not renewed for the renew deadline (on its monotonic clock) gives up by exiting the
 //! process. Others take over only after the record has been unchanged for the lease duration on
 //! *their* monotonic clock, or at once when the holder released it (on SIGTERM).
+//!
+//! The renew deadline counts from when the last successful renew was **sent**, not from when its
+//! answer came back, and each renew is cut off at the deadline: an answer delayed by a slow or
+//! dead connection never extends what this replica believes. Each successful acquire or renew
+//! opens the write [`Gate`] until that deadline; the gate closes by itself when it passes, even
+//! before [`Elector::keep`] returns.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::ResourceExt;
 
+use crate::client::Gate;
 use crate::lease::{self, CasError, LeaseStore};
 
 #[derive(Clone, Debug)]
@@ -24,6 +31,7 @@ pub struct Elector {
     name: String,
     identity: String,
     timings: Timings,
+    gate: Gate,
 }
 
 /// Leadership was lost (the renew deadline passed); the caller must stop acting at once.
@@ -35,21 +43,33 @@ pub struct Lost {
 }
 
 impl Elector {
-    pub fn new(store: LeaseStore, name: &str, identity: &str, timings: Timings) -> Elector {
+    pub fn new(
+        store: LeaseStore,
+        name: &str,
+        identity: &str,
+        timings: Timings,
+        gate: Gate,
+    ) -> Elector {
         Elector {
             store,
             name: name.into(),
             identity: identity.into(),
             timings,
+            gate,
         }
     }
 
-    /// Waits until this replica holds the Lease.
-    pub async fn acquire(&self) {
+    /// Waits until this replica holds the Lease; returns when the write that took it was sent
+    /// (the renew deadline counts from there).
+    pub async fn acquire(&self) -> Instant {
         let mut seen: Option<(String, Instant)> = None;
         loop {
+            let sent = Instant::now();
             match self.try_acquire(&mut seen).await {
-                Ok(true) => return,
+                Ok(true) => {
+                    self.gate.open_until(sent + self.timings.renew_deadline);
+                    return sent;
+                }
                 Ok(false) => {}
                 Err(e) => tracing::debug!(error = %e, "acquire attempt failed"),
             }
@@ -95,7 +115,7 @@ impl Elector {
     fn record(&self, term: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(self.timings.lease_duration.as_secs() as i32),
+            lease_duration_seconds: Some(crate::flags::lease_seconds(self.timings.lease_duration)),
             lease_transitions: Some(term),
             acquire_time: Some(lease::now()),
             renew_time: Some(lease::now()),
@@ -103,22 +123,30 @@ impl Elector {
         }
     }
 
-    /// Renews every retry period; returns when leadership is lost.
-    pub async fn keep(&self) -> Lost {
-        let mut last_ok = Instant::now();
+    /// Renews every retry period from `acquired` (when the acquiring write was sent); returns
+    /// when leadership is lost, at the latest at the renew deadline after the last successful
+    /// renew was sent.
+    pub async fn keep(&self, acquired: Instant) -> Lost {
+        let mut last_ok = acquired;
         loop {
-            tokio::time::sleep(self.timings.retry_period).await;
-            match self.renew().await {
-                Ok(()) => last_ok = Instant::now(),
-                Err(e) => tracing::warn!(error = %e, "renewing the operator lease failed"),
+            let deadline = tokio::time::Instant::from_std(last_ok + self.timings.renew_deadline);
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = tokio::time::sleep(self.timings.retry_period) => {}
             }
-            let since = last_ok.elapsed();
-            if since >= self.timings.renew_deadline {
-                return Lost {
-                    name: self.name.clone(),
-                    since,
-                };
+            let sent = Instant::now();
+            match tokio::time::timeout_at(deadline, self.renew()).await {
+                Ok(Ok(())) => {
+                    last_ok = sent;
+                    self.gate.open_until(sent + self.timings.renew_deadline);
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "renewing the operator lease failed"),
+                Err(_) => break,
             }
+        }
+        Lost {
+            name: self.name.clone(),
+            since: last_ok.elapsed(),
         }
     }
 

@@ -45,11 +45,11 @@ pub struct Settings {
     /// random suffix).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-    /// leaseDurationSeconds written on the Leases the arbiter assigns.
-    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
+    /// leaseDurationSeconds written on the Leases the arbiter assigns (whole seconds).
+    #[arg(long, default_value = "15s", value_parser = crate::flags::lease_duration)]
     pub lease_duration: Duration,
     /// How long a pinged candidate has to acknowledge.
-    #[arg(long, default_value = "5s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::flags::positive_duration)]
     pub ack_window: Duration,
     /// Report candidates whose binaryVersion is more than this many minor versions from the
     /// oldest live candidate's.
@@ -59,20 +59,20 @@ pub struct Settings {
     #[arg(long, requires = "max_skew")]
     pub refuse_skew: bool,
     /// Operator HA: duration of the operator's own Lease (a standby takes over this long after
-    /// the active replica stopped renewing; at once if it released).
-    #[arg(long, default_value = "15s", value_parser = crate::cli::parse_duration)]
+    /// the active replica stopped renewing; at once if it released). Whole seconds.
+    #[arg(long, default_value = "15s", value_parser = crate::flags::lease_duration)]
     pub ha_lease_duration: Duration,
     /// Operator HA: the active replica exits if it could not renew for this long.
-    #[arg(long, default_value = "10s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = crate::flags::positive_duration)]
     pub ha_renew_deadline: Duration,
     /// Operator HA: how often the active replica renews, and standbys retry.
-    #[arg(long, default_value = "2s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = crate::flags::positive_duration)]
     pub ha_retry_period: Duration,
     /// Address for /metrics, /livez and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_address: SocketAddr,
     /// Delete candidates that belong to no pod and have not renewed for this long.
-    #[arg(long, default_value = "30m", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "30m", value_parser = crate::flags::positive_duration)]
     pub candidate_expiry: Duration,
     /// What to do with a deposed holder's pod that keeps running after its term lapsed.
     #[arg(long, value_enum, default_value = "evict")]
@@ -92,14 +92,23 @@ impl Settings {
         }
     }
 
+    /// The timeout of every API request: half the HA renew deadline, and no more than the time
+    /// between the renew deadline and the HA lease's expiry (so a write sent just before the
+    /// gate closed is abandoned before a standby can take over).
+    pub fn request_timeout(&self) -> Duration {
+        (self.ha_renew_deadline / 2).min(self.ha_lease_duration - self.ha_renew_deadline)
+    }
+
     fn validate(&mut self) -> anyhow::Result<()> {
         if self.ha_retry_period >= self.ha_renew_deadline
             || self.ha_renew_deadline >= self.ha_lease_duration
         {
-            anyhow::bail!("need --ha-retry-period < --ha-renew-deadline < --ha-lease-duration");
-        }
-        if self.lease_duration < Duration::from_secs(1) {
-            anyhow::bail!("--lease-duration must be at least 1s");
+            crate::usage!(
+                "need --ha-retry-period ({:?}) < --ha-renew-deadline ({:?}) < --ha-lease-duration ({:?})",
+                self.ha_retry_period,
+                self.ha_renew_deadline,
+                self.ha_lease_duration
+            );
         }
         self.rules = Rules {
             ack_window: self.ack_window,
@@ -114,7 +123,14 @@ impl Settings {
 /// Runs the operator until it loses leadership, a watch dies, or SIGTERM/SIGINT.
 pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     settings.validate()?;
-    let client = crate::client::connect().await?;
+    // Writes go out only while this replica certainly holds the operator lease: the gate opens
+    // at each successful renew until that renew's deadline, and closes by itself. Every request
+    // times out well within the renew deadline, so none can hang past it.
+    let gate = crate::client::Gate::default();
+    let timeout = settings.request_timeout();
+    let client = crate::client::connect_with(timeout, Some(gate.clone())).await?;
+    // The HA lease, and the CRD install before any leadership, are not arbiter actions.
+    let ha_client = crate::client::connect_with(timeout, None).await?;
     let namespace = settings
         .namespace
         .clone()
@@ -130,7 +146,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     );
     settings.identity = Some(identity.clone());
     if settings.install_crds {
-        crate::api::apply_crds(client.clone(), Duration::from_secs(60)).await?;
+        crate::api::apply_crds(ha_client.clone(), Duration::from_secs(60)).await?;
     }
     check_crd(&client, settings.watch_namespace.as_deref()).await?;
 
@@ -168,25 +184,26 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         retry_period: settings.ha_retry_period,
     };
     let elector = ha::Elector::new(
-        LeaseStore::new(client.clone(), &namespace),
+        LeaseStore::new(ha_client, &namespace),
         &settings.leader_election_lease,
         &identity,
         timings,
+        gate,
     );
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
 
     tracing::info!(%identity, %namespace, "standing by for the operator lease");
-    tokio::select! {
-        _ = async { sync.await; elector.acquire().await } => {}
+    let acquired = tokio::select! {
+        acquired = async { sync.await; elector.acquire().await } => acquired,
         _ = &mut shutdown => return Ok(()),
         r = server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
         _ = watches => anyhow::bail!("watches ended"),
-    }
+    };
     metrics.active.set(1);
     tracing::info!(%identity, "acting as the arbiter");
     let result = tokio::select! {
-        lost = elector.keep() => Err(anyhow::Error::new(lost)),
+        lost = elector.keep(acquired) => Err(anyhow::Error::new(lost)),
         _ = controller::run(client.clone(), caches, queue, settings.clone(), metrics.clone()) => Err(anyhow::anyhow!("work queue closed")),
         _ = &mut shutdown => Ok(()),
     };

@@ -85,8 +85,12 @@ impl Agent {
     ) -> Agent {
         let stderr =
             std::fs::File::create(log.with_extension(format!("{identity}.agent.log"))).unwrap();
+        use std::os::unix::process::CommandExt;
         let child = Command::new(env!("CARGO_BIN_EXE_arbiter"))
             .args(agent_args(ns, identity, lease, version, log))
+            // A process group of its own, as in a shell job: a test can stop "the agent's group"
+            // and prove that the workload's guard is not in it.
+            .process_group(0)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,arbiter=debug")
             .stdin(Stdio::null())

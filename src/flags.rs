@@ -1,0 +1,72 @@
+//! Command-line values shared by the subcommands: durations, and the error for a bad flag.
+//!
+//! Every flag error is a [`Usage`] error: the process prints it once and exits 2 before it
+//! touches the cluster (the parsers below run inside clap, which does the same for its own).
+
+use std::time::Duration;
+
+/// A flag, or a combination of flags, that cannot work. Exit code 2, one message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// Fails with a [`Usage`] error.
+#[macro_export]
+macro_rules! usage {
+    ($($arg:tt)*) => {
+        return Err(anyhow::Error::new($crate::flags::Usage(format!($($arg)*))))
+    };
+}
+
+/// A duration such as `15s`, `500ms`, `1m`.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): use e.g. 15s, 500ms, 1m"))
+}
+
+/// A duration greater than zero.
+pub fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?} is zero: it must be greater than zero"));
+    }
+    Ok(d)
+}
+
+/// A lease duration: whole seconds (what a Lease's `leaseDurationSeconds` holds), at least 1 s,
+/// so that what is written is exactly what the safety margin was checked against.
+pub fn lease_duration(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d.subsec_nanos() != 0 || d.is_zero() {
+        return Err(format!(
+            "{s:?} is not a whole number of seconds: a Lease holds its duration in whole seconds (leaseDurationSeconds), use e.g. 3s"
+        ));
+    }
+    if d.as_secs() > i32::MAX as u64 {
+        return Err(format!("{s:?} is too long for leaseDurationSeconds"));
+    }
+    Ok(d)
+}
+
+/// `leaseDurationSeconds` for a duration checked by [`lease_duration`].
+pub fn lease_seconds(d: Duration) -> i32 {
+    debug_assert_eq!(d.subsec_nanos(), 0, "lease durations are whole seconds");
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_durations_are_whole_positive_seconds() {
+        assert_eq!(lease_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(lease_duration("1m"), Ok(Duration::from_secs(60)));
+        for bad in ["2500ms", "900ms", "0s", "1.5s", "soon", "100000000000s"] {
+            assert!(lease_duration(bad).is_err(), "{bad} accepted");
+        }
+        assert!(positive_duration("0s").is_err());
+        assert_eq!(positive_duration("300ms"), Ok(Duration::from_millis(300)));
+        assert_eq!(lease_seconds(Duration::from_secs(10)), 10);
+    }
+}
