@@ -12,6 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use serde_json::json;
 
 use crate::support::agent::{
     Agent, KILL_GRACE, LEASE_DURATION, Proxy, RENEW_DEADLINE, agent_args, alive, apiserver,
@@ -32,6 +33,12 @@ crate::tests![agent:
     unsafe_timings_are_refused,
     flag_errors_exit_2_with_one_message_and_create_nothing,
     a_stopped_agent_cannot_keep_its_workload_running,
+    an_agent_waits_out_an_unreachable_api_server,
+    as_pid_1_the_agent_reaps_orphans,
+    deleting_the_lease_does_not_shorten_the_holders_term,
+    clearing_the_holder_does_not_shorten_its_term,
+    lowering_the_lease_duration_does_not_shorten_the_term,
+    forging_the_holder_pod_uid_does_not_shorten_the_term,
     two_agents_with_one_identity_are_reported,
 ];
 
@@ -492,11 +499,14 @@ async fn flag_errors_exit_2_with_one_message_and_create_nothing(env: Arc<TestEnv
         ),
     ];
     for (args, expected) in cases {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
+        let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
             .args(&args)
             .env("KUBECONFIG", &env.kubeconfig)
-            .output()
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(20), run)
             .await
+            .unwrap_or_else(|_| panic!("{args:?} was accepted: still running after 20 s"))
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
@@ -647,4 +657,271 @@ fn running(log: &[crate::support::agent::Entry]) -> Vec<String> {
         .filter(|(_, n)| *n > 0)
         .map(|(id, _)| id)
         .collect()
+}
+
+/// Started while the API server cannot be reached, the agent neither exits nor hangs: it
+/// retries registration with backoff, says so, and registers once the server is back.
+async fn an_agent_waits_out_an_unreachable_api_server(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    let proxied = proxy.kubeconfig(&env.kubeconfig, dir.path());
+    proxy.cut();
+    let mut a = Agent::spawn(&proxied, &env.ns, "late", "late", "1.0.0", &log);
+    let agent_log = log.with_extension("late.agent.log");
+    eventually("two logged registration retries", DEADLINE, || async {
+        let text = std::fs::read_to_string(&agent_log).unwrap_or_default();
+        (text.matches("cannot register the candidate yet").count() >= 2).then_some(())
+    })
+    .await;
+    assert!(
+        a.child.try_wait().unwrap().is_none(),
+        "the agent gave up while the API server was unreachable"
+    );
+    proxy.restore();
+    wait_for_holder(&env, "late", "late", DEADLINE).await;
+    eventually("the workload to start", DEADLINE, || async {
+        starts(&read_log(&log))
+            .iter()
+            .any(|s| s.0 == "late")
+            .then_some(())
+    })
+    .await;
+}
+
+/// As a container's entrypoint the agent is PID 1, and the workload's orphans are reparented
+/// to it: they must not pile up as zombies.
+async fn as_pid_1_the_agent_reaps_orphans(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    // Three orphans (each subshell exits at once, leaving its sleep to PID 1), then a mark
+    // once they have certainly exited.
+    let workload = r#"for i in 1 2 3; do (sleep 0.1 &); done; sleep 1; echo orphans-exited >> "$1"; exec sleep 1000"#;
+    let mut args = agent_args(&env.ns, "init", "init", "1.0.0", &log);
+    let tail = args.iter().position(|a| a == "--").unwrap();
+    args.truncate(tail);
+    args.extend(
+        [
+            "--",
+            "sh",
+            "-c",
+            workload,
+            "workload",
+            log.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let stderr = std::fs::File::create(log.with_extension("init.agent.log")).unwrap();
+    let mut unshare = std::process::Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            env!("CARGO_BIN_EXE_arbiter"),
+        ])
+        .args(&args)
+        .env("KUBECONFIG", &env.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("unshare (util-linux) starts the agent as PID 1 of a new pid namespace");
+    let unshare_pid = unshare.id() as i32;
+    let result = std::panic::AssertUnwindSafe(async {
+        let agent = eventually("the agent (PID 1 inside)", DEADLINE, || async {
+            children_of(unshare_pid).first().map(|(pid, _)| *pid)
+        })
+        .await;
+        wait_for_holder(&env, "init", "init", DEADLINE).await;
+        eventually("the orphans to have exited", DEADLINE, || async {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("orphans-exited")
+                .then_some(())
+        })
+        .await;
+        eventually(
+            "no zombie children of the agent",
+            Duration::from_secs(10),
+            || async {
+                let zombies: Vec<_> = children_of(agent)
+                    .into_iter()
+                    .filter(|(_, state)| state == "Z")
+                    .collect();
+                zombies.is_empty().then_some(())
+            },
+        )
+        .await;
+    })
+    .catch_unwind()
+    .await;
+    // SIGTERM the agent (it stops its workload); its namespace dies with it.
+    for (pid, _) in children_of(unshare_pid) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    }
+    let what = || "unshare".to_string();
+    crate::support::wait_child(&mut unshare, DEADLINE, what).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// The children of `parent` (pid, state letter), from /proc.
+fn children_of(parent: i32) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| stat[i + 2..].to_string()) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(parent) {
+            out.push((pid, f[0].to_string()));
+        }
+    }
+    out
+}
+
+/// A hand edit of the Lease, made while its holder's agent is stalled (its workload runs until
+/// the guard stops it at the renew deadline + kill grace).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum HandEdit {
+    Delete,
+    ClearHolder,
+    /// `leaseDurationSeconds: 1`.
+    LowerDuration,
+    /// `arbiter.dev/holder-pod-uid` pointed at a pod that has stopped.
+    ForgePodUid,
+}
+
+async fn deleting_the_lease_does_not_shorten_the_holders_term(env: Arc<TestEnv>) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::Delete).await
+}
+
+async fn clearing_the_holder_does_not_shorten_its_term(env: Arc<TestEnv>) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::ClearHolder).await
+}
+
+async fn lowering_the_lease_duration_does_not_shorten_the_term(env: Arc<TestEnv>) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::LowerDuration).await
+}
+
+async fn forging_the_holder_pod_uid_does_not_shorten_the_term(env: Arc<TestEnv>) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::ForgePodUid).await
+}
+
+/// Whatever the edit, the next holder's workload starts only after the edited-out holder's
+/// workload has stopped: the arbiter waits out the holder's full lease duration from its last
+/// record, by which time the guard has stopped the workload of the stalled agent. (Today's main
+/// took each edit as the end of the term and elected the better candidate waiting for a
+/// handover at once, while the old workload ran on.)
+async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) {
+    use crate::support::agent::{SLOW_STOP_WORKLOAD, agent_args_with};
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    use nix::sys::signal::killpg;
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let spawn = |id: &str, version: &str| {
+        let args = agent_args_with(&env.ns, id, "edit", version, &log, SLOW_STOP_WORKLOAD);
+        Agent::spawn_args(&env.kubeconfig, id, &args, &log)
+    };
+    let mut a = spawn("a", "1.30.0");
+    let a_term = lease::term(&wait_for_holder(&env, "edit", "a", DEADLINE).await);
+    let cmd = eventually("a's workload", DEADLINE, || async {
+        Some(starts(&read_log(&log)).iter().find(|s| s.0 == "a")?.2)
+    })
+    .await;
+    // A pod that has certainly stopped, for the forged annotation.
+    let stopped_pod = if edit == HandEdit::ForgePodUid {
+        let si = StandIn::spawn(
+            env.client.clone(),
+            &env.ns,
+            "done",
+            BTreeMap::new(),
+            1,
+            "true",
+            &[],
+        )
+        .await;
+        si.wait_exit(DEADLINE).await;
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+        eventually("the finished pod to be Succeeded", DEADLINE, || async {
+            let p = pods.get("done").await.ok()?;
+            (p.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+        })
+        .await;
+        Some(si.uid.clone())
+    } else {
+        None
+    };
+
+    // a stalls; b, better (older), joins: the arbiter asks a to hand over, and a cannot.
+    let leases: Api<Lease> = env.api();
+    let agent_group = Pid::from_raw(a.pid());
+    killpg(agent_group, Signal::SIGSTOP).unwrap();
+    let _b = spawn("b", "1.29.0");
+    eventually("a handover to b to be requested", DEADLINE, || async {
+        let l = leases.get("edit").await.ok()?;
+        (lease::preferred_holder(&l) == Some("b")).then_some(())
+    })
+    .await;
+    let pp = PatchParams::default();
+    match edit {
+        HandEdit::Delete => {
+            leases
+                .delete("edit", &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        HandEdit::ClearHolder => {
+            let p = json!({ "spec": { "holderIdentity": "" } });
+            leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+        }
+        HandEdit::LowerDuration => {
+            let p = json!({ "spec": { "leaseDurationSeconds": 1 } });
+            leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+        }
+        HandEdit::ForgePodUid => {
+            let uid = stopped_pod.expect("made above");
+            let p = json!({ "metadata": { "annotations": { "arbiter.dev/holder-pod-uid": uid } } });
+            leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+        }
+    }
+    let result = std::panic::AssertUnwindSafe(async {
+        let b_start = eventually("b's workload to start", DEADLINE, || async {
+            starts(&read_log(&log))
+                .iter()
+                .find(|s| s.0 == "b")
+                .map(|s| (s.3, s.1))
+        })
+        .await;
+        let a_stop = stop_of(&read_log(&log), "a");
+        assert!(
+            a_stop.is_some_and(|stop| stop < b_start.0),
+            "{edit:?}: b started at {:.3} while a's workload still ran (stopped at {a_stop:?})",
+            b_start.0
+        );
+        assert!(!alive(cmd), "{edit:?}: a's workload is still running");
+        assert!(b_start.1 > a_term, "terms only go up");
+    })
+    .catch_unwind()
+    .await;
+    killpg(agent_group, Signal::SIGCONT).unwrap();
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+    a.wait_exit(DEADLINE).await;
 }

@@ -36,6 +36,7 @@ crate::tests![operator:
     term_survives_lease_deletion,
     standby_operator_takes_over_on_sigterm,
     standby_operator_takes_over_after_sigkill,
+    a_cut_off_operator_stops_acting_before_the_standby_takes_over,
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
@@ -436,6 +437,85 @@ async fn standby_operator_takes_over_after_sigkill(env: Arc<TestEnv>) {
         killed.elapsed() >= Duration::from_secs(4),
         "took over after {:?}",
         killed.elapsed()
+    );
+}
+
+/// The active replica's connection goes dead (black-holed: requests hang, nothing answers). Its
+/// renew hangs too; it must still give up at its renew deadline, counted from the last renew it
+/// sent, and write nothing after it, before the standby takes over. (Today's main: the renew
+/// had no timeout, and the cut-off replica went on believing it was the arbiter.)
+async fn a_cut_off_operator_stops_acting_before_the_standby_takes_over(env: Arc<TestEnv>) {
+    use crate::support::agent::{Proxy, apiserver};
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    let proxied = proxy.kubeconfig(&env.kubeconfig, dir.path());
+    let with_identity = |id: &'static str| {
+        let mut args = FAST_HA.to_vec();
+        args.extend(["--identity", id]);
+        args
+    };
+    let mut a = Operator::start_with(&proxied, &env.ns, &with_identity("cut-a"));
+    let a_id = eventually("the proxied operator to be active", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| h.starts_with("cut-a-"))
+    })
+    .await;
+    let b = Operator::start(&env, &with_identity("cut-b"));
+    // Work for the arbiter, so that a stale one would have something to write about.
+    let _r = Responder::start(env.client.clone(), &env.ns, &["w1", "w2"]);
+    create_candidate(&env, "w1", "work", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "work", "w1", DEADLINE).await;
+    eventually("the standby to stand by", DEADLINE, || async {
+        b.logs()
+            .contains("standing by for the operator lease")
+            .then_some(())
+    })
+    .await;
+
+    proxy.cut();
+    let cut_at = jiff::Timestamp::now();
+    let b_id = eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| h.starts_with("cut-b-"))
+    })
+    .await;
+    assert!(
+        a.exited(),
+        "{b_id} took over while the cut-off {a_id} was still running: two replicas believed they were the arbiter"
+    );
+    assert_eq!(
+        a.wait_exit(DEADLINE).await,
+        Some(1),
+        "lost leadership exits 1"
+    );
+    assert!(
+        a.logs().contains("lost leadership"),
+        "the cut-off replica says why it stopped"
+    );
+    proxy.restore();
+    // The new arbiter works; the old one wrote nothing since the cut (not even an Event).
+    create_candidate(&env, "w2", "work2", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "work2", "w2", DEADLINE).await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = env.api();
+    let stale: Vec<_> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reporting_instance.as_deref() == Some(a_id.as_str()))
+        .filter(|e| {
+            let at = e
+                .event_time
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.last_timestamp.as_ref().map(|t| t.0))
+                .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0));
+            at.is_some_and(|t| t > cut_at)
+        })
+        .map(|e| (e.reason, e.message))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "written by {a_id} after the cut: {stale:?}"
     );
 }
 

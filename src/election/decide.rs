@@ -20,6 +20,11 @@
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
 //!   holder, and never touches the holder.
 //! - A **strategy conflict** changes nothing; it is reported.
+//! - A term ends only by the holder's own release, its pod confirmed stopped, or its lease
+//!   expiring on the arbiter's clock. A **hand edit** does not end it: when the Lease is
+//!   deleted, its holder cleared or replaced, or its duration lowered, the holder the arbiter
+//!   last saw ([`Previous`]) keeps its full lease duration, counted from its last record the
+//!   arbiter saw, before anyone else is elected.
 //!
 //! Expiry is `unchanged_for >= duration`, where `unchanged_for` is measured by the caller on its
 //! monotonic clock since it first saw the current Lease record: no wall clock is trusted for it.
@@ -93,6 +98,19 @@ impl Lease {
     pub fn expired(&self) -> bool {
         self.unchanged_for >= self.duration
     }
+}
+
+/// The holder the arbiter last saw (or assigned) on this lease, remembered by the arbiter
+/// itself, so that no edit of the Lease object can shorten its term.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Previous {
+    pub holder: String,
+    /// Since the last Lease record naming it was first seen, on the arbiter's monotonic clock.
+    pub quiet_for: Duration,
+    /// The longest lease duration it was given or wrote during its term.
+    pub duration: Duration,
+    /// The pod the arbiter recorded for it at assignment is confirmed stopped.
+    pub pod_stopped: bool,
 }
 
 /// Tunables of the election.
@@ -182,6 +200,9 @@ pub enum Action {
     Ping { candidates: Vec<String> },
     /// Pings are outstanding; decide again when they are answered or the window ends.
     WaitForAcks,
+    /// The Lease no longer names `holder` but nothing proves its term over (a hand edit): wait
+    /// `remaining`, when its lease would have expired, before electing anyone.
+    WaitForTerm { holder: String, remaining: Duration },
     /// Ask the live holder to hand over to `to` (set the preferred holder).
     RequestHandover { to: String },
     /// The handover to `to` was requested; wait for the holder to release (or expire).
@@ -230,10 +251,12 @@ struct Parsed<'a> {
 }
 
 /// Decides the next action for one lease. `candidates` are those naming this lease in its
-/// namespace; their order does not matter.
+/// namespace; their order does not matter. `previous` is the holder the arbiter itself last
+/// saw on the lease, if any.
 pub fn decide(
     candidates: &[Candidate],
     lease: Option<&Lease>,
+    previous: Option<&Previous>,
     now: Timestamp,
     rules: &Rules,
 ) -> Decision {
@@ -281,6 +304,11 @@ pub fn decide(
             Some(l) if l.strategy.as_deref() != Some(&strategy) => Action::SetStrategy { strategy },
             Some(_) => Action::Nothing,
         });
+    }
+
+    if let Some(remaining) = previous.and_then(|p| term_left(p, lease, candidates)) {
+        let holder = previous.map(|p| p.holder.clone()).unwrap_or_default();
+        return decision(Action::WaitForTerm { holder, remaining });
     }
 
     let eligible: Vec<&Parsed> = parsed
@@ -399,6 +427,25 @@ pub fn decide(
         },
     };
     decision(action)
+}
+
+/// How long the previous holder's term may still run although the Lease no longer names it:
+/// `None` when the Lease names it (the ordinary rules apply), or its term certainly ended
+/// (it released the lease itself, its pod is confirmed stopped, or its lease expired).
+fn term_left(p: &Previous, lease: Option<&Lease>, candidates: &[Candidate]) -> Option<Duration> {
+    if lease.is_some_and(|l| l.holder.as_deref() == Some(p.holder.as_str())) {
+        return None;
+    }
+    let released_itself = lease
+        .is_some_and(|l| l.holder.is_none() && l.released_by.as_deref() == Some(p.holder.as_str()));
+    let pod_stopped = p.pod_stopped
+        || candidates
+            .iter()
+            .any(|c| c.name == p.holder && c.pod == PodState::Stopped);
+    if released_itself || pod_stopped || p.quiet_for >= p.duration {
+        return None;
+    }
+    Some(p.duration - p.quiet_for)
 }
 
 /// The candidate's place in the OldestEmulationVersion order, if its versions parse.

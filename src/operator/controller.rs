@@ -22,6 +22,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
+use super::held::{self, Held};
 
 /// How many independent writes for one lease (pings, candidates' statuses) are in flight at once.
 const CONCURRENT_WRITES: usize = 8;
@@ -268,10 +269,14 @@ pub async fn run(
         deposer: Deposer::default(),
         timers: HashMap::new(),
         reported: HashSet::new(),
+        held: Held::default(),
     };
     while let Some(key) = queue.next().await {
         let start = Instant::now();
-        let requeue = match worker.reconcile(&key).await {
+        worker.metrics.progress.begin();
+        let result = worker.reconcile(&key).await;
+        worker.metrics.progress.end();
+        let requeue = match result {
             Ok(after) => after,
             Err(err) => {
                 worker.metrics.reconcile_errors.inc();
@@ -303,6 +308,8 @@ struct Worker {
     timers: HashMap<LeaseKey, Timers>,
     /// Single-active pods whose unreadable version was reported.
     reported: HashSet<(String, String)>,
+    /// Each lease's holder as this process last saw or assigned it.
+    held: Held,
 }
 
 /// When a lease became leaderless, and when a handover was requested (for metrics).
@@ -409,22 +416,66 @@ impl Worker {
             })
             .collect();
         let mut released = None;
-        let lease_view = match lease.as_deref() {
-            None => None,
-            Some(l) => {
-                let (unchanged_for, r) = self.observe(key, l);
-                released = r;
-                Some(decide::Lease {
-                    holder: lease::holder(l).map(str::to_string),
-                    preferred_holder: lease::preferred_holder(l).map(str::to_string),
-                    strategy: lease::strategy(l).map(str::to_string),
-                    duration: lease::duration(l).unwrap_or(self.settings.lease_duration),
-                    unchanged_for,
-                    released_by: l.annotations().get(lease::RELEASED_BY_ANNOTATION).cloned(),
-                    holder_pod_stopped: self.holder_pod_stopped(l),
-                })
+        let now = Instant::now();
+        let observed = lease.as_deref().map(|l| {
+            let (unchanged_for, r) = self.observe(key, l);
+            released = r;
+            (l, unchanged_for)
+        });
+        // What this process remembers of the holder: no edit of the Lease shortens a term.
+        let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
+        let seen = observed.map(|(l, unchanged_for)| held::Seen {
+            holder: lease::holder(l),
+            since: now - unchanged_for,
+            duration: lease::duration(l).unwrap_or(self.settings.lease_duration),
+            pod_uid: l
+                .annotations()
+                .get(HOLDER_POD_ANNOTATION)
+                .map(String::as_str),
+            released_by: l
+                .annotations()
+                .get(lease::RELEASED_BY_ANNOTATION)
+                .map(String::as_str),
+        });
+        let leader = candidates.iter().find_map(|c| {
+            let leads = c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|x| x.type_ == "Leader" && x.status == "True")
+            });
+            leads.then(|| (c.name_any(), owner_pod(c).map(|(_, uid)| uid)))
+        });
+        self.held.observe(
+            key,
+            seen.as_ref(),
+            leader.as_ref().map(|(n, u)| (n.as_str(), u.as_deref())),
+            self.settings.lease_duration,
+            now,
+            stopped,
+        );
+        let previous = self.held.previous(key, now, stopped);
+        let lease_view = observed.map(|(l, unchanged_for)| {
+            let holder = lease::holder(l).map(str::to_string);
+            let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
+            // While the holder is the one remembered, its term's longest duration and its pod as
+            // recorded at assignment count, not what the Lease says now.
+            let (duration, pod_stopped) =
+                match holder.as_deref().and_then(|h| self.held.term_of(key, h)) {
+                    Some((longest, Some(uid))) => (longest.max(written), stopped(uid)),
+                    // Assigned without a pod: an annotation added later proves nothing.
+                    Some((longest, None)) => (longest.max(written), false),
+                    None => (written, self.holder_pod_stopped(l)),
+                };
+            decide::Lease {
+                holder,
+                preferred_holder: lease::preferred_holder(l).map(str::to_string),
+                strategy: lease::strategy(l).map(str::to_string),
+                duration,
+                unchanged_for,
+                released_by: l.annotations().get(lease::RELEASED_BY_ANNOTATION).cloned(),
+                holder_pod_stopped: pod_stopped,
             }
-        };
+        });
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
             let note = format!("released lease {}", key.name);
             publish(
@@ -465,7 +516,13 @@ impl Worker {
                 tracing::error!(lease = %key, active, "more than one pod is labelled active");
             }
         }
-        let decision = decide::decide(&inputs, lease_view.as_ref(), jiff::Timestamp::now(), &rules);
+        let decision = decide::decide(
+            &inputs,
+            lease_view.as_ref(),
+            previous.as_ref(),
+            jiff::Timestamp::now(),
+            &rules,
+        );
         tracing::debug!(lease = %key, action = ?decision.action, standings = ?decision.standings, "decided");
         let policy = plan
             .as_ref()
@@ -539,6 +596,21 @@ impl Worker {
         let written = self
             .act(key, lease.as_deref(), &candidates, &decision, owner)
             .await?;
+        if let Some(w) = &written
+            && let Some(h) = lease::holder(w)
+            && matches!(
+                decision.action,
+                Action::Assign { .. } | Action::CreateLease { .. }
+            )
+        {
+            let duration = lease::duration(w).unwrap_or(self.settings.lease_duration);
+            let pod_uid = w
+                .annotations()
+                .get(HOLDER_POD_ANNOTATION)
+                .map(String::as_str);
+            self.held
+                .assigned(key, h, duration, pod_uid, Instant::now());
+        }
         self.time(
             key,
             lease_view.as_ref(),
@@ -668,6 +740,7 @@ impl Worker {
                 .as_ref()
                 .filter(|l| l.holder.is_some())
                 .map(|l| l.duration.saturating_sub(l.unchanged_for) + Duration::from_millis(100)),
+            Action::WaitForTerm { remaining, .. } => Some(*remaining + Duration::from_millis(100)),
             Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
             Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
             _ => Some(Duration::from_secs(1)),

@@ -55,6 +55,58 @@ pub struct Metrics {
     pub active: Gauge,
     /// Set once the caches have synced.
     pub ready: AtomicBool,
+    /// Whether the reconcile worker is making progress (`/livez`).
+    pub progress: Progress,
+}
+
+/// When the reconcile in progress started; `/livez` fails once one has run longer than the
+/// stall bound (every API request has a timeout, so only a stuck worker gets there).
+pub struct Progress {
+    base: std::time::Instant,
+    /// Nanoseconds after `base` + 1 when the current reconcile started; 0 when idle.
+    started: AtomicU64,
+    stall_after: std::sync::Mutex<std::time::Duration>,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        Progress {
+            base: std::time::Instant::now(),
+            started: AtomicU64::new(0),
+            stall_after: std::sync::Mutex::new(std::time::Duration::from_secs(300)),
+        }
+    }
+
+    pub fn set_stall_after(&self, d: std::time::Duration) {
+        *self.stall_after.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    pub fn begin(&self) {
+        let now = self.base.elapsed().as_nanos() as u64 + 1;
+        self.started.store(now, Ordering::SeqCst);
+    }
+
+    pub fn end(&self) {
+        self.started.store(0, Ordering::SeqCst);
+    }
+
+    /// Ok, or why the worker is not live, as of `now`.
+    pub fn check(&self, now: std::time::Instant) -> Result<(), String> {
+        let started = self.started.load(Ordering::SeqCst);
+        if started == 0 {
+            return Ok(());
+        }
+        let running = now
+            .saturating_duration_since(self.base)
+            .saturating_sub(std::time::Duration::from_nanos(started - 1));
+        let bound = *self.stall_after.lock().unwrap_or_else(|e| e.into_inner());
+        if running > bound {
+            return Err(format!(
+                "a reconcile has been running for {running:?} (bound {bound:?}): the worker is stuck"
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Metrics {
@@ -77,6 +129,7 @@ impl Metrics {
             elections_failed: Counter::default(),
             active: Gauge::default(),
             ready: AtomicBool::new(false),
+            progress: Progress::new(),
             registry: Registry::default(),
         };
         let counters: [(&str, &str, &Counter); 8] = [
@@ -193,7 +246,15 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()
             "/metrics",
             get(|State(m): State<Arc<Metrics>>| async move { m.encode() }),
         )
-        .route("/livez", get(|| async { "ok" }))
+        .route(
+            "/livez",
+            get(|State(m): State<Arc<Metrics>>| async move {
+                match m.progress.check(std::time::Instant::now()) {
+                    Ok(()) => (StatusCode::OK, "ok".to_string()),
+                    Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State(m): State<Arc<Metrics>>| async move {
@@ -211,4 +272,30 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()
     tracing::info!(address = %listener.local_addr()?, "serving /metrics, /livez, /readyz");
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn livez_fails_only_when_one_reconcile_outlives_the_stall_bound() {
+        let p = Progress::new();
+        p.set_stall_after(Duration::from_secs(60));
+        let now = Instant::now();
+        assert!(
+            p.check(now + Duration::from_secs(3600)).is_ok(),
+            "idle is live"
+        );
+        p.begin();
+        assert!(p.check(Instant::now() + Duration::from_secs(59)).is_ok());
+        let err = p
+            .check(Instant::now() + Duration::from_secs(61))
+            .unwrap_err();
+        assert!(err.contains("stuck"), "{err}");
+        p.end();
+        assert!(p.check(Instant::now() + Duration::from_secs(61)).is_ok());
+    }
 }

@@ -8,6 +8,7 @@ pub mod annotated;
 pub mod controller;
 pub mod depose;
 pub mod ha;
+pub mod held;
 pub mod identity;
 pub mod index;
 pub mod metrics;
@@ -77,6 +78,10 @@ pub struct Settings {
     /// What to do with a deposed holder's pod that keeps running after its term lapsed.
     #[arg(long, value_enum, default_value = "evict")]
     pub on_depose: depose::OnDepose,
+    /// `/livez` fails when one reconcile has run this long (the worker is stuck; every API
+    /// request has a timeout, so a healthy reconcile never gets near it).
+    #[arg(long, default_value = "5m", value_parser = crate::flags::positive_duration)]
+    pub reconcile_stall: Duration,
     /// Apply the LeaseCandidate CRD at start-up (server-side apply).
     #[arg(long)]
     pub install_crds: bool,
@@ -151,6 +156,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     check_crd(&client, settings.watch_namespace.as_deref()).await?;
 
     let metrics = Arc::new(metrics::Metrics::new());
+    metrics.progress.set_stall_after(settings.reconcile_stall);
     let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
     let (enqueue, queue) = queue::queue();
     let (caches, mut watch_errors) =

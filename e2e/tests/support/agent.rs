@@ -36,8 +36,29 @@ echo "child $ARBITER_IDENTITY $!" >> "$log"
 trap 'echo "stop $ARBITER_IDENTITY $(date +%s.%N)" >> "$log"; kill $! 2>/dev/null; exit 0' TERM
 while :; do sleep 0.02; done"#;
 
+/// [`WORKLOAD`], but it takes 1.5 s to stop after SIGTERM (within the 2 s kill grace): a
+/// holder whose stop is not instant, to catch a next holder that starts too early.
+pub const SLOW_STOP_WORKLOAD: &str = r#"log=$1
+echo "start $ARBITER_IDENTITY $ARBITER_TERM $$ $(date +%s.%N)" >> "$log"
+sleep 1000 &
+echo "child $ARBITER_IDENTITY $!" >> "$log"
+trap 'sleep 1.5; echo "stop $ARBITER_IDENTITY $(date +%s.%N)" >> "$log"; kill $! 2>/dev/null; exit 0' TERM
+while :; do sleep 0.02; done"#;
+
 /// The `arbiter run` command line (after the binary) for a test agent.
 pub fn agent_args(ns: &str, identity: &str, lease: &str, version: &str, log: &Path) -> Vec<String> {
+    agent_args_with(ns, identity, lease, version, log, WORKLOAD)
+}
+
+/// [`agent_args`] running `workload` (a `sh -c` script given the log path as `$1`).
+pub fn agent_args_with(
+    ns: &str,
+    identity: &str,
+    lease: &str,
+    version: &str,
+    log: &Path,
+    workload: &str,
+) -> Vec<String> {
     let mut args: Vec<String> = [
         "run",
         "--lease",
@@ -58,7 +79,7 @@ pub fn agent_args(ns: &str, identity: &str, lease: &str, version: &str, log: &Pa
             "--",
             "sh",
             "-c",
-            WORKLOAD,
+            workload,
             "workload",
             log.to_str().unwrap(),
         ]
@@ -83,11 +104,17 @@ impl Agent {
         version: &str,
         log: &Path,
     ) -> Agent {
+        let args = agent_args(ns, identity, lease, version, log);
+        Agent::spawn_args(kubeconfig, identity, &args, log)
+    }
+
+    /// An agent with the command line `args` (after the binary).
+    pub fn spawn_args(kubeconfig: &Path, identity: &str, args: &[String], log: &Path) -> Agent {
         let stderr =
             std::fs::File::create(log.with_extension(format!("{identity}.agent.log"))).unwrap();
         use std::os::unix::process::CommandExt;
         let child = Command::new(env!("CARGO_BIN_EXE_arbiter"))
-            .args(agent_args(ns, identity, lease, version, log))
+            .args(args)
             // A process group of its own, as in a shell job: a test can stop "the agent's group"
             // and prove that the workload's guard is not in it.
             .process_group(0)

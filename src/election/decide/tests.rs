@@ -52,7 +52,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
 }
 
 fn act(cands: &[Candidate], lease: Option<&Lease>, now: Timestamp) -> Action {
-    decide(cands, lease, now, &Rules::default()).action
+    decide(cands, lease, None, now, &Rules::default()).action
 }
 
 fn create(holder: &str) -> Action {
@@ -188,7 +188,7 @@ fn no_acknowledged_candidate_is_reported() {
         renew_time: Some(now - secs(120)),
         ..acked("id-1", "1.19.0", now)
     };
-    let d = decide(&[silent], None, now, &Rules::default());
+    let d = decide(&[silent], None, None, now, &Rules::default());
     assert_eq!(d.action, Action::NoEligibleCandidate);
     assert_eq!(
         d.standings["id-1"],
@@ -236,6 +236,7 @@ fn outstanding_ping_is_waited_for() {
     let later = now + secs(5);
     let d = decide(
         &[pinged, acked("id-2", "1.20.0", later)],
+        None,
         None,
         later,
         &Rules::default(),
@@ -370,6 +371,106 @@ fn holder_whose_pod_vanished_waits_for_expiry() {
     );
 }
 
+fn previous(holder: &str, quiet_for: u64) -> Previous {
+    Previous {
+        holder: holder.into(),
+        quiet_for: Duration::from_secs(quiet_for),
+        duration: Duration::from_secs(15),
+        pod_stopped: false,
+    }
+}
+
+fn decide_after(
+    cands: &[Candidate],
+    lease: Option<&Lease>,
+    prev: &Previous,
+    now: Timestamp,
+) -> Action {
+    decide(cands, lease, Some(prev), now, &Rules::default()).action
+}
+
+#[test]
+fn hand_edits_do_not_end_a_term() {
+    let now = t0();
+    let cands = [acked("id-1", "1.19.0", now), acked("id-2", "1.20.0", now)];
+    let wait = |left: u64| Action::WaitForTerm {
+        holder: "id-1".into(),
+        remaining: Duration::from_secs(left),
+    };
+    // The Lease deleted 4 s after id-1's last renew: nobody before its 15 s are over.
+    assert_eq!(
+        decide_after(&cands, None, &previous("id-1", 4), now),
+        wait(11)
+    );
+    // Its holder cleared (by hand: not released by id-1 itself), or replaced by hand.
+    let cleared = lease(None, 0);
+    assert_eq!(
+        decide_after(&cands, Some(&cleared), &previous("id-1", 4), now),
+        wait(11)
+    );
+    let replaced = lease(Some("id-2"), 0);
+    assert_eq!(
+        decide_after(&cands, Some(&replaced), &previous("id-1", 4), now),
+        wait(11)
+    );
+    // Once the term is over on the arbiter's clock, the election goes on as usual (and the
+    // lapsed holder is not preferred: here it is the only one alive, so it is re-elected).
+    assert_eq!(
+        decide_after(&cands, None, &previous("id-1", 15), now),
+        create("id-1")
+    );
+    // The Lease still names the holder: the ordinary rules (here: live holder, nothing to do).
+    assert_eq!(
+        decide_after(
+            &cands,
+            Some(&lease(Some("id-1"), 1)),
+            &previous("id-1", 1),
+            now
+        ),
+        Action::Nothing
+    );
+}
+
+#[test]
+fn a_term_ends_early_only_by_the_holders_release_or_its_stopped_pod() {
+    let now = t0();
+    let cands = [acked("id-1", "1.19.0", now), acked("id-2", "1.20.0", now)];
+    let released = Lease {
+        released_by: Some("id-1".into()),
+        ..lease(None, 0)
+    };
+    assert_eq!(
+        decide_after(&cands, Some(&released), &previous("id-1", 1), now),
+        assign("id-2")
+    );
+    // Released "by" someone else is a hand edit.
+    let forged = Lease {
+        released_by: Some("id-2".into()),
+        ..lease(None, 0)
+    };
+    assert!(matches!(
+        decide_after(&cands, Some(&forged), &previous("id-1", 1), now),
+        Action::WaitForTerm { .. }
+    ));
+    let stopped = Previous {
+        pod_stopped: true,
+        ..previous("id-1", 1)
+    };
+    assert!(matches!(
+        decide_after(&cands, Some(&lease(None, 0)), &stopped, now),
+        Action::Assign { .. }
+    ));
+    // A pod stopped according to the Lease's annotation alone (editable by hand) is not enough.
+    let annotated = Lease {
+        holder_pod_stopped: true,
+        ..lease(None, 0)
+    };
+    assert!(matches!(
+        decide_after(&cands, Some(&annotated), &previous("id-1", 1), now),
+        Action::WaitForTerm { .. }
+    ));
+}
+
 #[test]
 fn unknown_better_candidate_is_pinged_before_a_handover() {
     let now = t0() + secs(60);
@@ -392,6 +493,7 @@ fn strategy_conflict_changes_nothing() {
     let d = decide(
         &[acked("id-1", "1.20.0", now), other],
         Some(&lease(None, 100)),
+        None,
         now,
         &Rules::default(),
     );
@@ -417,6 +519,7 @@ fn candidates_that_cannot_be_ranked_are_ineligible() {
     };
     let d = decide(
         &[bad, no_emulation, pending_pod, acked("ok", "1.20.0", now)],
+        None,
         None,
         now,
         &Rules::default(),
@@ -449,7 +552,7 @@ fn skew_is_reported_and_refused_when_asked() {
         max_skew: Some(1),
         ..Rules::default()
     };
-    let d = decide(&cands, None, now, &report);
+    let d = decide(&cands, None, None, now, &report);
     assert_eq!(
         d.skew_violations
             .iter()
@@ -462,7 +565,7 @@ fn skew_is_reported_and_refused_when_asked() {
         refuse_skew: true,
         ..report
     };
-    let d = decide(&cands, None, now, &refuse);
+    let d = decide(&cands, None, None, now, &refuse);
     assert!(
         matches!(&d.standings["new"], Standing::Ineligible(Reason::Skew(v)) if v.oldest.to_string() == "1.30.0")
     );
@@ -599,7 +702,7 @@ proptest! {
         rules in rules_strategy(),
         seed in any::<u64>(),
     ) {
-        let before = decide(&cands, lease.as_ref(), now(), &rules);
+        let before = decide(&cands, lease.as_ref(), None, now(), &rules);
         let mut shuffled = cands.clone();
         // A deterministic shuffle from the seed.
         let mut state = seed;
@@ -607,8 +710,8 @@ proptest! {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             shuffled.swap(i, (state >> 33) as usize % (i + 1));
         }
-        prop_assert_eq!(&before, &decide(&shuffled, lease.as_ref(), now(), &rules));
-        prop_assert_eq!(&before, &decide(&cands, lease.as_ref(), now(), &rules), "deterministic");
+        prop_assert_eq!(&before, &decide(&shuffled, lease.as_ref(), None, now(), &rules));
+        prop_assert_eq!(&before, &decide(&cands, lease.as_ref(), None, now(), &rules), "deterministic");
     }
 
     #[test]
@@ -617,7 +720,7 @@ proptest! {
         lease in lease_strategy(),
         rules in rules_strategy(),
     ) {
-        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
         if let Some(name) = elected(&d.action) {
             prop_assert_eq!(d.standings.get(name), Some(&Standing::Eligible(Liveness::Acked)), "{:?}", d.action);
             let c = cands.iter().find(|c| c.name == name).unwrap();
@@ -631,7 +734,7 @@ proptest! {
         lease in lease_strategy(),
         rules in rules_strategy(),
     ) {
-        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
         if let (Action::RequestHandover { to }, Some(holder)) = (&d.action, lease.as_ref().and_then(|l| l.holder.clone())) {
             let key = |name: &str| cands.iter().find(|c| c.name == name).and_then(|c| {
                 Some((Version::parse(c.emulation_version.as_deref()?).ok()?, Version::parse(&c.binary_version).ok()?))
@@ -654,11 +757,34 @@ proptest! {
         let Some(holder) = &l.holder else { return Ok(()) };
         let holder_stopped = l.holder_pod_stopped || cands.iter().any(|c| &c.name == holder && c.pod == PodState::Stopped);
         if l.expired() || holder_stopped { return Ok(()) }
-        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
         prop_assert!(
             !matches!(d.action, Action::Assign { .. } | Action::CreateLease { .. }),
             "live holder {} replaced: {:?}", holder, d.action
         );
+    }
+
+    #[test]
+    fn nobody_is_elected_while_a_previous_term_may_run(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+        holder in prop::sample::select(vec!["c0", "c1", "c2", "legacy"]).prop_map(str::to_string),
+        quiet in 0u64..30,
+    ) {
+        let prev = Previous {
+            holder: holder.clone(),
+            quiet_for: Duration::from_secs(quiet),
+            duration: Duration::from_secs(15),
+            pod_stopped: false,
+        };
+        let d = decide(&cands, lease.as_ref(), Some(&prev), now(), &rules);
+        let names_it = lease.as_ref().is_some_and(|l| l.holder.as_deref() == Some(holder.as_str()));
+        let released = lease.as_ref().is_some_and(|l| l.holder.is_none() && l.released_by.as_deref() == Some(holder.as_str()));
+        let pod_stopped = cands.iter().any(|c| c.name == holder && c.pod == PodState::Stopped);
+        if let Some(e) = elected(&d.action) && !names_it && !released && !pod_stopped {
+            prop_assert!(quiet >= 15, "{e} elected {quiet}s after {holder}'s last record: {:?}", d.action);
+        }
     }
 
     #[test]
@@ -667,7 +793,7 @@ proptest! {
         lease in lease_strategy(),
         rules in rules_strategy(),
     ) {
-        let d = decide(&cands, lease.as_ref(), now(), &rules);
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
         // The lapsed or stepped-down holder is passed over when anyone else can lead.
         let lapsed = lease.as_ref().and_then(|l| match &l.holder {
             Some(h) if l.expired() => Some(h.clone()),

@@ -1,0 +1,293 @@
+//! What the arbiter remembers of each lease's holder, on its own clock, so that no edit of the
+//! Lease object (deleting it, clearing or replacing `holderIdentity`, lowering
+//! `leaseDurationSeconds`, rewriting `arbiter.dev/holder-pod-uid`) can shorten a term.
+//!
+//! For each lease: the holder, when the last record naming it was first seen, the longest
+//! duration it was given or wrote, and the pod uid recorded when the arbiter assigned it. The
+//! election core turns this into [`decide::Previous`]. The memory is replaced only by the
+//! arbiter's own assignment, or once the remembered term is certainly over.
+//!
+//! After a restart (or an HA failover) the memory starts empty: a holder is learned from the
+//! Lease when first seen, or, when the Lease is gone, from the candidate whose `Leader`
+//! condition the arbiter last set to True, with a full duration to wait from that moment.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::election::decide::Previous;
+
+use super::queue::LeaseKey;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Term {
+    holder: String,
+    /// When the last record naming the holder was first seen.
+    last_seen: Instant,
+    duration: Duration,
+    /// The holder's pod, as recorded when the arbiter assigned it (or first saw it).
+    pod_uid: Option<String>,
+}
+
+/// The Lease as the arbiter sees it now, for [`Held::observe`].
+pub struct Seen<'a> {
+    pub holder: Option<&'a str>,
+    /// When the current record was first seen.
+    pub since: Instant,
+    pub duration: Duration,
+    pub pod_uid: Option<&'a str>,
+    /// `arbiter.dev/released-by` when the Lease has no holder.
+    pub released_by: Option<&'a str>,
+}
+
+#[derive(Default)]
+pub struct Held {
+    terms: HashMap<LeaseKey, Term>,
+}
+
+impl Held {
+    /// Learns from the Lease as seen now (`None`: the Lease does not exist). `leader` is the
+    /// candidate the arbiter last reported as leader, and its pod, for when nothing else is
+    /// known. `stopped` says whether a pod uid is confirmed stopped.
+    pub fn observe(
+        &mut self,
+        key: &LeaseKey,
+        lease: Option<&Seen>,
+        leader: Option<(&str, Option<&str>)>,
+        fallback_duration: Duration,
+        now: Instant,
+        stopped: impl Fn(&str) -> bool,
+    ) {
+        let current = self.terms.get(key);
+        let over = current.is_none_or(|t| over(t, lease, now, &stopped));
+        match (lease, lease.and_then(|l| l.holder)) {
+            (Some(l), Some(h)) => match self.terms.get_mut(key) {
+                Some(t) if t.holder == h => {
+                    t.last_seen = t.last_seen.max(l.since);
+                    t.duration = t.duration.max(l.duration);
+                }
+                // Named by someone other than the arbiter while the last term may still run:
+                // keep remembering that term.
+                Some(_) if !over => {}
+                _ => {
+                    let term = Term {
+                        holder: h.to_string(),
+                        last_seen: l.since,
+                        duration: l.duration,
+                        pod_uid: l.pod_uid.map(str::to_string),
+                    };
+                    self.terms.insert(key.clone(), term);
+                }
+            },
+            (None, _) if current.is_none() => {
+                // Nothing seen since this process started, and no Lease: the last reported
+                // leader may still run; give it a full duration from now.
+                if let Some((holder, pod_uid)) = leader {
+                    let term = Term {
+                        holder: holder.to_string(),
+                        last_seen: now,
+                        duration: fallback_duration,
+                        pod_uid: pod_uid.map(str::to_string),
+                    };
+                    self.terms.insert(key.clone(), term);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Records the arbiter's own assignment of `holder`.
+    pub fn assigned(
+        &mut self,
+        key: &LeaseKey,
+        holder: &str,
+        duration: Duration,
+        pod_uid: Option<&str>,
+        now: Instant,
+    ) {
+        let term = Term {
+            holder: holder.to_string(),
+            last_seen: now,
+            duration,
+            pod_uid: pod_uid.map(str::to_string),
+        };
+        self.terms.insert(key.clone(), term);
+    }
+
+    /// The remembered holder, for the election.
+    pub fn previous(
+        &self,
+        key: &LeaseKey,
+        now: Instant,
+        stopped: impl Fn(&str) -> bool,
+    ) -> Option<Previous> {
+        let t = self.terms.get(key)?;
+        Some(Previous {
+            holder: t.holder.clone(),
+            quiet_for: now.saturating_duration_since(t.last_seen),
+            duration: t.duration,
+            pod_stopped: t.pod_uid.as_deref().is_some_and(&stopped),
+        })
+    }
+
+    /// The longest duration, and the recorded pod uid, of `holder`'s term, if it is the one
+    /// remembered.
+    pub fn term_of(&self, key: &LeaseKey, holder: &str) -> Option<(Duration, Option<&str>)> {
+        self.terms
+            .get(key)
+            .filter(|t| t.holder == holder)
+            .map(|t| (t.duration, t.pod_uid.as_deref()))
+    }
+}
+
+/// Whether a remembered term is certainly over.
+fn over(t: &Term, lease: Option<&Seen>, now: Instant, stopped: &impl Fn(&str) -> bool) -> bool {
+    let released_itself =
+        lease.is_some_and(|l| l.holder.is_none() && l.released_by == Some(t.holder.as_str()));
+    released_itself
+        || t.pod_uid.as_deref().is_some_and(stopped)
+        || now.saturating_duration_since(t.last_seen) >= t.duration
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> LeaseKey {
+        LeaseKey {
+            namespace: "ns".into(),
+            name: "l".into(),
+        }
+    }
+
+    const D: Duration = Duration::from_secs(15);
+
+    fn seen(holder: Option<&str>, since: Instant, duration: Duration) -> Seen<'_> {
+        Seen {
+            holder,
+            since,
+            duration,
+            pod_uid: None,
+            released_by: None,
+        }
+    }
+
+    #[test]
+    fn a_hand_edit_neither_replaces_nor_shortens_the_remembered_term() {
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        let none = |_: &str| false;
+        held.assigned(&key(), "a", D, Some("uid-a"), t0);
+        // a renews (a new record, first seen at t0 + 5 s) and writes a 20 s duration.
+        let renewed = seen(
+            Some("a"),
+            t0 + Duration::from_secs(5),
+            Duration::from_secs(20),
+        );
+        held.observe(
+            &key(),
+            Some(&renewed),
+            None,
+            D,
+            t0 + Duration::from_secs(5),
+            none,
+        );
+        // Someone lowers the duration to 1 s by hand, then names b by hand.
+        let lowered = seen(
+            Some("a"),
+            t0 + Duration::from_secs(6),
+            Duration::from_secs(1),
+        );
+        held.observe(
+            &key(),
+            Some(&lowered),
+            None,
+            D,
+            t0 + Duration::from_secs(6),
+            none,
+        );
+        let hand = seen(Some("b"), t0 + Duration::from_secs(7), D);
+        held.observe(
+            &key(),
+            Some(&hand),
+            None,
+            D,
+            t0 + Duration::from_secs(7),
+            none,
+        );
+        let p = held
+            .previous(&key(), t0 + Duration::from_secs(8), none)
+            .unwrap();
+        assert_eq!(p.holder, "a");
+        assert_eq!(
+            p.duration,
+            Duration::from_secs(20),
+            "the longest duration counts"
+        );
+        assert_eq!(p.quiet_for, Duration::from_secs(2), "from a's last record");
+        // Once a's term is over on this clock, the Lease's holder is learned.
+        let later = t0 + Duration::from_secs(27);
+        let hand = seen(Some("b"), t0 + Duration::from_secs(7), D);
+        held.observe(&key(), Some(&hand), None, D, later, none);
+        assert_eq!(held.previous(&key(), later, none).unwrap().holder, "b");
+    }
+
+    #[test]
+    fn the_recorded_pod_is_what_proves_a_stop_not_the_annotation() {
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        held.assigned(&key(), "a", D, Some("uid-a"), t0);
+        let forged = Seen {
+            pod_uid: Some("uid-dead"),
+            ..seen(Some("a"), t0, D)
+        };
+        let stopped = |uid: &str| uid == "uid-dead";
+        held.observe(&key(), Some(&forged), None, D, t0, stopped);
+        assert!(!held.previous(&key(), t0, stopped).unwrap().pod_stopped);
+        assert!(
+            held.previous(&key(), t0, |u| u == "uid-a")
+                .unwrap()
+                .pod_stopped
+        );
+    }
+
+    #[test]
+    fn without_memory_a_missing_lease_waits_a_full_duration_for_the_last_reported_leader() {
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        held.observe(&key(), None, Some(("a", None)), D, t0, |_| false);
+        let p = held
+            .previous(&key(), t0 + Duration::from_secs(3), |_| false)
+            .unwrap();
+        assert_eq!(
+            (p.holder.as_str(), p.quiet_for, p.duration),
+            ("a", Duration::from_secs(3), D)
+        );
+        // The fallback is taken once: it does not restart the wait on every look.
+        held.observe(
+            &key(),
+            None,
+            Some(("a", None)),
+            D,
+            t0 + Duration::from_secs(9),
+            |_| false,
+        );
+        let p = held
+            .previous(&key(), t0 + Duration::from_secs(9), |_| false)
+            .unwrap();
+        assert_eq!(p.quiet_for, Duration::from_secs(9));
+    }
+
+    #[test]
+    fn the_holders_own_release_ends_the_term() {
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        held.assigned(&key(), "a", D, None, t0);
+        let released = Seen {
+            released_by: Some("a"),
+            ..seen(None, t0, D)
+        };
+        assert!(over(&held.terms[&key()], Some(&released), t0, &|_| false));
+        let cleared = seen(None, t0, D);
+        assert!(!over(&held.terms[&key()], Some(&cleared), t0, &|_| false));
+    }
+}
