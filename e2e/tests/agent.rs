@@ -39,6 +39,7 @@ crate::tests![agent:
     clearing_the_holder_does_not_shorten_its_term,
     lowering_the_lease_duration_does_not_shorten_the_term,
     forging_the_holder_pod_uid_does_not_shorten_the_term,
+    a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop,
     two_agents_with_one_identity_are_reported,
 ];
 
@@ -923,5 +924,92 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
+    a.wait_exit(DEADLINE).await;
+}
+
+/// Deleting a Node object stops nothing on the machine, but the pod garbage collector then
+/// marks its pods Failed (DeletionByPodGC) and deletes them. The holder's processes still run:
+/// that is no proof, the next holder waits until the holder itself stops and gives the lease
+/// back. (Today's main took the Failed phase as proof and elected the next holder at once.)
+async fn a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop(env: Arc<TestEnv>) {
+    use crate::support::agent::{SLOW_STOP_WORKLOAD, agent_args_with};
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{DeleteParams, PostParams};
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    // A node of its own (kwok keeps it Ready), and a pod on it for the holder.
+    let node_name = format!("gone-{}", env.ns);
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": { "name": node_name, "labels": { "type": "kwok" } },
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let pods: Api<Pod> = env.api();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "pa" },
+        "spec": { "nodeName": node_name, "containers": [{ "name": "app", "image": "app" }] },
+    }))
+    .unwrap();
+    let uid = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    eventually("the pod to be Running", DEADLINE, || async {
+        let p = pods.get("pa").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let mut args = agent_args_with(&env.ns, "pa", "gc", "1.30.0", &log, SLOW_STOP_WORKLOAD);
+    args.splice(1..1, ["--pod-uid".to_string(), uid.clone()]);
+    let mut a = Agent::spawn_args(&env.kubeconfig, "pa", &args, &log);
+    wait_for_holder(&env, "gc", "pa", DEADLINE).await;
+    let args_b = agent_args_with(&env.ns, "b", "gc", "1.31.0", &log, SLOW_STOP_WORKLOAD);
+    let _b = Agent::spawn_args(&env.kubeconfig, "b", &args_b, &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("b to be Eligible", DEADLINE, || async {
+        let c = candidates.get("b").await.ok()?;
+        c.status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Eligible" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    let cmd = eventually("a's workload", DEADLINE, || async {
+        Some(starts(&read_log(&log)).iter().find(|s| s.0 == "pa")?.2)
+    })
+    .await;
+
+    nodes
+        .delete(&node_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    // The pod garbage collector waits 40 s for a node to come back, then fails and deletes
+    // its pods.
+    let gc_deadline = Duration::from_secs(120);
+    eventually(
+        "the garbage collector to delete the pod",
+        gc_deadline,
+        || async { pods.get_opt("pa").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    let b_start = eventually("b's workload to start", gc_deadline, || async {
+        starts(&read_log(&log))
+            .iter()
+            .find(|s| s.0 == "b")
+            .map(|s| s.3)
+    })
+    .await;
+    let a_stop = stop_of(&read_log(&log), "pa");
+    assert!(
+        a_stop.is_some_and(|stop| stop < b_start),
+        "b started at {b_start:.3} while the holder's workload still ran (stopped at {a_stop:?})"
+    );
+    assert!(!alive(cmd));
     a.wait_exit(DEADLINE).await;
 }

@@ -209,6 +209,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                 }
             }
             code = async { running.as_mut().expect("guarded").0.wait().await }, if running.is_some() => {
+                // A workload that "exits" once its term is over (the guard stopped it while this
+                // process was stalled, or leadership just ended) did not exit on its own.
+                let term = running.as_ref().map(|r| r.1);
+                let renewed = *renewals.borrow();
+                let over = running.as_ref().is_some_and(|r| r.2.is_cancelled())
+                    || !matches!(renewed, Some((t, at)) if Some(t) == term
+                        && at.elapsed() < settings.renew_deadline);
+                if over {
+                    tracing::warn!(code, ?term, "the workload stopped after its term ended (the guard stops it at the renew deadline)");
+                    if let Some((w, _, _)) = running.take() {
+                        w.finish().await;
+                    }
+                    handle.shutdown().await;
+                    return Ok(1);
+                }
                 tracing::info!(code, "the workload exited on its own: releasing the lease");
                 if let Some((w, _, _)) = running.take() {
                     w.finish().await;

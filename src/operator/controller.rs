@@ -238,7 +238,7 @@ fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
         Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             match phase {
-                Some("Succeeded" | "Failed") => PodState::Stopped,
+                _ if super::stopped::terminal(&pod) => PodState::Stopped,
                 _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
                 Some("Running") => PodState::Running,
                 _ => PodState::NotRunning,

@@ -4,7 +4,8 @@
 //! A pod is confirmed stopped when it is seen in a terminal phase (`Succeeded`, `Failed`), or
 //! deleted after every container had terminated (what a kubelet reports before it removes the
 //! object). A pod removed while still running (force-deleted, say) is not proof, and is not
-//! recorded. Both facts are forever true of a uid, so the set never has to be corrected; it is
+//! recorded; nor is a pod the garbage collector marked Failed because its Node object was
+//! deleted (no kubelet reported anything). Both facts are forever true of a uid, so the set never has to be corrected; it is
 //! only forgotten after [`FORGET_AFTER`], by which time any lease its holder had has expired
 //! (forgetting makes the arbiter wait for expiry, never act sooner).
 
@@ -65,12 +66,25 @@ impl StoppedPods {
     }
 }
 
-/// In a terminal phase: every container has terminated and none will restart.
+/// In a terminal phase: every container has terminated and none will restart. Not when the
+/// pod garbage collector set the phase ([`failed_by_gc`]): then no kubelet said anything.
 pub fn terminal(pod: &Pod) -> bool {
     matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
-    )
+    ) && !failed_by_gc(pod)
+}
+
+/// Marked Failed by the pod garbage collector because its Node object is gone (condition
+/// `DisruptionTarget`, reason `DeletionByPodGC`). Deleting a Node object stops nothing: the
+/// machine, its kubelet and the pod's processes may all still run. Not proof of a stop.
+pub fn failed_by_gc(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("DeletionByPodGC"))
 }
 
 /// Terminal, or every container reported terminated.
@@ -138,6 +152,36 @@ mod tests {
             assert!(stopped.contains("ns", uid), "{uid} is proof");
             assert!(!stopped.contains("other", uid), "{uid} is in ns only");
         }
+    }
+
+    #[test]
+    fn a_pod_failed_by_the_garbage_collector_is_not_proof() {
+        use k8s_openapi::api::core::v1::PodCondition;
+        let stopped = StoppedPods::default();
+        let mut gc = pod("gc", "Failed", &[false]);
+        gc.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("DeletionByPodGC".into()),
+            ..PodCondition::default()
+        }]);
+        stopped.observe(&gc, false);
+        stopped.observe(&gc, true);
+        assert!(!stopped.contains("ns", "gc"));
+        assert!(!terminal(&gc));
+        // The kubelet's own eviction (TerminationByKubelet) is a kubelet report: proof.
+        let mut evicted = gc.clone();
+        evicted.metadata.uid = Some("evicted".into());
+        evicted
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .reason = Some("TerminationByKubelet".into());
+        stopped.observe(&evicted, false);
+        assert!(stopped.contains("ns", "evicted"));
     }
 
     #[test]

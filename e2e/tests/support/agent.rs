@@ -93,6 +93,8 @@ pub fn agent_args_with(
 pub struct Agent {
     pub child: Child,
     pub identity: String,
+    /// The agent's own log (stderr), printed when a test fails.
+    pub log: PathBuf,
 }
 
 impl Agent {
@@ -110,8 +112,8 @@ impl Agent {
 
     /// An agent with the command line `args` (after the binary).
     pub fn spawn_args(kubeconfig: &Path, identity: &str, args: &[String], log: &Path) -> Agent {
-        let stderr =
-            std::fs::File::create(log.with_extension(format!("{identity}.agent.log"))).unwrap();
+        let agent_log = log.with_extension(format!("{identity}.agent.log"));
+        let stderr = std::fs::File::create(&agent_log).unwrap();
         use std::os::unix::process::CommandExt;
         let child = Command::new(env!("CARGO_BIN_EXE_arbiter"))
             .args(args)
@@ -128,6 +130,7 @@ impl Agent {
         Agent {
             child,
             identity: identity.into(),
+            log: agent_log,
         }
     }
 
@@ -144,6 +147,11 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let plain: String = text.replace("\x1b[", "[");
+            eprintln!("--- agent {} log ---\n{plain}", self.identity);
+        }
         if self.child.try_wait().ok().flatten().is_none() {
             // SIGTERM first so the workload is stopped, then make sure.
             let _ = nix::sys::signal::kill(

@@ -235,11 +235,12 @@ pub fn hold_and_release(
                 && names.contains(&holder)
             {
                 let release = arbiter::lease::preferred_holder(&l).is_some_and(|p| p != holder);
-                let spec = l.spec.as_mut().unwrap();
                 if release {
-                    spec.holder_identity = Some(String::new());
+                    // As an agent releases: holder "", and who stepped down.
+                    arbiter::lease::mark_released(&mut l, Some(&holder));
+                } else {
+                    l.spec.as_mut().unwrap().renew_time = Some(arbiter::lease::now());
                 }
-                spec.renew_time = Some(arbiter::lease::now());
                 let _ = store.replace(&l).await;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
