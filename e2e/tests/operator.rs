@@ -31,6 +31,7 @@ crate::tests![operator:
     holder_pod_stopped_is_replaced_before_expiry,
     lapsed_holder_pod_still_running_is_evicted,
     eviction_blocked_by_pdb_is_reported_and_retried,
+    a_blocked_forced_exit_survives_an_operator_failover,
     third_party_strategy_gets_a_holderless_lease,
     strategy_conflict_is_reported_and_changes_nothing,
     term_survives_lease_deletion,
@@ -628,7 +629,8 @@ pub async fn lapsed_holder_eviction_fails(env: &TestEnv, lease_name: &str) -> St
     message
 }
 
-async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
+/// A PodDisruptionBudget that refuses every eviction of the pair's pods, once observed.
+async fn blocking_pdb(env: &TestEnv) -> Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     let pdbs: Api<PodDisruptionBudget> = env.api();
     let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
@@ -643,6 +645,49 @@ async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
         (p.status?.observed_generation? >= 1).then_some(())
     })
     .await;
+    pdbs
+}
+
+/// The forced exit a PDB holds back is recorded on the Lease: when the active operator dies,
+/// the replica that takes over carries it on. (Today's main kept it only in the dead replica's
+/// memory: the lapsed holder's pod was never forced out.)
+async fn a_blocked_forced_exit_survives_an_operator_failover(env: Arc<TestEnv>) {
+    let pdbs = blocking_pdb(&env).await;
+    let mut args = FAST_HA.to_vec();
+    args.extend(["--lease-duration", "3s"]);
+    let mut first = Operator::start(&env, &args);
+    let active = eventually("an active operator", DEADLINE, || ha_holder(&env)).await;
+    let _second = Operator::start(&env, &args);
+    let (a, _b, _r, renew_b) = lapsing_pair(&env, "carried").await;
+    wait_for_holder(&env, "carried", "pod-b", DEADLINE).await;
+    wait_for_event(&env, "pod-a", "EvictionBlocked", DEADLINE).await;
+    let leases: Api<Lease> = env.api();
+    eventually("the pending forced exit on the Lease", DEADLINE, || async {
+        let l = leases.get("carried").await.ok()?;
+        l.annotations()
+            .get("arbiter.dev/pending-forced-exits")
+            .filter(|v| v.contains("pod-a"))
+            .cloned()
+    })
+    .await;
+    kill(Pid::from_raw(first.pid()), Signal::SIGKILL).unwrap();
+    first.wait_exit(DEADLINE).await;
+    eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| *h != active)
+    })
+    .await;
+    assert_eq!(a.exited(), None, "the PDB kept pod-a running");
+    pdbs.delete("pair", &DeleteParams::default()).await.unwrap();
+    assert_eq!(
+        a.wait_exit(DEADLINE).await,
+        0,
+        "the new arbiter forced the lapsed holder's pod out"
+    );
+    renew_b.abort();
+}
+
+async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
+    let pdbs = blocking_pdb(&env).await;
     let _op = Operator::start(&env, &["--lease-duration", "3s"]);
     let (a, _b, _r, renew_b) = lapsing_pair(&env, "blocked").await;
     wait_for_holder(&env, "blocked", "pod-b", DEADLINE).await;

@@ -21,7 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::depose::{self, Deposer, RESTARTS_ANNOTATION, Target};
+use super::depose::{self, Deposer, PENDING_ANNOTATION, RESTARTS_ANNOTATION, Target};
 use super::held::{self, Held};
 
 /// How many independent writes for one lease (pings, candidates' statuses) are in flight at once.
@@ -702,6 +702,10 @@ impl Worker {
                 );
             }
         }
+        // Forced exits another replica left pending are carried on.
+        let latest = written.as_ref().or(lease.as_deref());
+        let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
+        self.deposer.restore(key, recorded.as_deref());
         let pods = self.caches.pods.clone();
         let ns = key.namespace.clone();
         let (outcomes, retry) = self
@@ -711,6 +715,20 @@ impl Worker {
                     .map(|p| (*p).clone())
             })
             .await;
+        // Record what is still pending on the Lease, for whichever replica leads next.
+        let pending = self.deposer.recorded(key);
+        if let Some(l) = latest
+            && pending != recorded
+        {
+            let mut l = l.clone();
+            lease::set_annotation(&mut l, PENDING_ANNOTATION, pending.as_deref());
+            if let Err(e) = LeaseStore::new(self.client.clone(), &key.namespace)
+                .replace(&l)
+                .await
+            {
+                tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
+            }
+        }
         for (target, outcome) in outcomes {
             tracing::info!(lease = %key, pod = %target.pod, outcome = ?outcome, "forced exit");
             if let depose::Outcome::Forced(policy) = &outcome {

@@ -8,18 +8,26 @@
 //! and the pod is evicted (policy `evict`, which honours PodDisruptionBudgets), deleted
 //! (`delete`), or only reported (`none`). A PDB refusal is reported as an Event and retried
 //! with backoff until the pod is gone or restarts.
+//!
+//! The targets still pending are also written on the Lease (annotation
+//! `arbiter.dev/pending-forced-exits`, by compare-and-swap), so that whichever operator replica
+//! leads next carries them on: a forced exit a PDB holds back is not forgotten on a failover.
+//! Every eviction or deletion carries the pod's uid as a precondition: a new pod with the same
+//! name (a StatefulSet's replacement) is never hit.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, EvictParams};
+use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 
 use super::queue::LeaseKey;
 
 pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
+/// The forced exits still pending for a lease: `candidate/pod/uid/restarts`, comma-separated.
+pub const PENDING_ANNOTATION: &str = "arbiter.dev/pending-forced-exits";
 
 /// What to do with a deposed holder's pod that is still running.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,14 +99,38 @@ pub enum Outcome {
 #[derive(Default)]
 pub struct Deposer {
     pending: HashMap<LeaseKey, Vec<Target>>,
+    /// Pod uids whose forced exit ended (forced, reported, or the pod stopped), so that an
+    /// annotation not yet cleared does not bring them back.
+    done: std::collections::HashSet<String>,
 }
 
 impl Deposer {
     pub fn add(&mut self, key: &LeaseKey, target: Target) {
+        if self.done.contains(&target.uid) {
+            return;
+        }
         let list = self.pending.entry(key.clone()).or_default();
         if !list.iter().any(|t| t.uid == target.uid) {
             list.push(target);
         }
+    }
+
+    /// Takes up the forced exits recorded on the Lease (by this or another replica).
+    pub fn restore(&mut self, key: &LeaseKey, recorded: Option<&str>) {
+        for t in parse_pending(recorded.unwrap_or_default()) {
+            self.add(key, t);
+        }
+    }
+
+    /// The annotation value for `key`'s pending targets (`None`: nothing pending).
+    pub fn recorded(&self, key: &LeaseKey) -> Option<String> {
+        let list = self.pending.get(key).filter(|l| !l.is_empty())?;
+        let mut parts: Vec<String> = list
+            .iter()
+            .map(|t| format!("{}/{}/{}/{}", t.candidate, t.pod, t.uid, t.restarts))
+            .collect();
+        parts.sort();
+        Some(parts.join(","))
     }
 
     /// Attempts every due target of `key`. Returns the outcomes, and when to try again.
@@ -133,20 +165,40 @@ impl Deposer {
                 outcomes.push((t, Outcome::Stopped));
                 continue;
             }
+            // Only the pod that held the lease: a new pod with the same name (a StatefulSet's
+            // replacement) fails the uid precondition and is never hit.
+            let only_this = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(t.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
             let result = match policy {
                 OnDepose::None => Ok(Outcome::Reported),
                 OnDepose::Evict => pods
-                    .evict(&t.pod, &EvictParams::default())
+                    .evict(
+                        &t.pod,
+                        &EvictParams {
+                            delete_options: Some(only_this),
+                            ..EvictParams::default()
+                        },
+                    )
                     .await
                     .map(|_| Outcome::Forced(policy)),
                 OnDepose::Delete => pods
-                    .delete(&t.pod, &DeleteParams::default())
+                    .delete(&t.pod, &only_this)
                     .await
                     .map(|_| Outcome::Forced(policy)),
             };
             match result {
                 Ok(outcome) => outcomes.push((t, outcome)),
-                Err(kube::Error::Api(s)) if s.code == 404 => outcomes.push((t, Outcome::Stopped)),
+                // Gone, or replaced by a pod of the same name (the uid precondition failed).
+                Err(kube::Error::Api(s))
+                    if s.code == 404 || (s.code == 409 && s.message.contains("UID")) =>
+                {
+                    outcomes.push((t, Outcome::Stopped))
+                }
                 Err(e) => {
                     let blocked = matches!(&e, kube::Error::Api(s) if s.code == 429);
                     t.attempts += 1;
@@ -161,15 +213,40 @@ impl Deposer {
                 }
             }
         }
+        for (t, outcome) in &outcomes {
+            if !matches!(outcome, Outcome::Blocked(_) | Outcome::Failed(_)) {
+                self.done.insert(t.uid.clone());
+            }
+        }
+        if self.done.len() > 10_000 {
+            self.done.clear(); // a bound; forgetting only risks one more attempt on a stopped pod
+        }
         let retry = keep
             .iter()
             .map(|t| t.next.saturating_duration_since(Instant::now()))
             .min();
-        if !keep.is_empty() {
+        if keep.is_empty() {
+            self.pending.remove(key);
+        } else {
             self.pending.insert(key.clone(), keep);
         }
         (outcomes, retry)
     }
+}
+
+/// Parses [`PENDING_ANNOTATION`]; malformed entries are skipped.
+fn parse_pending(s: &str) -> Vec<Target> {
+    s.split(',')
+        .filter_map(|entry| {
+            let f: Vec<&str> = entry.split('/').collect();
+            match f.as_slice() {
+                [candidate, pod, uid, restarts] if !uid.is_empty() => {
+                    Some(Target::new(candidate, pod, uid, restarts.parse().ok()?))
+                }
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 impl Outcome {
@@ -208,5 +285,37 @@ impl Outcome {
                 format!("forcing pod {} out failed, retrying: {e}", t.pod),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_targets_round_trip_through_the_annotation() {
+        let key = LeaseKey {
+            namespace: "ns".into(),
+            name: "l".into(),
+        };
+        let mut d = Deposer::default();
+        assert_eq!(d.recorded(&key), None);
+        d.add(&key, Target::new("c-a", "pod-a", "uid-a", 2));
+        d.add(&key, Target::new("c-b", "pod-b", "uid-b", 0));
+        let recorded = d.recorded(&key).unwrap();
+        assert_eq!(recorded, "c-a/pod-a/uid-a/2,c-b/pod-b/uid-b/0");
+        let mut other = Deposer::default();
+        other.restore(&key, Some(&recorded));
+        assert_eq!(other.recorded(&key).as_deref(), Some(recorded.as_str()));
+        other.restore(&key, Some("garbage,a/b/c/notanumber,/x//1"));
+        assert_eq!(other.recorded(&key).as_deref(), Some(recorded.as_str()));
+        // A finished target is not brought back by a stale annotation.
+        other.done.insert("uid-a".into());
+        let mut fresh = Deposer {
+            done: other.done.clone(),
+            ..Deposer::default()
+        };
+        fresh.restore(&key, Some(&recorded));
+        assert_eq!(fresh.recorded(&key).as_deref(), Some("c-b/pod-b/uid-b/0"));
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
@@ -149,9 +150,22 @@ impl Plan {
         }
     }
 
-    /// Labels every pod but `keep` standby (the demotion that must precede any promotion).
+    /// Labels every pod but `keep` standby (the demotion that must precede any promotion),
+    /// judged by the API server's current pods, not the cache: a cache that lags must never
+    /// hide an active pod. Each demotion is conditional on the version just read.
     pub async fn demote_all_but(&self, client: &Client, keep: Option<&str>) -> anyhow::Result<()> {
-        for p in &self.pods {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &self.workload.namespace);
+        let live = api
+            .list(&ListParams::default().labels_from(&self.workload.selector))
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "listing the pods of {} {}: {e}",
+                    self.workload.kind,
+                    self.workload.name
+                )
+            })?;
+        for p in &live.items {
             if Some(p.name_any().as_str()) != keep
                 && p.labels().get(ROLE_LABEL).is_some_and(|r| r == ACTIVE)
             {

@@ -81,7 +81,13 @@ pub async fn set_role(client: &Client, pod: &Pod, role: Option<&str>) -> anyhow:
         return Ok(());
     }
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    let patch = json!({ "metadata": { "labels": { ROLE_LABEL: role } } });
+    // Conditional on the pod as read (resourceVersion and uid): a pod that changed since, or a
+    // new pod with the same name, is not written over (409/404: the caller reads again).
+    let patch = json!({ "metadata": {
+        "labels": { ROLE_LABEL: role },
+        "resourceVersion": pod.resource_version(),
+        "uid": pod.uid(),
+    } });
     match api
         .patch(
             &pod.name_any(),
