@@ -4,7 +4,9 @@
 //! (which accepts a write only with the highest term it has seen) every 50 ms. Two operator
 //! replicas arbitrate. Each trial injects one fault at the current holder or the operator:
 //! SIGKILL of the holder's agent, SIGSTOP of its whole process tree for longer than the lease
-//! then SIGCONT, a network cut or a 2 s delay between it and the API server (a TCP proxy),
+//! then SIGCONT, SIGSTOP of its agent alone (its guard and workload run on), a hand edit of
+//! the Lease (deleted, holder cleared, or duration lowered to 1 s), a network cut or a 2 s
+//! delay between it and the API server (a TCP proxy),
 //! SIGKILL of the active operator (restarted), an operator failover (SIGTERM), or a restart of
 //! kube-apiserver or etcd. Agents that exit are restarted, as a kubelet would.
 //!
@@ -163,6 +165,10 @@ impl AgentSlot {
 enum Fault {
     KillHolder,
     PauseHolder,
+    /// SIGSTOP of the holder's agent alone (not its guard, not its workload).
+    StallAgent,
+    /// The Lease deleted, its holder cleared, or its duration lowered, by hand.
+    EditLease,
     CutHolder,
     DelayHolder,
     KillOperator,
@@ -171,9 +177,11 @@ enum Fault {
     RestartEtcd,
 }
 
-const FAULTS: [Fault; 8] = [
+const FAULTS: [Fault; 10] = [
     Fault::KillHolder,
     Fault::PauseHolder,
+    Fault::StallAgent,
+    Fault::EditLease,
     Fault::CutHolder,
     Fault::DelayHolder,
     Fault::KillOperator,
@@ -374,6 +382,42 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                     let _ = kill(Pid::from_raw(m), Signal::SIGCONT);
                 }
                 paused.push((holder.clone(), t0, start.elapsed().as_secs_f64() + 3.0));
+            }
+            (Fault::StallAgent, Some(i)) => {
+                // The agent is its group's leader; its guard and workload have groups of their
+                // own: they keep running, and the guard must stop the workload in time.
+                let group = Pid::from_raw(agents[i].pid().unwrap());
+                let _ = nix::sys::signal::killpg(group, Signal::SIGSTOP);
+                tokio::time::sleep(Duration::from_secs_f64(LEASE_DURATION + 3.0)).await;
+                let _ = nix::sys::signal::killpg(group, Signal::SIGCONT);
+            }
+            (Fault::EditLease, Some(_)) => {
+                use kube::api::{DeleteParams, Patch, PatchParams};
+                let pp = PatchParams::default();
+                let _ = match rng.next() % 3 {
+                    0 => leases
+                        .delete(LEASE, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                    1 => leases
+                        .patch(
+                            LEASE,
+                            &pp,
+                            &Patch::Merge(serde_json::json!({ "spec": { "holderIdentity": "" } })),
+                        )
+                        .await
+                        .map(|_| ()),
+                    _ => leases
+                        .patch(
+                            LEASE,
+                            &pp,
+                            &Patch::Merge(
+                                serde_json::json!({ "spec": { "leaseDurationSeconds": 1 } }),
+                            ),
+                        )
+                        .await
+                        .map(|_| ()),
+                };
             }
             (Fault::CutHolder, Some(i)) => {
                 agents[i].proxy.cut();
