@@ -35,6 +35,9 @@ pub enum Command {
         until: u64,
         #[arg(long)]
         kill_grace_ms: u64,
+        /// A kill later than this after the deadline is reported (exit code 3).
+        #[arg(long)]
+        margin_ms: u64,
     },
 }
 

@@ -8,10 +8,12 @@ fn main() -> std::process::ExitCode {
         parent,
         until,
         kill_grace_ms,
+        margin_ms,
     } = cli.command
     {
         let grace = std::time::Duration::from_millis(kill_grace_ms);
-        return exit(arbiter::agent::watchdog::run(parent, until, grace).map(|()| 0));
+        let margin = std::time::Duration::from_millis(margin_ms);
+        return exit(arbiter::agent::watchdog::run(parent, until, grace, margin));
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

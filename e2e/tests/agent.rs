@@ -40,6 +40,7 @@ crate::tests![agent:
     lowering_the_lease_duration_does_not_shorten_the_term,
     forging_the_holder_pod_uid_does_not_shorten_the_term,
     a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop,
+    a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
     two_agents_with_one_identity_are_reported,
 ];
 
@@ -1012,4 +1013,89 @@ async fn a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop(env: Arc<T
     );
     assert!(!alive(cmd));
     a.wait_exit(DEADLINE).await;
+}
+
+/// The one case the guard cannot cover: the whole candidate (agent, guard and workload) is
+/// frozen, as a paused container or VM is, past its lease; the next holder starts; then it
+/// resumes. Its guard stops the workload at once, late, and the agent reports the overrun:
+/// the operator raises DoubleHolder (condition, Warning Event, arbiter_double_holders_total).
+async fn a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder(
+    env: Arc<TestEnv>,
+) {
+    let op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "freeze", "1.30.0", &log);
+    let a_term = lease::term(&wait_for_holder(&env, "freeze", "a", DEADLINE).await);
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "freeze", "1.31.0", &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("b to be Eligible", DEADLINE, || async {
+        let c = candidates.get("b").await.ok()?;
+        c.status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Eligible" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    eventually("a's workload", DEADLINE, || async {
+        starts(&read_log(&log))
+            .iter()
+            .find(|s| s.0 == "a")
+            .map(|_| ())
+    })
+    .await;
+    let frozen = descendants(a.pid());
+    assert!(frozen.len() >= 3, "agent, guard and workload: {frozen:?}");
+    for p in &frozen {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGSTOP);
+    }
+    let result = std::panic::AssertUnwindSafe(async {
+        eventually("b's workload to start", DEADLINE, || async {
+            starts(&read_log(&log))
+                .iter()
+                .find(|s| s.0 == "b" && s.1 > a_term)
+                .map(|_| ())
+        })
+        .await;
+    })
+    .catch_unwind()
+    .await;
+    for p in &frozen {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGCONT);
+    }
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+    let message = eventually("DoubleHolder=True on a", DEADLINE, || async {
+        let c = candidates.get("a").await.ok()?;
+        c.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "DoubleHolder" && c.status == "True")
+            .map(|c| c.message)
+    })
+    .await;
+    assert!(message.contains(&format!("term {a_term}")), "{message}");
+    crate::support::wait_for_event(&env, "a", "DoubleHolder", DEADLINE).await;
+    let metrics = op.http_get("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("arbiter_double_holders_total ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    assert_eq!(a.wait_exit(DEADLINE).await, Some(1));
+}
+
+/// `pid` and every process descended from it.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let children: Vec<i32> = children_of(out[i]).into_iter().map(|(c, _)| c).collect();
+        out.extend(children);
+        i += 1;
+    }
+    out
 }

@@ -26,18 +26,29 @@ pub struct Workload {
     child: Child,
     pgid: Pid,
     guard: Option<Child>,
-    /// The agent's end of the pipe to the guard.
-    feed: OwnedFd,
+    /// The agent's end of the pipe to the guard (closing it dismisses the guard).
+    feed: Option<OwnedFd>,
+}
+
+/// How a workload ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    /// CMD's exit code, or 128+N for signal N.
+    pub code: i32,
+    /// The guard had to kill CMD later than its margin: a successor may have run beside it.
+    pub overran: bool,
 }
 
 impl Workload {
     /// Starts the guard, then `cmd` with `env` in a new process group. The guard stops CMD at
-    /// `deadline` (SIGTERM, SIGKILL `kill_grace` later) unless [`Workload::extend`] moves it.
+    /// `deadline` (SIGTERM, SIGKILL `kill_grace` later) unless [`Workload::extend`] moves it;
+    /// a kill more than `margin` late is reported as an overrun.
     pub fn start(
         cmd: &[String],
         env: &[(&str, String)],
         deadline: Instant,
         kill_grace: Duration,
+        margin: Duration,
     ) -> anyhow::Result<Workload> {
         let (program, args) = cmd
             .split_first()
@@ -55,6 +66,8 @@ impl Workload {
                 &watchdog::monotonic_ns(deadline).to_string(),
                 "--kill-grace-ms",
                 &kill_grace.as_millis().to_string(),
+                "--margin-ms",
+                &margin.as_millis().to_string(),
             ])
             .stdin(Stdio::from(feed_r))
             .stdout(Stdio::from(go_w))
@@ -128,7 +141,7 @@ impl Workload {
             child,
             pgid,
             guard: Some(guard),
-            feed: feed_w,
+            feed: Some(feed_w),
         })
     }
 
@@ -139,8 +152,11 @@ impl Workload {
     }
 
     fn tell(&self, m: Message) {
+        let Some(feed) = &self.feed else {
+            return;
+        };
         let msg = m.encode();
-        if let Err(e) = nix::unistd::write(self.feed.as_fd(), &msg) {
+        if let Err(e) = nix::unistd::write(feed.as_fd(), &msg) {
             tracing::warn!(error = %e, "could not reach the workload guard");
         }
     }
@@ -152,9 +168,9 @@ impl Workload {
         code
     }
 
-    /// SIGTERM to the whole group, SIGKILL after `grace`; returns CMD's exit code. Nothing of
-    /// the group is left running when this returns.
-    pub async fn stop(mut self, grace: Duration) -> i32 {
+    /// SIGTERM to the whole group, SIGKILL after `grace`. Nothing of the group is left running
+    /// when this returns.
+    pub async fn stop(mut self, grace: Duration) -> Ended {
         // Tell the guard first, so it does not SIGTERM a second time.
         self.tell(Message::Stopping);
         let _ = killpg(self.pgid, Signal::SIGTERM);
@@ -173,28 +189,39 @@ impl Workload {
         super::reaper::disown(self.pgid.as_raw());
         // The leader is gone; make sure nothing else of its group survives.
         let _ = killpg(self.pgid, Signal::SIGKILL);
-        self.dismiss_guard().await;
+        let overran = self.dismiss_guard().await;
         tracing::info!(code, "workload stopped");
-        code
+        Ended { code, overran }
     }
 
-    /// After CMD exited on its own: kill whatever of its group remains, stop the guard.
-    pub async fn finish(mut self) {
+    /// After CMD exited: kill whatever of its group remains, stop the guard.
+    pub async fn finish(mut self, code: i32) -> Ended {
         let _ = killpg(self.pgid, Signal::SIGKILL);
-        self.dismiss_guard().await;
+        let overran = self.dismiss_guard().await;
+        Ended { code, overran }
     }
 
-    async fn dismiss_guard(&mut self) {
-        if let Some(mut g) = self.guard.take() {
-            let pid = g.id();
-            if let Some(pid) = pid {
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    /// Closes the pipe (the guard exits), waits for the guard, and says whether it reported an
+    /// overrun. A guard that does not exit within a second is killed.
+    async fn dismiss_guard(&mut self) -> bool {
+        self.feed = None;
+        let Some(mut g) = self.guard.take() else {
+            return false;
+        };
+        let pid = g.id();
+        let status = match tokio::time::timeout(Duration::from_secs(1), g.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                if let Some(pid) = pid {
+                    let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                }
+                g.wait().await.ok()
             }
-            let _ = g.wait().await;
-            if let Some(pid) = pid {
-                super::reaper::disown(pid as i32);
-            }
+        };
+        if let Some(pid) = pid {
+            super::reaper::disown(pid as i32);
         }
+        status.and_then(|s| s.code()) == Some(super::watchdog::OVERRAN)
     }
 }
 

@@ -167,7 +167,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                             Some((t, at)) if t == term => at.into_std() + settings.renew_deadline,
                             _ => std::time::Instant::now(), // never: CMD is refused a start
                         };
-                        match Workload::start(&settings.command, &env, deadline, settings.kill_grace) {
+                        // A kill later than this after its deadline may have overlapped a
+                        // successor (the arbiter waits out the lease duration).
+                        let margin = settings.lease_duration - settings.renew_deadline - settings.kill_grace;
+                        match Workload::start(&settings.command, &env, deadline, settings.kill_grace, margin) {
                             Ok(w) => running = Some((w, term, lost)),
                             Err(e) => {
                                 handle.shutdown().await;
@@ -218,22 +221,20 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                         && at.elapsed() < settings.renew_deadline);
                 if over {
                     tracing::warn!(code, ?term, "the workload stopped after its term ended (the guard stops it at the renew deadline)");
-                    if let Some((w, _, _)) = running.take() {
-                        w.finish().await;
-                    }
-                    handle.shutdown().await;
-                    return Ok(1);
+                    let why = ended_reason(&handle, term).unwrap_or(EndReason::RenewDeadline);
+                    return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
                 }
                 tracing::info!(code, "the workload exited on its own: releasing the lease");
                 if let Some((w, _, _)) = running.take() {
-                    w.finish().await;
+                    w.finish(code).await;
                 }
                 handle.shutdown().await;
                 return Ok(code);
             }
             _ = &mut shutdown => {
-                if let Some((w, _, _)) = running.take() {
-                    w.stop(settings.kill_grace).await;
+                if let Some((w, term, _)) = running.take() {
+                    let ended = w.stop(settings.kill_grace).await;
+                    report_overrun(&handle, term, ended).await;
                 }
                 handle.shutdown().await;
                 return Ok(0);
@@ -260,8 +261,9 @@ async fn stop_and_exit(
 ) -> i32 {
     let term = running.as_ref().map(|r| r.1);
     tracing::warn!(?term, reason = ?why, "leadership ended: stopping the workload");
-    if let Some((w, _, _)) = running {
-        w.stop(kill_grace).await;
+    if let Some((w, term, _)) = running {
+        let ended = w.stop(kill_grace).await;
+        report_overrun(handle, term, ended).await;
     }
     // Give the lease back if it still names this process (after a handover, or a slow API).
     let released = handle.release().await;
@@ -274,6 +276,21 @@ async fn stop_and_exit(
             0
         }
         _ => 1,
+    }
+}
+
+/// When the guard had to stop the workload late (the whole candidate was paused), a successor
+/// may have run beside it: say so on the candidate, for the operator's `DoubleHolder` report.
+async fn report_overrun(handle: &crate::candidate::Handle, term: i32, ended: child::Ended) {
+    if !ended.overran {
+        return;
+    }
+    tracing::error!(
+        term,
+        "the workload ran past its term (this candidate was paused): a successor may have run beside it; only the fencing token protected the resource"
+    );
+    if let Err(e) = handle.report_overrun(term).await {
+        tracing::warn!(error = %e, "reporting the overrun on the candidate failed");
     }
 }
 

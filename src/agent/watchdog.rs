@@ -11,6 +11,11 @@
 //! | the agent says it is stopping CMD (`Stopping`) | SIGKILL `kill_grace` later at the latest, unless the agent finished first |
 //! | the agent dies (parent-death signal, parent changed, or its pipe closes) | SIGKILL to CMD's group at once |
 //!
+//! If the guard itself had to kill CMD later than `margin` after the deadline's SIGKILL time
+//! (it was paused or starved with the rest of the candidate), a successor may already have run
+//! beside CMD: it says so on stderr and exits with [`OVERRAN`], and the agent reports the
+//! term as overrun on its candidate (the operator's `DoubleHolder` condition).
+//!
 //! The deadline is an absolute `CLOCK_MONOTONIC` time, which both processes read alike, so a
 //! message that arrives late (the guard was slow to read) does not extend anything. The guard
 //! runs in a process group of its own, so a stop or signal sent to the agent's group does not
@@ -39,6 +44,9 @@ pub enum Message {
 }
 
 pub const MESSAGE_LEN: usize = 16;
+
+/// The guard's exit code when it killed CMD more than its margin late.
+pub const OVERRAN: i32 = 3;
 
 impl Message {
     pub fn encode(self) -> [u8; MESSAGE_LEN] {
@@ -119,6 +127,11 @@ impl Watchdog {
         self.pgid
     }
 
+    /// How late a kill at `now` is, after the time CMD had to be dead by.
+    pub fn late_by(&self, now: u64) -> Duration {
+        Duration::from_nanos(now.saturating_sub(self.kill_at))
+    }
+
     /// Applies one message received at `now`.
     pub fn receive(&mut self, m: Message, now: u64) {
         match m {
@@ -191,11 +204,17 @@ pub fn monotonic_ns(at: std::time::Instant) -> u64 {
 }
 
 /// The guard process: reads messages on stdin, gives CMD its go-ahead on stdout, and stops
-/// CMD's group at the deadline. `parent` is the agent's pid.
+/// CMD's group at the deadline. `parent` is the agent's pid. Returns the exit code: 0, or
+/// [`OVERRAN`] when it had to kill CMD more than `margin` late.
 ///
 /// Must run on the process's only thread (no async runtime): the parent-death signal is
 /// process-directed, and a thread that does not block SIGTERM would take it and die of it.
-pub fn run(parent: i32, term_at: u64, kill_grace: Duration) -> anyhow::Result<()> {
+pub fn run(
+    parent: i32,
+    term_at: u64,
+    kill_grace: Duration,
+    margin: Duration,
+) -> anyhow::Result<i32> {
     use std::io::Write;
     use std::os::fd::AsFd;
 
@@ -218,6 +237,7 @@ pub fn run(parent: i32, term_at: u64, kill_grace: Duration) -> anyhow::Result<()
             let _ = killpg(Pid::from_raw(p), Signal::SIGKILL);
         }
     };
+    let mut code = 0;
     loop {
         // The agent died (before or after the parent-death signal was armed): kill at once.
         let signalled = set.as_ref() as *const libc::sigset_t;
@@ -229,7 +249,7 @@ pub fn run(parent: i32, term_at: u64, kill_grace: Duration) -> anyhow::Result<()
         let got = unsafe { libc::sigtimedwait(signalled, std::ptr::null_mut(), &zero) };
         if got == libc::SIGTERM || nix::unistd::getppid().as_raw() != parent {
             kill(&dog);
-            return Ok(());
+            return Ok(code);
         }
         let now = monotonic_now();
         let wake_at = match dog.next(now) {
@@ -249,9 +269,18 @@ pub fn run(parent: i32, term_at: u64, kill_grace: Duration) -> anyhow::Result<()
             }
             Action::Kill => {
                 kill(&dog);
-                return Ok(());
+                let late = dog.late_by(now);
+                if late > margin {
+                    eprintln!(
+                        "arbiter guard: stopped the workload {late:?} after it had to be stopped (this process was paused or starved): a successor may have run beside it"
+                    );
+                    code = OVERRAN;
+                }
+                // Stay until dismissed, so the agent can read the exit code, unless it is gone.
+                continue_until_dismissed(&stdin, parent, &set);
+                return Ok(code);
             }
-            Action::Exit => return Ok(()),
+            Action::Exit => return Ok(code),
             Action::Wait { wake_at } => wake_at,
         };
         // Sleep until the next action, a message, or 100 ms (to look at the parent again).
@@ -274,7 +303,7 @@ pub fn run(parent: i32, term_at: u64, kill_grace: Duration) -> anyhow::Result<()
         if n == 0 {
             // Every writer is gone: the agent died (or dismissed us after CMD stopped).
             kill(&dog);
-            return Ok(());
+            return Ok(code);
         }
         buf.extend_from_slice(&chunk[..n]);
         let now = monotonic_now();
@@ -285,6 +314,34 @@ pub fn run(parent: i32, term_at: u64, kill_grace: Duration) -> anyhow::Result<()
                 Some(m) => dog.receive(m, now),
                 None => eprintln!("arbiter guard: ignoring a malformed message"),
             }
+        }
+    }
+}
+
+/// After the final kill: waits (up to a minute) for the agent to close the pipe or die, so
+/// that it reaps this process's exit code rather than killing it first.
+fn continue_until_dismissed(stdin: &std::io::Stdin, parent: i32, set: &nix::sys::signal::SigSet) {
+    use std::os::fd::AsFd;
+
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let until = monotonic_now() + 60_000_000_000;
+    let mut chunk = [0u8; 256];
+    while monotonic_now() < until && nix::unistd::getppid().as_raw() == parent {
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid signal set and timeout; no siginfo is requested.
+        if unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &zero) } == libc::SIGTERM
+        {
+            return;
+        }
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+        if let Ok(n) = poll(&mut fds, PollTimeout::from(100u16))
+            && n > 0
+            && matches!(nix::unistd::read(stdin.as_fd(), &mut chunk), Ok(0) | Err(_))
+        {
+            return;
         }
     }
 }

@@ -9,6 +9,12 @@ pub use lease_candidate::{
     LeaseCandidate, LeaseCandidateSpec, LeaseCandidateStatus, OLDEST_EMULATION_VERSION,
 };
 
+/// On a candidate: the term whose workload ran past the term's end, because the whole
+/// candidate (agent, guard and workload) was paused. A successor may have run beside it; only a
+/// resource that checks the fencing token was protected. Set by the agent, cleared when a new
+/// process of that identity registers; the operator reports it (condition `DoubleHolder`).
+pub const OVERRAN_ANNOTATION: &str = "arbiter.dev/overran-term";
+
 /// The CustomResourceDefinitions arbiter installs, rendered as one YAML stream (what `arbiter
 /// crd` prints and `crds/` holds).
 pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {

@@ -297,6 +297,17 @@ impl Handle {
         .unwrap_or_else(|_| Err(anyhow::anyhow!("releasing the lease timed out")))
     }
 
+    /// Records on the candidate that the workload of `term` ran past the term's end (annotation
+    /// [`crate::api::OVERRAN_ANNOTATION`]); the operator reports it as a double holder.
+    pub async fn report_overrun(&self, term: i32) -> anyhow::Result<()> {
+        tokio::time::timeout(
+            leadership::RELEASE_TIMEOUT,
+            registration::report_overrun(&self.client, &self.config, term),
+        )
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("reporting the overrun timed out")))
+    }
+
     /// Stops following, releases the lease if held, and deletes the candidate.
     pub async fn shutdown(self) {
         self.task.abort();

@@ -11,7 +11,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::Config;
-use crate::api::{LeaseCandidate, LeaseCandidateSpec};
+use crate::api::{LeaseCandidate, LeaseCandidateSpec, OVERRAN_ANNOTATION};
 use crate::lease::INCARNATION_ANNOTATION;
 
 /// How often the candidate refreshes `renewTime` on its own (it also answers every ping).
@@ -80,8 +80,10 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                 existing.spec.lease_name
             ),
             Some(_) => {
+                // A new process: an overrun reported by an earlier one is history (its Event
+                // and metric remain).
                 let patch = json!({
-                    "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } },
+                    "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation, OVERRAN_ANNOTATION: null } },
                     "spec": {
                         "binaryVersion": config.binary_version,
                         "emulationVersion": config.emulation_version,
@@ -188,6 +190,19 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
             }
         }
     }
+}
+
+/// Records that the workload of `term` overran its term (see [`crate::api::OVERRAN_ANNOTATION`]).
+pub async fn report_overrun(client: &Client, config: &Config, term: i32) -> anyhow::Result<()> {
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
+    let patch = json!({ "metadata": { "annotations": { OVERRAN_ANNOTATION: term.to_string() } } });
+    api.patch(
+        &config.identity,
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Deletes the candidate (on a clean exit).

@@ -626,6 +626,15 @@ impl Worker {
             .or(lease.as_deref())
             .map(lease::term)
             .unwrap_or(0);
+        // Agents whose workload outlived an earlier term (the whole candidate was paused).
+        let overruns: Vec<(String, i32)> = candidates
+            .iter()
+            .filter_map(|c| {
+                let t = c.annotations().get(crate::api::OVERRAN_ANNOTATION)?;
+                let t: i32 = t.parse().ok()?;
+                (t < term).then(|| (c.name_any(), t))
+            })
+            .collect();
         report(
             &self.client,
             &self.recorder,
@@ -636,6 +645,7 @@ impl Worker {
             holder,
             term,
             &duplicates,
+            &overruns,
         )
         .await;
 
@@ -974,12 +984,14 @@ async fn report(
     holder: Option<&str>,
     term: i32,
     duplicates: &[(String, Vec<String>)],
+    overruns: &[(String, i32)],
 ) {
     let facts = status::LeaseFacts {
         lease: &key.name,
         holder,
         term,
         duplicates,
+        overruns,
     };
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
     let mut updates = Vec::new();
@@ -1017,6 +1029,15 @@ async fn report(
                 EventType::Warning,
                 "DuplicateIdentity",
                 message(&conditions, status::DUPLICATE_IDENTITY),
+            ));
+        }
+        if became(status::DOUBLE_HOLDER) {
+            metrics.double_holders.inc();
+            tracing::error!(lease = %key, candidate = %name, "a workload ran past its term: double holder");
+            events.push((
+                EventType::Warning,
+                "DoubleHolder",
+                message(&conditions, status::DOUBLE_HOLDER),
             ));
         }
         if became(status::STRATEGY_CONFLICT) {

@@ -41,7 +41,8 @@ pub struct Metrics {
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
     /// Pods labelled `arbiter.dev/role=active` per single-active lease, as observed.
     pub active_pods: Family<LeaseLabels, Gauge>,
-    /// Times more than one pod of a lease was observed labelled active (must stay 0).
+    /// Double holders seen: more than one pod of a lease labelled active, or an agent's workload
+    /// that outlived its term (the whole candidate paused). Must stay 0.
     pub double_holders: Counter,
     /// From a handover request to the new holder's assignment (includes the workload's stop).
     pub handover_seconds: Histogram,
@@ -135,7 +136,7 @@ impl Metrics {
         let counters: [(&str, &str, &Counter); 8] = [
             (
                 "double_holders",
-                "Times more than one pod of a lease was seen labelled active (must stay 0)",
+                "Double holders seen: more than one pod of a lease labelled active, or an agent's workload that outlived its term because the whole candidate was paused (must stay 0)",
                 &m.double_holders,
             ),
             (

@@ -10,6 +10,7 @@ pub const ELIGIBLE: &str = "Eligible";
 pub const STRATEGY_CONFLICT: &str = "StrategyConflict";
 pub const SKEW_VIOLATION: &str = "SkewViolation";
 pub const DUPLICATE_IDENTITY: &str = "DuplicateIdentity";
+pub const DOUBLE_HOLDER: &str = "DoubleHolder";
 
 /// What the conditions are computed from, besides the decision.
 pub struct LeaseFacts<'a> {
@@ -18,6 +19,8 @@ pub struct LeaseFacts<'a> {
     pub term: i32,
     /// Candidates whose identity two live processes are using, with their incarnations.
     pub duplicates: &'a [(String, Vec<String>)],
+    /// Candidates whose workload ran past the end of an earlier term (it was paused), by term.
+    pub overruns: &'a [(String, i32)],
 }
 
 fn cond(
@@ -174,7 +177,26 @@ pub fn conditions(
             generation,
         ),
     };
-    vec![leader, eligible, conflict, skew, duplicate]
+    let double = match facts.overruns.iter().find(|(n, _)| n == candidate) {
+        Some((_, t)) => cond(
+            DOUBLE_HOLDER,
+            true,
+            "WorkloadOverranTerm",
+            format!(
+                "its workload of term {t} ran past the term's end (the candidate was paused) while the lease moved on (now term {}): two workloads may have run at once; only a resource that checks the fencing token was protected",
+                facts.term
+            ),
+            generation,
+        ),
+        None => cond(
+            DOUBLE_HOLDER,
+            false,
+            "NoOverrun",
+            "no workload of this candidate is known to have outlived its term".into(),
+            generation,
+        ),
+    };
+    vec![leader, eligible, conflict, skew, duplicate, double]
 }
 
 /// `desired` with the transition times of unchanged conditions carried over from `current`;
