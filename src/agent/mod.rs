@@ -9,8 +9,14 @@
 //! |---|---|---|
 //! | handover requested (a better candidate) | stops CMD, releases the lease | 0 |
 //! | renew deadline passed, holder changed, lease deleted, a background task died | stops CMD | 1 |
+//! | the agent itself stalls or hangs | its guard ([`watchdog`]) stops CMD at last renew + renew deadline; resumed, the agent exits | 1 |
+//! | the whole candidate was frozen past its lease | the guard stops CMD on resuming; the overrun is recorded on the candidate | 1 |
 //! | SIGTERM / SIGINT | stops CMD, releases the lease, deletes its candidate | 0 |
 //! | CMD exited on its own | releases the lease, deletes its candidate | CMD's code |
+//! | a flag error | prints it once, creates nothing | 2 |
+//!
+//! At start-up an unreachable API server is waited out (registration retried with backoff). As
+//! a container's PID 1 the agent reaps orphaned processes ([`reaper`]).
 
 mod child;
 mod reaper;
