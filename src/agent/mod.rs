@@ -16,7 +16,7 @@
 //! | a flag error | prints it once, creates nothing | 2 |
 //!
 //! At start-up an unreachable API server is waited out (registration retried with backoff). As
-//! a container's PID 1 the agent reaps orphaned processes ([`reaper`]).
+//! a container's PID 1 the agent reaps orphaned processes (see `reaper.rs`).
 
 mod child;
 mod reaper;

@@ -4,7 +4,7 @@
 //!
 //! For each lease: the holder, when the last record naming it was first seen, the longest
 //! duration it was given or wrote, and the pod uid recorded when the arbiter assigned it. The
-//! election core turns this into [`decide::Previous`]. The memory is replaced only by the
+//! election core turns this into [`crate::election::decide::Previous`]. The memory is replaced only by the
 //! arbiter's own assignment, or once the remembered term is certainly over.
 //!
 //! After a restart (or an HA failover) the memory starts empty: a holder is learned from the
