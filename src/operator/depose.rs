@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 
@@ -176,14 +176,7 @@ impl Deposer {
             };
             let result = match policy {
                 OnDepose::None => Ok(Outcome::Reported),
-                OnDepose::Evict => pods
-                    .evict(
-                        &t.pod,
-                        &EvictParams {
-                            delete_options: Some(only_this),
-                            ..EvictParams::default()
-                        },
-                    )
+                OnDepose::Evict => evict(&pods, &t.pod, &key.namespace, &t.uid)
                     .await
                     .map(|_| Outcome::Forced(policy)),
                 OnDepose::Delete => pods
@@ -232,6 +225,27 @@ impl Deposer {
         }
         (outcomes, retry)
     }
+}
+
+/// Evicts pod `name` only if it is still the pod `uid` (a policy/v1 Eviction whose
+/// `deleteOptions.preconditions.uid` names it). Written out here because kube's `Api::evict`
+/// (kube-core 5.0) serializes the options as `delete_options`, a field the API server does not
+/// know and drops, so its precondition would silently not apply.
+async fn evict(pods: &Api<Pod>, name: &str, namespace: &str, uid: &str) -> kube::Result<()> {
+    let eviction = serde_json::json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": { "name": name, "namespace": namespace },
+        "deleteOptions": { "preconditions": { "uid": uid } },
+    });
+    pods.create_subresource::<_, serde_json::Value>(
+        "eviction",
+        name,
+        &PostParams::default(),
+        &eviction,
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Parses [`PENDING_ANNOTATION`]; malformed entries are skipped.
@@ -290,7 +304,101 @@ impl Outcome {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
+
+    /// A client whose API server records each request (method, path, body) and answers `status`
+    /// with an empty object.
+    fn recording_client(status: u16) -> (Client, Arc<Mutex<Vec<(String, String, String)>>>) {
+        let seen: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
+        let log = seen.clone();
+        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let log = log.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = http_body_util::BodyExt::collect(body).await?.to_bytes();
+                log.lock().unwrap().push((
+                    parts.method.to_string(),
+                    parts.uri.path().to_string(),
+                    String::from_utf8_lossy(&bytes).into_owned(),
+                ));
+                let body = if status == 200 {
+                    r#"{"apiVersion":"v1","kind":"Status","status":"Success"}"#.to_string()
+                } else {
+                    format!(
+                        r#"{{"apiVersion":"v1","kind":"Status","status":"Failure","code":{status},"message":"Precondition failed: UID in precondition: a, UID in object meta: b","reason":"Conflict"}}"#
+                    )
+                };
+                Ok::<_, tower::BoxError>(
+                    http::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(body.into_bytes()))
+                        .unwrap(),
+                )
+            }
+        });
+        (Client::new(service, "ns"), seen)
+    }
+
+    fn key() -> LeaseKey {
+        LeaseKey {
+            namespace: "ns".into(),
+            name: "l".into(),
+        }
+    }
+
+    fn running_pod(uid: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("web-0".into());
+        p.metadata.uid = Some(uid.into());
+        p
+    }
+
+    #[tokio::test]
+    async fn evictions_and_deletions_name_the_pods_uid() {
+        for (policy, path) in [
+            (OnDepose::Evict, "/api/v1/namespaces/ns/pods/web-0/eviction"),
+            (OnDepose::Delete, "/api/v1/namespaces/ns/pods/web-0"),
+        ] {
+            let (client, seen) = recording_client(200);
+            let mut d = Deposer::default();
+            d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
+            let (outcomes, _) = d
+                .attempt(&client, &key(), policy, |_| Some(running_pod("uid-1")))
+                .await;
+            assert!(matches!(outcomes[0].1, Outcome::Forced(_)), "{outcomes:?}");
+            let seen = seen.lock().unwrap();
+            assert_eq!(seen.len(), 1, "{seen:?}");
+            assert_eq!(seen[0].1, path);
+            let body: serde_json::Value = serde_json::from_str(&seen[0].2).unwrap();
+            let preconditions = if policy == OnDepose::Evict {
+                assert_eq!(body["kind"], "Eviction", "{body}");
+                &body["deleteOptions"]["preconditions"]
+            } else {
+                &body["preconditions"]
+            };
+            assert_eq!(preconditions["uid"], "uid-1", "{body}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replacement_pod_with_the_same_name_ends_the_target_untouched() {
+        let (client, seen) = recording_client(409);
+        let mut d = Deposer::default();
+        d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
+        // The cache still shows the old pod; the server has a new one under the same name.
+        let (outcomes, retry) = d
+            .attempt(&client, &key(), OnDepose::Delete, |_| {
+                Some(running_pod("uid-1"))
+            })
+            .await;
+        assert!(matches!(outcomes[0].1, Outcome::Stopped), "{outcomes:?}");
+        assert_eq!(retry, None, "nothing left to retry");
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert_eq!(d.recorded(&key()), None);
+    }
 
     #[test]
     fn pending_targets_round_trip_through_the_annotation() {
