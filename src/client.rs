@@ -75,6 +75,11 @@ impl Gate {
         self.until.fetch_max(ns, Ordering::SeqCst);
     }
 
+    /// Closes the gate now (leadership is known to be lost).
+    pub fn close(&self) {
+        self.until.store(0, Ordering::SeqCst);
+    }
+
     pub fn is_open(&self) -> bool {
         let now = self.base.elapsed().as_nanos() as u64;
         now < self.until.load(Ordering::SeqCst)

@@ -25,6 +25,9 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
 /// Who last released the lease (set with `holderIdentity: ""`, cleared on assignment).
 pub const RELEASED_BY_ANNOTATION: &str = "arbiter.dev/released-by";
+/// The field manager of every Lease write arbiter makes: a release counts only when arbiter
+/// wrote it (see [`released_by`]).
+pub const FIELD_MANAGER: &str = "arbiter";
 
 /// A write that lost the compare-and-swap, or failed.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +66,7 @@ impl LeaseStore {
     pub async fn create(&self, lease: &Lease) -> Result<Lease, CasError> {
         let name = lease.name_any();
         self.api
-            .create(&PostParams::default(), lease)
+            .create(&params(), lease)
             .await
             .map_err(|e| classify(name, e))
     }
@@ -76,9 +79,16 @@ impl LeaseStore {
             "a Lease replace without resourceVersion is not a CAS"
         );
         self.api
-            .replace(&name, &PostParams::default(), lease)
+            .replace(&name, &params(), lease)
             .await
             .map_err(|e| classify(name, e))
+    }
+}
+
+fn params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
     }
 }
 
@@ -147,6 +157,36 @@ pub fn now() -> MicroTime {
     MicroTime(jiff::Timestamp::now())
 }
 
+/// Who released the lease, if it has no holder and the release was written by arbiter (an
+/// agent, or the operator on a pod's behalf): the annotation's field manager must be
+/// [`FIELD_MANAGER`], so a hand edit that sets it (`kubectl edit`, `kubectl patch`) does not
+/// pass for a holder's own release. Without managed fields (an API server that does not keep
+/// them) nothing counts as a release: the arbiter then waits for expiry.
+pub fn released_by(lease: &Lease) -> Option<&str> {
+    if holder(lease).is_some() {
+        return None;
+    }
+    let by = lease
+        .annotations()
+        .get(RELEASED_BY_ANNOTATION)
+        .map(String::as_str)
+        .filter(|b| !b.is_empty())?;
+    let key = format!("f:{RELEASED_BY_ANNOTATION}");
+    let owner = lease
+        .metadata
+        .managed_fields
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key))
+                .is_some()
+        })?;
+    (owner.manager.as_deref() == Some(FIELD_MANAGER)).then_some(by)
+}
+
 /// Marks the lease released (holder `""`, fresh renew time), recording who stepped down.
 pub fn mark_released(lease: &mut Lease, by: Option<&str>) {
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -182,6 +222,30 @@ pub fn set_annotation(lease: &mut Lease, key: &str, value: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_release_arbiter_wrote_counts() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let owned_by = |manager: &str| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            fields_v1: Some(FieldsV1(serde_json::json!({
+                "f:metadata": { "f:annotations": { "f:arbiter.dev/released-by": {} } },
+                "f:spec": { "f:holderIdentity": {} },
+            }))),
+            ..ManagedFieldsEntry::default()
+        };
+        let mut lease = Lease::default();
+        mark_released(&mut lease, Some("a"));
+        assert_eq!(released_by(&lease), None, "no managed fields: not trusted");
+        lease.metadata.managed_fields = Some(vec![owned_by(FIELD_MANAGER)]);
+        assert_eq!(released_by(&lease), Some("a"));
+        lease.metadata.managed_fields = Some(vec![owned_by("kubectl-patch")]);
+        assert_eq!(released_by(&lease), None, "set by hand");
+        lease.metadata.managed_fields = Some(vec![owned_by(FIELD_MANAGER)]);
+        lease.spec.as_mut().unwrap().holder_identity = Some("b".into());
+        assert_eq!(released_by(&lease), None, "held again");
+    }
 
     #[test]
     fn empty_holder_is_no_holder_and_annotations_stand_in_for_gated_fields() {

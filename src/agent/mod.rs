@@ -29,6 +29,10 @@ use crate::candidate::{Candidate, EndReason, State, Timings};
 use child::Workload;
 use tokio_util::sync::CancellationToken;
 
+/// The least time between the guard's SIGKILL deadline and the lease's expiry: room for the
+/// guard to wake, the kill to land, and the two monotonic clocks to differ a little.
+pub const MIN_MARGIN: Duration = Duration::from_millis(500);
+
 const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 /// `arbiter run` flags.
@@ -74,9 +78,9 @@ pub struct Settings {
 
 impl Settings {
     fn check(&self) -> anyhow::Result<()> {
-        if self.renew_deadline + self.kill_grace >= self.lease_duration {
+        if self.renew_deadline + self.kill_grace + MIN_MARGIN > self.lease_duration {
             crate::usage!(
-                "--renew-deadline ({:?}) + --kill-grace ({:?}) must be less than --lease-duration ({:?}): otherwise CMD could still run when the lease is given to someone else",
+                "--renew-deadline ({:?}) + --kill-grace ({:?}) must be less than --lease-duration ({:?}), by at least {MIN_MARGIN:?}: otherwise CMD could still run when the lease is given to someone else",
                 self.renew_deadline,
                 self.kill_grace,
                 self.lease_duration

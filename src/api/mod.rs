@@ -15,6 +15,10 @@ pub use lease_candidate::{
 /// process of that identity registers; the operator reports it (condition `DoubleHolder`).
 pub const OVERRAN_ANNOTATION: &str = "arbiter.dev/overran-term";
 
+/// On a candidate: the lease duration its agent writes when it holds the lease, in seconds.
+/// The arbiter waits at least this long for a holder whose Lease was edited by hand.
+pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds";
+
 /// The CustomResourceDefinitions arbiter installs, rendered as one YAML stream (what `arbiter
 /// crd` prints and `crds/` holds).
 pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {

@@ -11,7 +11,9 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::Config;
-use crate::api::{LeaseCandidate, LeaseCandidateSpec, OVERRAN_ANNOTATION};
+use crate::api::{
+    LEASE_DURATION_ANNOTATION, LeaseCandidate, LeaseCandidateSpec, OVERRAN_ANNOTATION,
+};
 use crate::lease::INCARNATION_ANNOTATION;
 
 /// How often the candidate refreshes `renewTime` on its own (it also answers every ping).
@@ -60,6 +62,7 @@ fn is_transient(e: &kube::Error) -> bool {
 
 async fn try_register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
+    let declared = config.timings.lease_duration.as_secs().to_string();
     // Twice at most: a create that loses a race with another writer becomes an update.
     for _ in 0..2 {
         let renew_time = Some(MicroTime(jiff::Timestamp::now()));
@@ -83,7 +86,11 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                 // A new process: an overrun reported by an earlier one is history (its Event
                 // and metric remain).
                 let patch = json!({
-                    "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation, OVERRAN_ANNOTATION: null } },
+                    "metadata": { "annotations": {
+                        INCARNATION_ANNOTATION: incarnation,
+                        OVERRAN_ANNOTATION: null,
+                        LEASE_DURATION_ANNOTATION: declared,
+                    } },
                     "spec": {
                         "binaryVersion": config.binary_version,
                         "emulationVersion": config.emulation_version,
@@ -108,8 +115,13 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                     renew_time,
                 };
                 let mut candidate = LeaseCandidate::new(&config.identity, spec);
-                candidate.metadata.annotations =
-                    Some([(INCARNATION_ANNOTATION.to_string(), incarnation.to_string())].into());
+                candidate.metadata.annotations = Some(
+                    [
+                        (INCARNATION_ANNOTATION.to_string(), incarnation.to_string()),
+                        (LEASE_DURATION_ANNOTATION.to_string(), declared.clone()),
+                    ]
+                    .into(),
+                );
                 if let (Some(pod), Some(uid)) = (&config.pod_name, &config.pod_uid) {
                     candidate.metadata.owner_references = Some(vec![OwnerReference {
                         api_version: "v1".into(),

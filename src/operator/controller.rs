@@ -424,18 +424,27 @@ impl Worker {
         });
         // What this process remembers of the holder: no edit of the Lease shortens a term.
         let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
+        // The holder's own candidate says more than the Lease (which anyone may edit): the pod
+        // it runs in, and the lease duration its agent writes.
+        let holder_candidate = observed
+            .and_then(|(l, _)| lease::holder(l))
+            .and_then(|h| candidates.iter().find(|c| c.name_any() == h));
+        let candidate_pod = holder_candidate
+            .and_then(|c| owner_pod(c))
+            .map(|(_, uid)| uid);
+        let declared = declared_duration(holder_candidate);
         let seen = observed.map(|(l, unchanged_for)| held::Seen {
             holder: lease::holder(l),
             since: now - unchanged_for,
-            duration: lease::duration(l).unwrap_or(self.settings.lease_duration),
-            pod_uid: l
-                .annotations()
-                .get(HOLDER_POD_ANNOTATION)
-                .map(String::as_str),
-            released_by: l
-                .annotations()
-                .get(lease::RELEASED_BY_ANNOTATION)
-                .map(String::as_str),
+            duration: lease::duration(l)
+                .unwrap_or(self.settings.lease_duration)
+                .max(declared),
+            pod_uid: candidate_pod.as_deref().or_else(|| {
+                l.annotations()
+                    .get(HOLDER_POD_ANNOTATION)
+                    .map(String::as_str)
+            }),
+            released_by: lease::released_by(l),
         });
         let leader = candidates.iter().find_map(|c| {
             let leads = c.status.as_ref().is_some_and(|s| {
@@ -472,7 +481,7 @@ impl Worker {
                 strategy: lease::strategy(l).map(str::to_string),
                 duration,
                 unchanged_for,
-                released_by: l.annotations().get(lease::RELEASED_BY_ANNOTATION).cloned(),
+                released_by: lease::released_by(l).map(str::to_string),
                 holder_pod_stopped: pod_stopped,
             }
         });
@@ -603,7 +612,11 @@ impl Worker {
                 Action::Assign { .. } | Action::CreateLease { .. }
             )
         {
-            let duration = lease::duration(w).unwrap_or(self.settings.lease_duration);
+            let duration = lease::duration(w)
+                .unwrap_or(self.settings.lease_duration)
+                .max(declared_duration(
+                    candidates.iter().find(|c| c.name_any() == h),
+                ));
             let pod_uid = w
                 .annotations()
                 .get(HOLDER_POD_ANNOTATION)
@@ -715,7 +728,16 @@ impl Worker {
         // Forced exits another replica left pending are carried on.
         let latest = written.as_ref().or(lease.as_deref());
         let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
-        self.deposer.restore(key, recorded.as_deref());
+        let ours: HashSet<String> = candidates
+            .iter()
+            .filter_map(|c| owner_pod(c).map(|(_, uid)| uid))
+            .chain(
+                plan.iter()
+                    .flat_map(|p| p.pods.iter().filter_map(|pod| pod.uid())),
+            )
+            .collect();
+        self.deposer
+            .restore(key, recorded.as_deref(), |t| ours.contains(&t.uid));
         let pods = self.caches.pods.clone();
         let ns = key.namespace.clone();
         let (outcomes, retry) = self
@@ -950,6 +972,15 @@ impl Worker {
         }
         Ok(written)
     }
+}
+
+/// The lease duration a candidate's agent says it writes (zero if it does not say).
+fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
+    candidate
+        .and_then(|c| c.annotations().get(crate::api::LEASE_DURATION_ANNOTATION))
+        .and_then(|d| d.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or_default()
 }
 
 /// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, no

@@ -115,10 +115,19 @@ impl Deposer {
         }
     }
 
-    /// Takes up the forced exits recorded on the Lease (by this or another replica).
-    pub fn restore(&mut self, key: &LeaseKey, recorded: Option<&str>) {
+    /// Takes up the forced exits recorded on the Lease (by this or another replica), only for
+    /// pods that `belongs` says are this lease's (an annotation anyone can edit must not make
+    /// the arbiter evict an arbitrary pod).
+    pub fn restore(
+        &mut self,
+        key: &LeaseKey,
+        recorded: Option<&str>,
+        belongs: impl Fn(&Target) -> bool,
+    ) {
         for t in parse_pending(recorded.unwrap_or_default()) {
-            self.add(key, t);
+            if belongs(&t) {
+                self.add(key, t);
+            }
         }
     }
 
@@ -310,8 +319,11 @@ mod tests {
 
     /// A client whose API server records each request (method, path, body) and answers `status`
     /// with an empty object.
-    fn recording_client(status: u16) -> (Client, Arc<Mutex<Vec<(String, String, String)>>>) {
-        let seen: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
+    /// What the stand-in API server saw: (method, path, body) per request.
+    type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+
+    fn recording_client(status: u16) -> (Client, Seen) {
+        let seen: Seen = Arc::default();
         let log = seen.clone();
         let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
             let log = log.clone();
@@ -413,9 +425,12 @@ mod tests {
         let recorded = d.recorded(&key).unwrap();
         assert_eq!(recorded, "c-a/pod-a/uid-a/2,c-b/pod-b/uid-b/0");
         let mut other = Deposer::default();
-        other.restore(&key, Some(&recorded));
+        other.restore(&key, Some(&recorded), |_| true);
         assert_eq!(other.recorded(&key).as_deref(), Some(recorded.as_str()));
-        other.restore(&key, Some("garbage,a/b/c/notanumber,/x//1"));
+        other.restore(&key, Some("garbage,a/b/c/notanumber,/x//1"), |_| true);
+        let mut picky = Deposer::default();
+        picky.restore(&key, Some(&recorded), |t| t.uid == "uid-b");
+        assert_eq!(picky.recorded(&key).as_deref(), Some("c-b/pod-b/uid-b/0"));
         assert_eq!(other.recorded(&key).as_deref(), Some(recorded.as_str()));
         // A finished target is not brought back by a stale annotation.
         other.done.insert("uid-a".into());
@@ -423,7 +438,7 @@ mod tests {
             done: other.done.clone(),
             ..Deposer::default()
         };
-        fresh.restore(&key, Some(&recorded));
+        fresh.restore(&key, Some(&recorded), |_| true);
         assert_eq!(fresh.recorded(&key).as_deref(), Some("c-b/pod-b/uid-b/0"));
     }
 }

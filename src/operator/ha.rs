@@ -34,6 +34,13 @@ pub struct Elector {
     gate: Gate,
 }
 
+/// Why a renew did not succeed.
+enum Renew {
+    /// The Lease is gone or names another replica.
+    Lost(String),
+    Failed(anyhow::Error),
+}
+
 /// Leadership was lost (the renew deadline passed); the caller must stop acting at once.
 #[derive(Debug, thiserror::Error)]
 #[error("lost leadership of lease {name}: no successful renew for {since:?}")]
@@ -63,9 +70,10 @@ impl Elector {
     /// (the renew deadline counts from there).
     pub async fn acquire(&self) -> Instant {
         let mut seen: Option<(String, Instant)> = None;
+        let mut ever_seen = false;
         loop {
             let sent = Instant::now();
-            match self.try_acquire(&mut seen).await {
+            match self.try_acquire(&mut seen, &mut ever_seen).await {
                 Ok(true) => {
                     self.gate.open_until(sent + self.timings.renew_deadline);
                     return sent;
@@ -77,16 +85,17 @@ impl Elector {
         }
     }
 
-    async fn try_acquire(&self, seen: &mut Option<(String, Instant)>) -> anyhow::Result<bool> {
-        let Some(current) = self.store.get(&self.name).await? else {
-            let mut l = Lease::default();
-            l.metadata.name = Some(self.name.clone());
-            l.spec = Some(self.record(1));
-            self.store.create(&l).await?;
-            tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease (created)");
-            return Ok(true);
+    async fn try_acquire(
+        &self,
+        seen: &mut Option<(String, Instant)>,
+        ever_seen: &mut bool,
+    ) -> anyhow::Result<bool> {
+        let current = self.store.get(&self.name).await?;
+        // How long the Lease has looked like this (missing included), on this clock.
+        let fingerprint = match &current {
+            None => "missing".to_string(),
+            Some(l) => serde_json::to_string(&l.spec)?,
         };
-        let fingerprint = serde_json::to_string(&current.spec)?;
         let now = Instant::now();
         let first_seen = match seen {
             Some((f, t)) if *f == fingerprint => *t,
@@ -95,12 +104,32 @@ impl Elector {
                 now
             }
         };
-        let free = match lease::holder(&current) {
-            None => true,
-            Some(h) if h == self.identity => true,
-            Some(_) => {
-                now - first_seen >= lease::duration(&current).unwrap_or(self.timings.lease_duration)
+        // A full duration of silence, judged with the longest duration either side knows: a
+        // deleted Lease, a holder cleared by hand, or a lowered duration do not shorten it.
+        let quiet = |l: Option<&Lease>| {
+            let written = l.and_then(lease::duration).unwrap_or_default();
+            now - first_seen >= written.max(self.timings.lease_duration)
+        };
+        let existed = *ever_seen;
+        *ever_seen |= current.is_some();
+        let Some(current) = current else {
+            // Deleted while this replica watched (the active one may still be writing): wait a
+            // full duration. Never seen at all (a fresh install): take it at once.
+            if existed && !quiet(None) {
+                return Ok(false);
             }
+            let mut l = Lease::default();
+            l.metadata.name = Some(self.name.clone());
+            l.spec = Some(self.record(1));
+            self.store.create(&l).await?;
+            tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease (created)");
+            return Ok(true);
+        };
+        let free = match lease::holder(&current) {
+            // Released by the active replica itself (on SIGTERM): at once.
+            None if lease::released_by(&current).is_some() => true,
+            Some(h) if h == self.identity => true,
+            _ => quiet(Some(&current)),
         };
         if !free {
             return Ok(false);
@@ -140,7 +169,15 @@ impl Elector {
                     last_ok = sent;
                     self.gate.open_until(sent + self.timings.renew_deadline);
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "renewing the operator lease failed"),
+                // The Lease is gone or names someone else: stop writing now, not at the deadline.
+                Ok(Err(Renew::Lost(why))) => {
+                    self.gate.close();
+                    tracing::error!(lease = %self.name, %why, "lost the operator lease");
+                    break;
+                }
+                Ok(Err(Renew::Failed(e))) => {
+                    tracing::warn!(error = %e, "renewing the operator lease failed")
+                }
                 Err(_) => break,
             }
         }
@@ -150,20 +187,32 @@ impl Elector {
         }
     }
 
-    async fn renew(&self) -> anyhow::Result<()> {
-        let Some(mut l) = self.store.get(&self.name).await? else {
-            anyhow::bail!("operator lease {} was deleted", self.name)
+    async fn renew(&self) -> Result<(), Renew> {
+        let failed = |e: anyhow::Error| Renew::Failed(e);
+        let Some(mut l) = self
+            .store
+            .get(&self.name)
+            .await
+            .map_err(|e| failed(e.into()))?
+        else {
+            return Err(Renew::Lost("it was deleted".into()));
         };
         if lease::holder(&l) != Some(self.identity.as_str()) {
-            anyhow::bail!(
-                "operator lease {} is now held by {:?}",
-                self.name,
+            return Err(Renew::Lost(format!(
+                "it is now held by {:?}",
                 lease::holder(&l)
-            );
+            )));
         }
-        l.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(lease::now());
-        self.store.replace(&l).await?;
-        Ok(())
+        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+        spec.renew_time = Some(lease::now());
+        // Renewing also restores the duration, should someone have lowered it.
+        spec.lease_duration_seconds =
+            Some(crate::flags::lease_seconds(self.timings.lease_duration));
+        match self.store.replace(&l).await {
+            Ok(_) => Ok(()),
+            // Someone wrote the Lease since it was read: look again next time.
+            Err(e) => Err(failed(e.into())),
+        }
     }
 
     /// Gives the Lease up (holder `""`) so a standby takes over at once.
@@ -174,7 +223,7 @@ impl Elector {
         if lease::holder(&l) != Some(self.identity.as_str()) {
             return Ok(());
         }
-        lease::mark_released(&mut l, None);
+        lease::mark_released(&mut l, Some(&self.identity));
         self.store.replace(&l).await?;
         tracing::info!(lease = %l.name_any(), "released operator lease");
         Ok(())

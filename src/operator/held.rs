@@ -8,8 +8,10 @@
 //! arbiter's own assignment, or once the remembered term is certainly over.
 //!
 //! After a restart (or an HA failover) the memory starts empty: a holder is learned from the
-//! Lease when first seen, or, when the Lease is gone, from the candidate whose `Leader`
-//! condition the arbiter last set to True, with a full duration to wait from that moment.
+//! Lease when first seen (with at least the arbiter's own lease duration, in case the record
+//! was edited already), or, when the Lease is gone or names nobody without its holder having
+//! released it, from the candidate whose `Leader` condition the arbiter last set to True, with
+//! a full duration to wait from that moment.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -58,6 +60,7 @@ impl Held {
         stopped: impl Fn(&str) -> bool,
     ) {
         let current = self.terms.get(key);
+        let known = current.is_some();
         let over = current.is_none_or(|t| over(t, lease, now, &stopped));
         match (lease, lease.and_then(|l| l.holder)) {
             (Some(l), Some(h)) => match self.terms.get_mut(key) {
@@ -69,18 +72,26 @@ impl Held {
                 // keep remembering that term.
                 Some(_) if !over => {}
                 _ => {
+                    // First seen by this process (after a start or a failover), the record
+                    // may already have been edited: a full duration at least, from now.
+                    let duration = if known {
+                        l.duration
+                    } else {
+                        l.duration.max(fallback_duration)
+                    };
                     let term = Term {
                         holder: h.to_string(),
                         last_seen: l.since,
-                        duration: l.duration,
+                        duration,
                         pod_uid: l.pod_uid.map(str::to_string),
                     };
                     self.terms.insert(key.clone(), term);
                 }
             },
-            (None, _) if current.is_none() => {
-                // Nothing seen since this process started, and no Lease: the last reported
-                // leader may still run; give it a full duration from now.
+            // Nothing known since this process started, and no Lease, or one without a holder
+            // that its holder did not release: the last reported leader may still run; give
+            // it a full duration from now.
+            (_, None) if !known && lease.is_none_or(|l| l.released_by.is_none()) => {
                 if let Some((holder, pod_uid)) = leader {
                     let term = Term {
                         holder: holder.to_string(),
@@ -275,6 +286,29 @@ mod tests {
             .previous(&key(), t0 + Duration::from_secs(9), |_| false)
             .unwrap();
         assert_eq!(p.quiet_for, Duration::from_secs(9));
+    }
+
+    #[test]
+    fn after_a_failover_an_unreleased_empty_lease_waits_for_the_last_reported_leader() {
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        let cleared = seen(None, t0, Duration::from_secs(1));
+        held.observe(&key(), Some(&cleared), Some(("a", None)), D, t0, |_| false);
+        let p = held.previous(&key(), t0, |_| false).unwrap();
+        assert_eq!((p.holder.as_str(), p.duration), ("a", D));
+        // Released by the holder itself: nothing to wait for.
+        let mut other = Held::default();
+        let released = Seen {
+            released_by: Some("a"),
+            ..seen(None, t0, D)
+        };
+        other.observe(&key(), Some(&released), Some(("a", None)), D, t0, |_| false);
+        assert!(other.previous(&key(), t0, |_| false).is_none());
+        // A holder first seen with a lowered duration still gets the arbiter's full one.
+        let mut third = Held::default();
+        let lowered = seen(Some("a"), t0, Duration::from_secs(1));
+        third.observe(&key(), Some(&lowered), None, D, t0, |_| false);
+        assert_eq!(third.previous(&key(), t0, |_| false).unwrap().duration, D);
     }
 
     #[test]

@@ -66,13 +66,25 @@ impl StoppedPods {
     }
 }
 
-/// In a terminal phase: every container has terminated and none will restart. Not when the
-/// pod garbage collector set the phase ([`failed_by_gc`]): then no kubelet said anything.
+/// In a terminal phase as the kubelet reports it: every container has terminated and none
+/// will restart. Not when the pod garbage collector set the phase: for a pod whose Node object
+/// was deleted ([`failed_by_gc`]), or a terminating pod on a node tainted out-of-service, no
+/// kubelet said anything, and the container statuses it last wrote may still say running.
 pub fn terminal(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+    let status = pod.status.as_ref();
+    let phase_terminal = matches!(
+        status.and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
-    ) && !failed_by_gc(pod)
+    );
+    let still_running = status
+        .into_iter()
+        .flat_map(|s| {
+            let main = s.container_statuses.as_deref().unwrap_or_default();
+            let init = s.init_container_statuses.as_deref().unwrap_or_default();
+            main.iter().chain(init)
+        })
+        .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()));
+    phase_terminal && !still_running && !failed_by_gc(pod)
 }
 
 /// Marked Failed by the pod garbage collector because its Node object is gone (condition
@@ -144,8 +156,17 @@ mod tests {
         stopped.observe(&pod("unknown", "Running", &[]), true);
         stopped.observe(&pod("containers-done", "Running", &[true]), false);
         stopped.observe(&pod("failed", "Failed", &[]), false);
+        // Failed, but a container still reported running: the phase was not the kubelet's
+        // (the pod GC fails terminating pods on out-of-service nodes without a condition).
+        stopped.observe(&pod("failed-running", "Failed", &[true, false]), false);
         stopped.observe(&pod("deleted-done", "Running", &[true, true]), true);
-        for uid in ["running", "terminating", "unknown", "containers-done"] {
+        for uid in [
+            "running",
+            "terminating",
+            "unknown",
+            "containers-done",
+            "failed-running",
+        ] {
             assert!(!stopped.contains("ns", uid), "{uid} is not proof");
         }
         for uid in ["failed", "deleted-done"] {
@@ -170,16 +191,10 @@ mod tests {
         assert!(!stopped.contains("ns", "gc"));
         assert!(!terminal(&gc));
         // The kubelet's own eviction (TerminationByKubelet) is a kubelet report: proof.
-        let mut evicted = gc.clone();
-        evicted.metadata.uid = Some("evicted".into());
-        evicted
-            .status
-            .as_mut()
-            .unwrap()
-            .conditions
-            .as_mut()
-            .unwrap()[0]
-            .reason = Some("TerminationByKubelet".into());
+        let mut evicted = pod("evicted", "Failed", &[true]);
+        let mut condition = gc.status.as_ref().unwrap().conditions.clone().unwrap();
+        condition[0].reason = Some("TerminationByKubelet".into());
+        evicted.status.as_mut().unwrap().conditions = Some(condition);
         stopped.observe(&evicted, false);
         assert!(stopped.contains("ns", "evicted"));
     }
