@@ -39,6 +39,8 @@ crate::tests![agent:
     clearing_the_holder_does_not_shorten_its_term,
     lowering_the_lease_duration_does_not_shorten_the_term,
     forging_the_holder_pod_uid_does_not_shorten_the_term,
+    forging_a_release_does_not_shorten_the_term,
+    clearing_the_holder_then_failing_over_does_not_shorten_its_term,
     a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop,
     a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
     two_agents_with_one_identity_are_reported,
@@ -806,6 +808,11 @@ enum HandEdit {
     LowerDuration,
     /// `arbiter.dev/holder-pod-uid` pointed at a pod that has stopped.
     ForgePodUid,
+    /// `holderIdentity: ""` with `arbiter.dev/released-by` naming the holder, by hand.
+    ForgeRelease,
+    /// The holder cleared, then the active operator replica replaced (it shuts down, a standby
+    /// with no memory of the lease takes over at once).
+    ClearHolderAndFailover,
 }
 
 async fn deleting_the_lease_does_not_shorten_the_holders_term(env: Arc<TestEnv>) {
@@ -824,6 +831,14 @@ async fn forging_the_holder_pod_uid_does_not_shorten_the_term(env: Arc<TestEnv>)
     hand_edit_does_not_shorten_the_term(env, HandEdit::ForgePodUid).await
 }
 
+async fn forging_a_release_does_not_shorten_the_term(env: Arc<TestEnv>) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::ForgeRelease).await
+}
+
+async fn clearing_the_holder_then_failing_over_does_not_shorten_its_term(env: Arc<TestEnv>) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::ClearHolderAndFailover).await
+}
+
 /// Whatever the edit, the next holder's workload starts only after the edited-out holder's
 /// workload has stopped: the arbiter waits out the holder's full lease duration from its last
 /// record, by which time the guard has stopped the workload of the stalled agent. (Today's main
@@ -833,7 +848,16 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     use crate::support::agent::{SLOW_STOP_WORKLOAD, agent_args_with};
     use kube::api::{DeleteParams, Patch, PatchParams};
     use nix::sys::signal::killpg;
-    let _op = operator(&env);
+    // Two replicas for the failover case (the first one is the active one).
+    let mut ha = crate::support::operator::FAST_HA.to_vec();
+    ha.extend(["--lease-duration", "10s"]);
+    let mut first = Operator::start(&env, &ha);
+    let leases: Api<Lease> = env.api();
+    let active = eventually("an active operator", DEADLINE, || async {
+        lease::holder(&leases.get("arbiter-operator").await.ok()?).map(str::to_string)
+    })
+    .await;
+    let _second = (edit == HandEdit::ClearHolderAndFailover).then(|| Operator::start(&env, &ha));
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let spawn = |id: &str, version: &str| {
@@ -871,7 +895,6 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     };
 
     // a stalls; b, better (older), joins: the arbiter asks a to hand over, and a cannot.
-    let leases: Api<Lease> = env.api();
     let agent_group = Pid::from_raw(a.pid());
     killpg(agent_group, Signal::SIGSTOP).unwrap();
     let _b = spawn("b", "1.29.0");
@@ -900,6 +923,26 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
             let uid = stopped_pod.expect("made above");
             let p = json!({ "metadata": { "annotations": { "arbiter.dev/holder-pod-uid": uid } } });
             leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+        }
+        HandEdit::ForgeRelease => {
+            let p = json!({
+                "metadata": { "annotations": { "arbiter.dev/released-by": "a" } },
+                "spec": { "holderIdentity": "" },
+            });
+            leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+        }
+        HandEdit::ClearHolderAndFailover => {
+            let p = json!({ "spec": { "holderIdentity": "" } });
+            leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+            // The active replica shuts down (a rolling update): it releases its own lease, and
+            // the standby, which never saw this lease held, takes over at once.
+            kill(Pid::from_raw(first.pid()), Signal::SIGTERM).unwrap();
+            first.wait_exit(DEADLINE).await;
+            eventually("the standby to take over", DEADLINE, || async {
+                let l = leases.get("arbiter-operator").await.ok()?;
+                lease::holder(&l).filter(|h| *h != active).map(|_| ())
+            })
+            .await;
         }
     }
     let result = std::panic::AssertUnwindSafe(async {

@@ -38,6 +38,8 @@ crate::tests![operator:
     standby_operator_takes_over_on_sigterm,
     standby_operator_takes_over_after_sigkill,
     a_cut_off_operator_stops_acting_before_the_standby_takes_over,
+    deleting_the_operator_lease_does_not_make_two_arbiters,
+    clearing_the_operator_lease_does_not_make_two_arbiters,
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
@@ -517,6 +519,60 @@ async fn a_cut_off_operator_stops_acting_before_the_standby_takes_over(env: Arc<
     assert!(
         stale.is_empty(),
         "written by {a_id} after the cut: {stale:?}"
+    );
+}
+
+async fn deleting_the_operator_lease_does_not_make_two_arbiters(env: Arc<TestEnv>) {
+    operator_lease_edit_does_not_make_two_arbiters(env, true).await
+}
+
+async fn clearing_the_operator_lease_does_not_make_two_arbiters(env: Arc<TestEnv>) {
+    operator_lease_edit_does_not_make_two_arbiters(env, false).await
+}
+
+/// The operators' own HA Lease edited by hand (deleted, or its holder cleared): the active
+/// replica stops at its next renew, and the standby, which cannot tell the edit from nothing,
+/// takes over only after a full HA lease duration. (Before: the standby took over at once while
+/// the active replica went on writing until its renew deadline.)
+async fn operator_lease_edit_does_not_make_two_arbiters(env: Arc<TestEnv>, delete: bool) {
+    let (mut first, second, active) = two_operators(&env).await;
+    eventually("the standby to stand by", DEADLINE, || async {
+        second
+            .logs()
+            .contains("standing by for the operator lease")
+            .then_some(())
+    })
+    .await;
+    let leases: Api<Lease> = env.api();
+    if delete {
+        leases
+            .delete("arbiter-operator", &DeleteParams::default())
+            .await
+            .unwrap();
+    } else {
+        let p = json!({ "spec": { "holderIdentity": "" } });
+        leases
+            .patch(
+                "arbiter-operator",
+                &PatchParams::default(),
+                &Patch::Merge(&p),
+            )
+            .await
+            .unwrap();
+    }
+    let next = eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| *h != active)
+    })
+    .await;
+    assert!(
+        first.exited(),
+        "{next} took over while {active} was still running"
+    );
+    assert_eq!(first.wait_exit(DEADLINE).await, Some(1));
+    assert!(
+        first.logs().contains("lost the operator lease"),
+        "{}",
+        first.logs()
     );
 }
 

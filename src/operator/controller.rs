@@ -630,9 +630,16 @@ impl Worker {
             &decision.action,
             written.is_some(),
         );
+        // While a hand-edited-out holder's term may still run, it is still reported as the
+        // leader (its Leader condition is also what a replica taking over remembers it by).
+        let waiting_for = match &decision.action {
+            Action::WaitForTerm { holder, .. } => Some(holder.as_str()),
+            _ => None,
+        };
         let holder = written
             .as_ref()
             .and_then(|l| lease::holder(l))
+            .or(waiting_for)
             .or(lease.as_deref().and_then(lease::holder));
         let term = written
             .as_ref()
