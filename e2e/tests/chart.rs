@@ -18,6 +18,7 @@ use crate::support::{TestEnv, eventually, repo_root};
 
 crate::tests![chart:
     lint_is_clean,
+    the_schema_refuses_lease_durations_that_are_not_whole_seconds,
     manifests_match_the_chart,
     crd_template_matches_the_generated_crd,
     install_upgrade_uninstall,
@@ -77,6 +78,35 @@ async fn lint_is_clean(_env: Arc<TestEnv>) {
     assert!(
         !out.contains("[WARNING]") && !out.contains("[ERROR]"),
         "{out}"
+    );
+}
+
+/// `leaseDurationSeconds` holds whole seconds: the chart refuses anything else at install time
+/// (the operator would refuse it at start, exit 2).
+async fn the_schema_refuses_lease_durations_that_are_not_whole_seconds(_env: Arc<TestEnv>) {
+    let chart = chart();
+    for value in [
+        "operator.leaseDuration=2500ms",
+        "operator.ha.leaseDuration=0s",
+    ] {
+        let out = std::process::Command::new(helm())
+            .args(["template", "x", chart.to_str().unwrap(), "--set", value])
+            .env("HELM_CACHE_HOME", "/tmp")
+            .output()
+            .expect("running helm");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{value} was accepted");
+        assert!(stderr.contains("leaseDuration"), "{value}: {stderr}");
+    }
+    run_helm(
+        None,
+        &[
+            "template",
+            "x",
+            chart.to_str().unwrap(),
+            "--set",
+            "operator.leaseDuration=20s",
+        ],
     );
 }
 
