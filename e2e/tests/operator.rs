@@ -40,6 +40,7 @@ crate::tests![operator:
     a_cut_off_operator_stops_acting_before_the_standby_takes_over,
     deleting_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_does_not_make_two_arbiters,
+    clearing_the_operator_lease_after_a_release_does_not_make_two_arbiters,
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
@@ -523,19 +524,38 @@ async fn a_cut_off_operator_stops_acting_before_the_standby_takes_over(env: Arc<
 }
 
 async fn deleting_the_operator_lease_does_not_make_two_arbiters(env: Arc<TestEnv>) {
-    operator_lease_edit_does_not_make_two_arbiters(env, true).await
+    let (first, second, active) = two_operators(&env).await;
+    operator_lease_edit_does_not_make_two_arbiters(&env, (first, second, active), true).await
 }
 
 async fn clearing_the_operator_lease_does_not_make_two_arbiters(env: Arc<TestEnv>) {
-    operator_lease_edit_does_not_make_two_arbiters(env, false).await
+    let (first, second, active) = two_operators(&env).await;
+    operator_lease_edit_does_not_make_two_arbiters(&env, (first, second, active), false).await
+}
+
+/// The same after a rolling replacement: the lease was once released (on SIGTERM), and that
+/// old release must not pass for one when the holder is later cleared by hand.
+async fn clearing_the_operator_lease_after_a_release_does_not_make_two_arbiters(env: Arc<TestEnv>) {
+    let (mut first, second, active) = two_operators(&env).await;
+    kill(Pid::from_raw(first.pid()), Signal::SIGTERM).unwrap();
+    assert_eq!(first.wait_exit(DEADLINE).await, Some(0));
+    let next = eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| *h != active)
+    })
+    .await;
+    let third = Operator::start(&env, &FAST_HA);
+    operator_lease_edit_does_not_make_two_arbiters(&env, (second, third, next), false).await
 }
 
 /// The operators' own HA Lease edited by hand (deleted, or its holder cleared): the active
 /// replica stops at its next renew, and the standby, which cannot tell the edit from nothing,
 /// takes over only after a full HA lease duration. (Before: the standby took over at once while
 /// the active replica went on writing until its renew deadline.)
-async fn operator_lease_edit_does_not_make_two_arbiters(env: Arc<TestEnv>, delete: bool) {
-    let (mut first, second, active) = two_operators(&env).await;
+async fn operator_lease_edit_does_not_make_two_arbiters(
+    env: &TestEnv,
+    (mut first, second, active): (Operator, Operator, String),
+    delete: bool,
+) {
     eventually("the standby to stand by", DEADLINE, || async {
         second
             .logs()
@@ -561,7 +581,7 @@ async fn operator_lease_edit_does_not_make_two_arbiters(env: Arc<TestEnv>, delet
             .unwrap();
     }
     let next = eventually("the standby to take over", DEADLINE, || async {
-        ha_holder(&env).await.filter(|h| *h != active)
+        ha_holder(env).await.filter(|h| *h != active)
     })
     .await;
     assert!(

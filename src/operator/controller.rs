@@ -452,12 +452,16 @@ impl Worker {
                     .iter()
                     .any(|x| x.type_ == "Leader" && x.status == "True")
             });
-            leads.then(|| (c.name_any(), owner_pod(c).map(|(_, uid)| uid)))
+            leads.then(|| held::Leader {
+                name: c.name_any(),
+                pod_uid: owner_pod(c).map(|(_, uid)| uid),
+                declared: declared_duration(Some(c)),
+            })
         });
         self.held.observe(
             key,
             seen.as_ref(),
-            leader.as_ref().map(|(n, u)| (n.as_str(), u.as_deref())),
+            leader.as_ref(),
             self.settings.lease_duration,
             now,
             stopped,

@@ -136,6 +136,8 @@ impl Elector {
         }
         let mut l = current.clone();
         l.spec = Some(self.record(lease::term(&current) + 1));
+        // The last release is history: a later hand edit clearing the holder must not pass for it.
+        lease::set_annotation(&mut l, lease::RELEASED_BY_ANNOTATION, None);
         self.store.replace(&l).await?;
         tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease");
         Ok(true)

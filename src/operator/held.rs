@@ -30,6 +30,16 @@ struct Term {
     pod_uid: Option<String>,
 }
 
+/// The candidate whose `Leader` condition the arbiter last set to True: the memory a replica
+/// taking over inherits.
+#[derive(Clone, Debug)]
+pub struct Leader {
+    pub name: String,
+    pub pod_uid: Option<String>,
+    /// The lease duration its agent declares (zero if none).
+    pub declared: Duration,
+}
+
 /// The Lease as the arbiter sees it now, for [`Held::observe`].
 pub struct Seen<'a> {
     pub holder: Option<&'a str>,
@@ -54,7 +64,7 @@ impl Held {
         &mut self,
         key: &LeaseKey,
         lease: Option<&Seen>,
-        leader: Option<(&str, Option<&str>)>,
+        leader: Option<&Leader>,
         fallback_duration: Duration,
         now: Instant,
         stopped: impl Fn(&str) -> bool,
@@ -62,6 +72,24 @@ impl Held {
         let current = self.terms.get(key);
         let known = current.is_some();
         let over = current.is_none_or(|t| over(t, lease, now, &stopped));
+        let remember_leader = |terms: &mut HashMap<LeaseKey, Term>, leader: &Leader| {
+            let term = Term {
+                holder: leader.name.clone(),
+                last_seen: now,
+                duration: fallback_duration.max(leader.declared),
+                pod_uid: leader.pod_uid.clone(),
+            };
+            terms.insert(key.clone(), term);
+        };
+        // First look since this process started, and the Lease names someone other than the
+        // candidate last reported leader (an edit made before, or during, a failover): the
+        // reported leader may still run; its term comes first.
+        if let (false, Some(l), Some(leader)) = (known, lease, leader)
+            && l.holder.is_some_and(|h| h != leader.name)
+        {
+            remember_leader(&mut self.terms, leader);
+            return;
+        }
         match (lease, lease.and_then(|l| l.holder)) {
             (Some(l), Some(h)) => match self.terms.get_mut(key) {
                 Some(t) if t.holder == h => {
@@ -92,14 +120,8 @@ impl Held {
             // that its holder did not release: the last reported leader may still run; give
             // it a full duration from now.
             (_, None) if !known && lease.is_none_or(|l| l.released_by.is_none()) => {
-                if let Some((holder, pod_uid)) = leader {
-                    let term = Term {
-                        holder: holder.to_string(),
-                        last_seen: now,
-                        duration: fallback_duration,
-                        pod_uid: pod_uid.map(str::to_string),
-                    };
-                    self.terms.insert(key.clone(), term);
+                if let Some(leader) = leader {
+                    remember_leader(&mut self.terms, leader);
                 }
             }
             _ => {}
@@ -171,6 +193,47 @@ mod tests {
     }
 
     const D: Duration = Duration::from_secs(15);
+
+    fn leader(name: &str) -> Leader {
+        Leader {
+            name: name.into(),
+            pod_uid: None,
+            declared: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn after_a_failover_the_reported_leader_comes_before_a_holder_named_by_hand() {
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        // The Lease names b (set by hand, with b's stopped pod); a was reported leader and
+        // declares a 60 s lease.
+        let hand = Seen {
+            pod_uid: Some("uid-b"),
+            ..seen(Some("b"), t0, D)
+        };
+        let a = Leader {
+            declared: Duration::from_secs(60),
+            ..leader("a")
+        };
+        held.observe(&key(), Some(&hand), Some(&a), D, t0, |uid| uid == "uid-b");
+        let p = held.previous(&key(), t0, |uid| uid == "uid-b").unwrap();
+        assert_eq!(
+            (p.holder.as_str(), p.duration, p.pod_stopped),
+            ("a", Duration::from_secs(60), false)
+        );
+        // The reported leader named by the Lease: the Lease's record is learned as usual.
+        let mut same = Held::default();
+        same.observe(
+            &key(),
+            Some(&seen(Some("a"), t0, D)),
+            Some(&leader("a")),
+            D,
+            t0,
+            |_| false,
+        );
+        assert_eq!(same.previous(&key(), t0, |_| false).unwrap().holder, "a");
+    }
 
     fn seen(holder: Option<&str>, since: Instant, duration: Duration) -> Seen<'_> {
         Seen {
@@ -265,7 +328,7 @@ mod tests {
     fn without_memory_a_missing_lease_waits_a_full_duration_for_the_last_reported_leader() {
         let t0 = Instant::now();
         let mut held = Held::default();
-        held.observe(&key(), None, Some(("a", None)), D, t0, |_| false);
+        held.observe(&key(), None, Some(&leader("a")), D, t0, |_| false);
         let p = held
             .previous(&key(), t0 + Duration::from_secs(3), |_| false)
             .unwrap();
@@ -277,7 +340,7 @@ mod tests {
         held.observe(
             &key(),
             None,
-            Some(("a", None)),
+            Some(&leader("a")),
             D,
             t0 + Duration::from_secs(9),
             |_| false,
@@ -293,7 +356,7 @@ mod tests {
         let t0 = Instant::now();
         let mut held = Held::default();
         let cleared = seen(None, t0, Duration::from_secs(1));
-        held.observe(&key(), Some(&cleared), Some(("a", None)), D, t0, |_| false);
+        held.observe(&key(), Some(&cleared), Some(&leader("a")), D, t0, |_| false);
         let p = held.previous(&key(), t0, |_| false).unwrap();
         assert_eq!((p.holder.as_str(), p.duration), ("a", D));
         // Released by the holder itself: nothing to wait for.
@@ -302,7 +365,9 @@ mod tests {
             released_by: Some("a"),
             ..seen(None, t0, D)
         };
-        other.observe(&key(), Some(&released), Some(("a", None)), D, t0, |_| false);
+        other.observe(&key(), Some(&released), Some(&leader("a")), D, t0, |_| {
+            false
+        });
         assert!(other.previous(&key(), t0, |_| false).is_none());
         // A holder first seen with a lowered duration still gets the arbiter's full one.
         let mut third = Held::default();

@@ -104,13 +104,20 @@ fn containers_stopped(pod: &Pod) -> bool {
     if terminal(pod) {
         return true;
     }
-    let statuses = pod
-        .status
-        .as_ref()
+    let status = pod.status.as_ref();
+    let main = status
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default();
-    !statuses.is_empty()
-        && statuses
+    // Init containers too: a sidecar (a restartable init container) may still run.
+    let init = status
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    !main.is_empty()
+        && main
+            .iter()
+            .chain(init)
+            .all(|s| s.state.as_ref().is_none_or(|st| st.running.is_none()))
+        && main
             .iter()
             .all(|s| s.state.as_ref().is_some_and(|st| st.terminated.is_some()))
 }
