@@ -267,7 +267,15 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
     let mut ns = Namespace::default();
     ns.metadata.name = Some(NS.into());
     let _ = namespaces.create(&PostParams::default(), &ns).await;
-    let dir = tempfile::tempdir().unwrap();
+    // Kept after the run (agents' and operators' logs), for the post-mortem of a violation.
+    let dir = tempfile::Builder::new()
+        .prefix("arbiter-chaos-")
+        .tempdir()
+        .unwrap()
+        .keep();
+    println!("chaos: logs in {}", dir.display());
+    // SAFETY: set before any thread that reads the environment is started by this run.
+    unsafe { std::env::set_var("ARBITER_E2E_KEEP_LOGS", &dir) };
     let start = Instant::now();
     let (port, writes) = fenced_resource(start).await;
     let op_args = [
@@ -297,8 +305,8 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
     let mut agents = Vec::new();
     for (i, version) in ["1.30.0", "1.30.0", "1.31.0"].iter().enumerate() {
         let proxy = Proxy::start(apiserver(kubeconfig)).await;
-        let kc = proxy.kubeconfig(kubeconfig, dir.path());
-        let kc_i = dir.path().join(format!("kubeconfig-{i}"));
+        let kc = proxy.kubeconfig(kubeconfig, dir.as_path());
+        let kc_i = dir.as_path().join(format!("kubeconfig-{i}"));
         std::fs::rename(&kc, &kc_i).unwrap();
         let mut slot = AgentSlot {
             identity: format!("agent-{i}"),
@@ -307,7 +315,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             kubeconfig: kc_i,
             child: None,
         };
-        slot.start(port, dir.path());
+        slot.start(port, dir.as_path());
         agents.push(slot);
     }
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
@@ -323,7 +331,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         // two faults, with a bound of their own).
         let (holder, term) = loop {
             for a in agents.iter_mut() {
-                a.keep_alive(port, dir.path());
+                a.keep_alive(port, dir.as_path());
             }
             // An operator replica that exited (it could not renew its lease) is restarted, as
             // its Deployment would.
@@ -451,7 +459,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         let deadline = Instant::now() + Duration::from_secs(60);
         let resumed = loop {
             for a in agents.iter_mut() {
-                a.keep_alive(port, dir.path());
+                a.keep_alive(port, dir.as_path());
             }
             // An operator replica that exited (it could not renew its lease) is restarted, as
             // its Deployment would.

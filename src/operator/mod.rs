@@ -97,11 +97,11 @@ impl Settings {
         }
     }
 
-    /// The timeout of every API request: half the HA renew deadline, and no more than half the
-    /// time between the renew deadline and the HA lease's expiry (so a write sent just before
-    /// the gate closed is abandoned well before a standby can take over).
+    /// The timeout of every API request: half the HA renew deadline, and no more than three
+    /// quarters of the time between the renew deadline and the HA lease's expiry (so a write
+    /// sent just before the gate closed is abandoned before a standby can take over).
     pub fn request_timeout(&self) -> Duration {
-        (self.ha_renew_deadline / 2).min((self.ha_lease_duration - self.ha_renew_deadline) / 2)
+        (self.ha_renew_deadline / 2).min((self.ha_lease_duration - self.ha_renew_deadline) * 3 / 4)
     }
 
     fn validate(&mut self) -> anyhow::Result<()> {

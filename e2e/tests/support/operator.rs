@@ -130,6 +130,11 @@ impl Drop for Operator {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Keep the log where the caller asked (the chaos suite keeps every replica's).
+        if let Some(keep) = std::env::var_os("ARBITER_E2E_KEEP_LOGS") {
+            let name = format!("operator-{}.log", self.child.id());
+            let _ = std::fs::copy(&self.log, std::path::Path::new(&keep).join(name));
+        }
         if std::thread::panicking() {
             eprintln!(
                 "--- operator log ({}) ---\n{}",
