@@ -2,7 +2,9 @@
 //!
 //! - **A timeout.** Every request but a watch must answer within a bound (kube's own default is
 //!   none: a request on a dead connection hangs forever, and a renew that hangs keeps a process
-//!   believing it still leads). Watches are long by design; kube-runtime's watcher restarts them.
+//!   believing it still leads). Writes and reads have bounds of their own: a late write could
+//!   land after leadership moved on, a late read only delays. Watches are long by design;
+//!   kube-runtime's watcher restarts them.
 //! - **A gate for writes** (the operator): a write (anything but GET/HEAD/OPTIONS) is sent only
 //!   while the [`Gate`] is open, and the gate closes on its own, by the clock, at the renew
 //!   deadline of the operator's own lease. A replica that lost its lease therefore writes nothing
@@ -32,11 +34,24 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// renew retried inside the client for minutes would outlive the lease it renews) and a
 /// [`DEFAULT_TIMEOUT`] on every request but watches.
 pub async fn connect() -> anyhow::Result<Client> {
-    connect_with(DEFAULT_TIMEOUT, None).await
+    connect_with(Timeouts::both(DEFAULT_TIMEOUT), None).await
 }
 
-/// [`connect`] with a request timeout of `timeout`, and writes only while `gate` is open.
-pub async fn connect_with(timeout: Duration, gate: Option<Gate>) -> anyhow::Result<Client> {
+/// How long a request may take: reads (GET, and the list a watch starts with) and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub read: Duration,
+    pub write: Duration,
+}
+
+impl Timeouts {
+    pub fn both(d: Duration) -> Timeouts {
+        Timeouts { read: d, write: d }
+    }
+}
+
+/// [`connect`] with request timeouts `timeouts`, and writes only while `gate` is open.
+pub async fn connect_with(timeouts: Timeouts, gate: Option<Gate>) -> anyhow::Result<Client> {
     let mut config = Config::infer()
         .await
         .map_err(|e| anyhow::anyhow!("loading the Kubernetes client configuration: {e}"))?;
@@ -48,7 +63,7 @@ pub async fn connect_with(timeout: Duration, gate: Option<Gate>) -> anyhow::Resu
     ));
     let builder = ClientBuilder::try_from(config)
         .map_err(|e| anyhow::anyhow!("building the Kubernetes client: {e}"))?;
-    Ok(builder.with_layer(&Policy { timeout, gate }).build())
+    Ok(builder.with_layer(&Policy { timeouts, gate }).build())
 }
 
 /// Open until a deadline on this process's monotonic clock; closed from the start.
@@ -108,7 +123,7 @@ pub struct TimedOut {
 /// The tower layer that applies the two rules.
 #[derive(Clone)]
 struct Policy {
-    timeout: Duration,
+    timeouts: Timeouts,
     gate: Option<Gate>,
 }
 
@@ -156,11 +171,16 @@ where
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let (method, path) = (req.method().clone(), req.uri().path().to_string());
-        if is_write(&req) && self.policy.gate.as_ref().is_some_and(|g| !g.is_open()) {
+        let write = is_write(&req);
+        if write && self.policy.gate.as_ref().is_some_and(|g| !g.is_open()) {
             return futures::future::ready(Err(GateClosed { method, path }.into())).boxed();
         }
         let watch = is_watch(&req);
-        let timeout = self.policy.timeout;
+        let timeout = if write {
+            self.policy.timeouts.write
+        } else {
+            self.policy.timeouts.read
+        };
         let response = self.inner.call(req);
         async move {
             if watch {
@@ -224,7 +244,7 @@ mod tests {
             delay,
         };
         let layer = Policy {
-            timeout: Duration::from_secs(1),
+            timeouts: Timeouts::both(Duration::from_secs(1)),
             gate,
         };
         (layer.layer(inner), reached)

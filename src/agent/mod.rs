@@ -115,7 +115,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     settings.check()?;
     let namespace = settings.namespace()?;
     // No request may outlive the renew deadline (the renew itself is cut off there too).
-    let client = crate::client::connect_with(settings.renew_deadline, None).await?;
+    let client =
+        crate::client::connect_with(crate::client::Timeouts::both(settings.renew_deadline), None)
+            .await?;
     let mut builder = Candidate::builder(&settings.lease, &settings.identity)
         .namespace(&namespace)
         .binary_version(&settings.binary_version)

@@ -97,9 +97,10 @@ impl Settings {
         }
     }
 
-    /// The timeout of every API request: half the HA renew deadline, and no more than three
+    /// The timeout of every API write: half the HA renew deadline, and no more than three
     /// quarters of the time between the renew deadline and the HA lease's expiry (so a write
-    /// sent just before the gate closed is abandoned before a standby can take over).
+    /// sent just before the gate closed is abandoned before a standby can take over). Reads get
+    /// half the renew deadline.
     pub fn request_timeout(&self) -> Duration {
         (self.ha_renew_deadline / 2).min((self.ha_lease_duration - self.ha_renew_deadline) * 3 / 4)
     }
@@ -132,10 +133,19 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     // at each successful renew until that renew's deadline, and closes by itself. Every request
     // times out well within the renew deadline, so none can hang past it.
     let gate = crate::client::Gate::default();
-    let timeout = settings.request_timeout();
-    let client = crate::client::connect_with(timeout, Some(gate.clone())).await?;
-    // The HA lease, and the CRD install before any leadership, are not arbiter actions.
-    let ha_client = crate::client::connect_with(timeout, None).await?;
+    let timeouts = crate::client::Timeouts {
+        read: settings.ha_renew_deadline / 2,
+        write: settings.request_timeout(),
+    };
+    let client = crate::client::connect_with(timeouts, Some(gate.clone())).await?;
+    // The HA lease, and the CRD install before any leadership, are not arbiter actions. A
+    // renew is cut off at the renew deadline anyway, and a late one only makes a standby wait
+    // longer: it gets the whole deadline.
+    let ha_client = crate::client::connect_with(
+        crate::client::Timeouts::both(settings.ha_renew_deadline),
+        None,
+    )
+    .await?;
     let namespace = settings
         .namespace
         .clone()
