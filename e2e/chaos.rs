@@ -14,7 +14,8 @@
 //! term's writes, except from a process that was paused (overlapping workloads); stale-term
 //! writes accepted; trials where no workload ran for longer than the lease duration + 2 s after
 //! the fault was healed (for kube-apiserver and etcd restarts, which also make the active
-//! operator fail over, the operator's HA lease duration is added).
+//! operator fail over, the operator's HA lease duration and one more lease duration, which the
+//! replica taking over waits before judging expiry, are added).
 //!
 //! `cargo test --release --test chaos -- --trials 200 --seed 7` (defaults: 200 trials, seed from
 //! the clock; `CHAOS_TRIALS`/`CHAOS_SEED` also work).
@@ -367,6 +368,16 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                     jiff::Timestamp::now().duration_since(r).as_secs_f64() < HA_LEASE_DURATION
                 })
             });
+            // ... and has been active for a lease duration: a replica that just took over
+            // waits a full duration before it judges any lease expired (it did not see the
+            // records before), which a fault injected at once would add to its recovery.
+            let operator_settled = ha.as_ref().is_some_and(|l| {
+                let acquired = l.spec.as_ref().and_then(|s| s.acquire_time.as_ref());
+                acquired.is_some_and(|a| {
+                    jiff::Timestamp::now().duration_since(a.0).as_secs_f64() > LEASE_DURATION
+                })
+            });
+            let operator_active = operator_active && operator_settled;
             if let (Some(h), true, true) = (h, writing, operator_active) {
                 break (h, t);
             }
@@ -492,9 +503,13 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         let recovered_in = resumed.map(|r| r - healed);
         // A kube-apiserver or etcd restart also makes the active operator fail over (it cannot
         // renew its own lease meanwhile), so its bound adds the operator's HA lease duration.
+        // A kube-apiserver or etcd restart longer than the operators' HA renew deadline makes
+        // the active replica give up (its deadline counts from its last renew *sent*, so a
+        // renew answered late does not save it); a standby takes over after the HA lease
+        // duration and then waits a full lease duration before judging expiry.
         let bound = match fault {
             Fault::RestartApiserver | Fault::RestartEtcd => {
-                LEASE_DURATION + HA_LEASE_DURATION + 2.0
+                2.0 * LEASE_DURATION + HA_LEASE_DURATION + 2.0
             }
             _ => LEASE_DURATION + 2.0,
         };
