@@ -556,12 +556,18 @@ async fn operator_lease_edit_does_not_make_two_arbiters(
     (mut first, second, active): (Operator, Operator, String),
     delete: bool,
 ) {
-    eventually("the standby to stand by", DEADLINE, || async {
-        second
-            .logs()
-            .contains("standing by for the operator lease")
-            .then_some(())
-    })
+    // The standby has looked at the lease (a replica that never saw it takes a missing one
+    // at once: a fresh install).
+    eventually(
+        "the standby to watch the operator lease",
+        DEADLINE,
+        || async {
+            second
+                .logs()
+                .contains("watching the operator lease")
+                .then_some(())
+        },
+    )
     .await;
     let leases: Api<Lease> = env.api();
     if delete {

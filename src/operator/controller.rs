@@ -675,7 +675,9 @@ impl Worker {
 
         if let Some(p) = &plan {
             let current = written.as_ref().or(lease.as_deref());
-            p.label(&self.client, holder).await?;
+            // The Event below reports the assignment, which is done: a failed labelling (retried)
+            // must not lose it.
+            let labelled = p.label(&self.client, holder).await;
             if let Some(w) = &written
                 && let Some(h) = lease::holder(w)
                 && matches!(
@@ -700,6 +702,7 @@ impl Worker {
                 )
                 .await;
             }
+            labelled?;
             if written.is_none()
                 && let (Some(l), Some(v)) = (current, lease_view.as_ref())
                 && lease::holder(l).is_some_and(|h| p.holds_for(&candidates, h))

@@ -112,6 +112,9 @@ impl Elector {
         };
         let existed = *ever_seen;
         *ever_seen |= current.is_some();
+        if !existed && let Some(l) = &current {
+            tracing::info!(lease = %self.name, holder = ?lease::holder(l), "watching the operator lease");
+        }
         let Some(current) = current else {
             // Deleted while this replica watched (the active one may still be writing): wait a
             // full duration. Never seen at all (a fresh install): take it at once.

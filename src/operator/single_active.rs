@@ -169,7 +169,7 @@ impl Plan {
             if Some(p.name_any().as_str()) != keep
                 && p.labels().get(ROLE_LABEL).is_some_and(|r| r == ACTIVE)
             {
-                sync::set_role(client, p, Some(STANDBY)).await?;
+                sync::set_role(client, p, Some(STANDBY), true).await?;
                 tracing::info!(workload = %self.workload.name, pod = %p.name_any(), "demoted to standby");
             }
         }
@@ -198,7 +198,7 @@ impl Plan {
             if p.metadata.deletion_timestamp.is_none()
                 && p.labels().get(ROLE_LABEL).map(String::as_str) != Some(role)
             {
-                sync::set_role(client, p, Some(role)).await?;
+                sync::set_role(client, p, Some(role), false).await?;
                 if role == ACTIVE {
                     tracing::info!(workload = %self.workload.name, pod = %name, "promoted to active");
                 }

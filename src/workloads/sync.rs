@@ -75,19 +75,27 @@ pub async fn ensure_candidates(
     Ok(unreadable)
 }
 
-/// Sets (or with `None` removes) a pod's role label.
-pub async fn set_role(client: &Client, pod: &Pod, role: Option<&str>) -> anyhow::Result<()> {
+/// Sets (or with `None` removes) a pod's role label, on that pod only (its uid is a
+/// precondition: a new pod with the same name is not written over). With `exact`, also only if
+/// the pod is unchanged since it was read (its resourceVersion): for a demotion judged from a
+/// fresh read of the API server.
+pub async fn set_role(
+    client: &Client,
+    pod: &Pod,
+    role: Option<&str>,
+    exact: bool,
+) -> anyhow::Result<()> {
     if pod.labels().get(ROLE_LABEL).map(String::as_str) == role {
         return Ok(());
     }
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
-    // Conditional on the pod as read (resourceVersion and uid): a pod that changed since, or a
-    // new pod with the same name, is not written over (409/404: the caller reads again).
-    let patch = json!({ "metadata": {
+    let mut patch = json!({ "metadata": {
         "labels": { ROLE_LABEL: role },
-        "resourceVersion": pod.resource_version(),
         "uid": pod.uid(),
     } });
+    if exact {
+        patch["metadata"]["resourceVersion"] = json!(pod.resource_version());
+    }
     match api
         .patch(
             &pod.name_any(),
@@ -116,7 +124,7 @@ pub async fn clean_up(
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), namespace);
     for c in candidates.iter().filter(|c| managed(c)) {
         if let Some(pod) = pods.iter().find(|p| p.name_any() == c.name_any()) {
-            set_role(client, pod, None).await?;
+            set_role(client, pod, None, false).await?;
         }
         match api.delete(&c.name_any(), &DeleteParams::default()).await {
             Ok(_) => {}
