@@ -15,12 +15,13 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 use crate::support::agent::{
-    Agent, KILL_GRACE, LEASE_DURATION, Proxy, RENEW_DEADLINE, agent_args, alive, apiserver,
-    child_of, now, read_log, starts, stop_of,
+    Agent, KILL_GRACE, LEASE_DURATION, Proxy, RENEW_DEADLINE, agent_args, agent_args_with, alive,
+    apiserver, child_of, now, read_log, starts, stop_of, wait_eligible,
 };
 use crate::support::operator::{Operator, wait_for_holder};
 use crate::support::standin::StandIn;
 use crate::support::{TestEnv, eventually};
+use arbiter::agent::reaper::children;
 
 crate::tests![agent:
     oldest_agent_leads_and_only_its_workload_runs,
@@ -253,16 +254,7 @@ async fn network_cut_stops_the_workload_before_the_next_holder_starts(env: Arc<T
             &log,
         ));
         // The direct agent is registered (and acknowledged a ping) before the cut.
-        let candidates: Api<LeaseCandidate> = env.api();
-        eventually("the direct agent to be Eligible", DEADLINE, || async {
-            let c = candidates.get(&direct_id).await.ok()?;
-            c.status?
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Eligible" && c.status == "True")
-                .then_some(())
-        })
-        .await;
+        wait_eligible(&env, &direct_id).await;
         proxy.cut();
         let cut_at = now();
         let stopped = eventually("the cut-off workload to stop", DEADLINE, || async {
@@ -540,16 +532,7 @@ async fn a_stopped_agent_cannot_keep_its_workload_running(env: Arc<TestEnv>) {
     let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "stall", "1.30.0", &log);
     let a_term = lease::term(&wait_for_holder(&env, "stall", "a", DEADLINE).await);
     let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "stall", "1.31.0", &log);
-    let candidates: Api<LeaseCandidate> = env.api();
-    eventually("b to be Eligible", DEADLINE, || async {
-        let c = candidates.get("b").await.ok()?;
-        c.status?
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Eligible" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    wait_eligible(&env, "b").await;
     let (cmd, grandchild) = eventually("a's workload and its child", DEADLINE, || async {
         let l = read_log(&log);
         Some((
@@ -703,21 +686,7 @@ async fn as_pid_1_the_agent_reaps_orphans(env: Arc<TestEnv>) {
     // Three orphans (each subshell exits at once, leaving its sleep to PID 1), then a mark
     // once they have certainly exited.
     let workload = r#"for i in 1 2 3; do (sleep 0.1 &); done; sleep 1; echo orphans-exited >> "$1"; exec sleep 1000"#;
-    let mut args = agent_args(&env.ns, "init", "init", "1.0.0", &log);
-    let tail = args.iter().position(|a| a == "--").unwrap();
-    args.truncate(tail);
-    args.extend(
-        [
-            "--",
-            "sh",
-            "-c",
-            workload,
-            "workload",
-            log.to_str().unwrap(),
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
+    let args = agent_args_with(&env.ns, "init", "init", "1.0.0", &log, workload);
     let stderr = std::fs::File::create(log.with_extension("init.agent.log")).unwrap();
     let mut unshare = std::process::Command::new("unshare")
         .args([
@@ -736,7 +705,7 @@ async fn as_pid_1_the_agent_reaps_orphans(env: Arc<TestEnv>) {
     let unshare_pid = unshare.id() as i32;
     let result = std::panic::AssertUnwindSafe(async {
         let agent = eventually("the agent (PID 1 inside)", DEADLINE, || async {
-            children_of(unshare_pid).first().map(|(pid, _)| *pid)
+            children(unshare_pid).first().map(|(pid, _)| *pid)
         })
         .await;
         wait_for_holder(&env, "init", "init", DEADLINE).await;
@@ -751,7 +720,7 @@ async fn as_pid_1_the_agent_reaps_orphans(env: Arc<TestEnv>) {
             "no zombie children of the agent",
             Duration::from_secs(10),
             || async {
-                let zombies: Vec<_> = children_of(agent)
+                let zombies: Vec<_> = children(agent)
                     .into_iter()
                     .filter(|(_, state)| state == "Z")
                     .collect();
@@ -763,7 +732,7 @@ async fn as_pid_1_the_agent_reaps_orphans(env: Arc<TestEnv>) {
     .catch_unwind()
     .await;
     // SIGTERM the agent (it stops its workload); its namespace dies with it.
-    for (pid, _) in children_of(unshare_pid) {
+    for (pid, _) in children(unshare_pid) {
         let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
     }
     let what = || "unshare".to_string();
@@ -771,31 +740,6 @@ async fn as_pid_1_the_agent_reaps_orphans(env: Arc<TestEnv>) {
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
-}
-
-/// The children of `parent` (pid, state letter), from /proc.
-fn children_of(parent: i32) -> Vec<(i32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rfind(')').map(|i| stat[i + 2..].to_string()) else {
-            continue;
-        };
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        if f.get(1).and_then(|p| p.parse::<i32>().ok()) == Some(parent) {
-            out.push((pid, f[0].to_string()));
-        }
-    }
-    out
 }
 
 /// A hand edit of the Lease, made while its holder's agent is stalled (its workload runs until
@@ -845,7 +789,7 @@ async fn clearing_the_holder_then_failing_over_does_not_shorten_its_term(env: Ar
 /// took each edit as the end of the term and elected the better candidate waiting for a
 /// handover at once, while the old workload ran on.)
 async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) {
-    use crate::support::agent::{SLOW_STOP_WORKLOAD, agent_args_with};
+    use crate::support::agent::{agent_args_with, slow_stop_workload};
     use kube::api::{DeleteParams, Patch, PatchParams};
     use nix::sys::signal::killpg;
     // Two replicas for the failover case (the first one is the active one).
@@ -861,7 +805,7 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let spawn = |id: &str, version: &str| {
-        let args = agent_args_with(&env.ns, id, "edit", version, &log, SLOW_STOP_WORKLOAD);
+        let args = agent_args_with(&env.ns, id, "edit", version, &log, &slow_stop_workload());
         Agent::spawn_args(&env.kubeconfig, id, &args, &log)
     };
     let mut a = spawn("a", "1.30.0");
@@ -976,7 +920,7 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
 /// that is no proof, the next holder waits until the holder itself stops and gives the lease
 /// back. (Today's main took the Failed phase as proof and elected the next holder at once.)
 async fn a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop(env: Arc<TestEnv>) {
-    use crate::support::agent::{SLOW_STOP_WORKLOAD, agent_args_with};
+    use crate::support::agent::{agent_args_with, slow_stop_workload};
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{DeleteParams, PostParams};
     let _op = operator(&env);
@@ -1008,22 +952,13 @@ async fn a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop(env: Arc<T
         (p.status?.phase.as_deref() == Some("Running")).then_some(())
     })
     .await;
-    let mut args = agent_args_with(&env.ns, "pa", "gc", "1.30.0", &log, SLOW_STOP_WORKLOAD);
+    let mut args = agent_args_with(&env.ns, "pa", "gc", "1.30.0", &log, &slow_stop_workload());
     args.splice(1..1, ["--pod-uid".to_string(), uid.clone()]);
     let mut a = Agent::spawn_args(&env.kubeconfig, "pa", &args, &log);
     wait_for_holder(&env, "gc", "pa", DEADLINE).await;
-    let args_b = agent_args_with(&env.ns, "b", "gc", "1.31.0", &log, SLOW_STOP_WORKLOAD);
+    let args_b = agent_args_with(&env.ns, "b", "gc", "1.31.0", &log, &slow_stop_workload());
     let _b = Agent::spawn_args(&env.kubeconfig, "b", &args_b, &log);
-    let candidates: Api<LeaseCandidate> = env.api();
-    eventually("b to be Eligible", DEADLINE, || async {
-        let c = candidates.get("b").await.ok()?;
-        c.status?
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Eligible" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    wait_eligible(&env, "b").await;
     let cmd = eventually("a's workload", DEADLINE, || async {
         Some(starts(&read_log(&log)).iter().find(|s| s.0 == "pa")?.2)
     })
@@ -1071,16 +1006,7 @@ async fn a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holde
     let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "freeze", "1.30.0", &log);
     let a_term = lease::term(&wait_for_holder(&env, "freeze", "a", DEADLINE).await);
     let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "freeze", "1.31.0", &log);
-    let candidates: Api<LeaseCandidate> = env.api();
-    eventually("b to be Eligible", DEADLINE, || async {
-        let c = candidates.get("b").await.ok()?;
-        c.status?
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Eligible" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    wait_eligible(&env, "b").await;
     eventually("a's workload", DEADLINE, || async {
         starts(&read_log(&log))
             .iter()
@@ -1110,6 +1036,7 @@ async fn a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holde
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
+    let candidates: Api<LeaseCandidate> = env.api();
     let message = eventually("DoubleHolder=True on a", DEADLINE, || async {
         let c = candidates.get("a").await.ok()?;
         c.status?
@@ -1136,7 +1063,7 @@ fn descendants(pid: i32) -> Vec<i32> {
     let mut out = vec![pid];
     let mut i = 0;
     while i < out.len() {
-        let children: Vec<i32> = children_of(out[i]).into_iter().map(|(c, _)| c).collect();
+        let children: Vec<i32> = children(out[i]).into_iter().map(|(c, _)| c).collect();
         out.extend(children);
         i += 1;
     }

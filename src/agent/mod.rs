@@ -16,10 +16,10 @@
 //! | a flag error | prints it once, creates nothing | 2 |
 //!
 //! At start-up an unreachable API server is waited out (registration retried with backoff). As
-//! a container's PID 1 the agent reaps orphaned processes (see `reaper.rs`).
+//! a container's PID 1 the agent reaps orphaned processes ([`reaper`]).
 
 mod child;
-mod reaper;
+pub mod reaper;
 pub mod watchdog;
 
 use std::time::Duration;

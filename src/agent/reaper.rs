@@ -47,35 +47,31 @@ pub fn start_if_init() {
 
 /// Waits for every exited child of this process that is not one of its own.
 fn reap_orphans() {
-    let me = std::process::id().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // "pid (comm) S ppid ...": the comm may hold spaces and parentheses.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let (state, ppid) = (fields.next(), fields.next());
-        if state != Some("Z") || ppid != Some(me.as_str()) {
-            continue;
-        }
-        if OWN.lock().unwrap_or_else(|e| e.into_inner()).contains(&pid) {
+    let me = std::process::id() as i32;
+    for (pid, state) in children(me) {
+        if state != "Z" || OWN.lock().unwrap_or_else(|e| e.into_inner()).contains(&pid) {
             continue;
         }
         if let Ok(status) = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
             tracing::debug!(pid, ?status, "reaped an orphaned process");
         }
     }
+}
+
+/// The children of `parent` as `/proc` shows them: (pid, state letter such as `Z`).
+pub fn children(parent: i32) -> Vec<(i32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // "pid (comm) S ppid ...": the comm may hold spaces and parentheses.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut fields = rest.split_whitespace();
+            let (state, ppid) = (fields.next()?, fields.next()?.parse::<i32>().ok()?);
+            (ppid == parent).then(|| (pid, state.to_string()))
+        })
+        .collect()
 }

@@ -38,12 +38,9 @@ while :; do sleep 0.02; done"#;
 
 /// [`WORKLOAD`], but it takes 1.5 s to stop after SIGTERM (within the 2 s kill grace): a
 /// holder whose stop is not instant, to catch a next holder that starts too early.
-pub const SLOW_STOP_WORKLOAD: &str = r#"log=$1
-echo "start $ARBITER_IDENTITY $ARBITER_TERM $$ $(date +%s.%N)" >> "$log"
-sleep 1000 &
-echo "child $ARBITER_IDENTITY $!" >> "$log"
-trap 'sleep 1.5; echo "stop $ARBITER_IDENTITY $(date +%s.%N)" >> "$log"; kill $! 2>/dev/null; exit 0' TERM
-while :; do sleep 0.02; done"#;
+pub fn slow_stop_workload() -> String {
+    WORKLOAD.replace("trap '", "trap 'sleep 1.5; ")
+}
 
 /// The `arbiter run` command line (after the binary) for a test agent.
 pub fn agent_args(ns: &str, identity: &str, lease: &str, version: &str, log: &Path) -> Vec<String> {
@@ -374,4 +371,22 @@ pub fn apiserver(kubeconfig: &Path) -> SocketAddr {
         .find_map(|l| l.trim().strip_prefix("server: https://"))
         .unwrap();
     server.trim().parse().unwrap()
+}
+
+/// Waits until the operator reports candidate `name` Eligible.
+pub async fn wait_eligible(env: &super::TestEnv, name: &str) {
+    let candidates: kube::api::Api<arbiter::api::LeaseCandidate> = env.api();
+    super::eventually(
+        &format!("{name} to be Eligible"),
+        Duration::from_secs(40),
+        || async {
+            let c = candidates.get(name).await.ok()?;
+            c.status?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Eligible" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
 }
