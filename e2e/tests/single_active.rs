@@ -27,6 +27,8 @@ crate::tests![single_active:
     stateful_set_scaling_and_annotation_removal,
     unreadable_version_is_reported,
     invalid_annotation_is_reported_and_freezes_roles,
+    a_lagging_pod_cache_never_makes_two_pods_active,
+    a_blocked_eviction_never_hits_the_pod_that_replaced_its_target,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -554,5 +556,188 @@ async fn invalid_annotation_is_reported_and_freezes_roles(env: Arc<TestEnv>) {
     annotate(None).await;
     let after = one_active(&env, &inv, "app=frozen").await;
     assert_eq!(after.name_any(), leader.name_any());
+    inv.check();
+}
+
+/// Marks a pod Ready or not, as a kubelet would after a failed readiness probe.
+async fn set_ready(env: &TestEnv, pod: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    let patch = json!({"status": {"conditions": [
+        {"type": "Ready", "status": status},
+        {"type": "ContainersReady", "status": status},
+    ]}});
+    let pods: Api<Pod> = env.api();
+    pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .unwrap();
+}
+
+/// The operator's pod cache lags the API server: its watch events reach it 4 s late while its
+/// requests are answered at once (a slow watch, a busy API server). Inside that window the
+/// active pod `a` goes unready, then a second later its successor `b` too while `c` comes
+/// back. On its stale view the operator promotes `b`; a second later it learns better and
+/// moves to `c`, before its cache has seen its own promotion of `b`. Demotion must be judged
+/// by the API server, or `b` and `c` are both active. (Before: demotion patched only the pods
+/// the cache showed active, and this test saw two.)
+async fn a_lagging_pod_cache_never_makes_two_pods_active(env: Arc<TestEnv>) {
+    use crate::support::agent::{Proxy, apiserver};
+    const LAG: Duration = Duration::from_secs(4);
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    let op = Operator::start_with(&proxy.kubeconfig(&env.kubeconfig, dir.path()), &env.ns, &[]);
+    let inv = Invariant::watch(&env, "app=lag");
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("lag", 3, "example.com/lag:1.0.0"),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = env.api();
+    eventually("3 pods Ready", DEADLINE, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=lag"))
+            .await
+            .ok()?;
+        (list.items.iter().filter(|p| ready(p)).count() == 3).then_some(())
+    })
+    .await;
+    let a = one_active(&env, &inv, "app=lag").await.name_any();
+    let others: Vec<String> = pods
+        .list(&ListParams::default().labels("app=lag"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .filter(|n| *n != a)
+        .collect();
+    let [b, c] = &others[..] else {
+        panic!("expected two standby pods, got {others:?}");
+    };
+
+    // `c` unready, and the operator knows it (no lag yet): `b` is the only possible successor.
+    set_ready(&env, c, false).await;
+    eventually("the operator to see c unready", DEADLINE, || async {
+        op.logs()
+            .lines()
+            .filter(|l| l.contains("decided"))
+            .any(|l| {
+                l.split_once(c.as_str())
+                    .and_then(|(_, rest)| rest.split(", ").next())
+                    .is_some_and(|standing| standing.contains("PodNotRunning"))
+            })
+            .then_some(())
+    })
+    .await;
+
+    proxy.lag_streams(LAG);
+    set_ready(&env, &a, false).await;
+    // The fault's shape, not a wait for a condition: the two changes must reach the operator
+    // as two separate views, a second apart, both inside the lag.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    set_ready(&env, c, true).await;
+    set_ready(&env, b, false).await;
+
+    eventually("c to be active", DEADLINE, || async {
+        inv.active_pods()
+            .iter()
+            .any(|p| p.name_any() == *c)
+            .then_some(())
+    })
+    .await;
+    // The operator's view has caught up (it has seen `b` unready and `c` active): had it left
+    // a second pod active, the watch would have recorded it by now.
+    proxy.lag_streams(Duration::ZERO);
+    wait_for_holder(&env, "lag", c, DEADLINE).await;
+    let promoted: Vec<String> = inv
+        .seen
+        .lock()
+        .unwrap()
+        .promotions
+        .iter()
+        .map(|p| p.0.clone())
+        .collect();
+    assert!(
+        promoted.contains(b),
+        "the scenario needs the operator to promote b on its stale view first; promotions: {promoted:?}"
+    );
+    inv.check();
+}
+
+/// A StatefulSet's deposed pod cannot be evicted (a PDB refuses); the operator retries with
+/// backoff. Meanwhile the pod is deleted and the StatefulSet recreates it under the same name,
+/// and the operator's pod cache lags (it still shows the old pod). When the budget is lifted,
+/// the retry must not evict the new pod: the eviction names the old pod's uid. (Before: the
+/// eviction went by name alone and this test saw the replacement evicted.)
+async fn a_blocked_eviction_never_hits_the_pod_that_replaced_its_target(env: Arc<TestEnv>) {
+    use crate::support::agent::{Proxy, apiserver};
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    let op = Operator::start_with(&proxy.kubeconfig(&env.kubeconfig, dir.path()), &env.ns, &[]);
+    let inv = Invariant::watch(&env, "app=kv");
+    let pdbs: Api<PodDisruptionBudget> = env.api();
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "kv"},
+        "spec": {"minAvailable": "100%", "selector": {"matchLabels": {"app": "kv"}}},
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "kv", "annotations": {"arbiter.dev/single-active": "true"}},
+        "spec": {
+            "replicas": 2,
+            "serviceName": "kv",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": "kv"}},
+            "template": {
+                "metadata": {"labels": {"app": "kv"}},
+                "spec": {"containers": [{"name": "kv", "image": "example.com/kv:1.0.0"}]},
+            },
+        },
+    }))
+    .unwrap();
+    let sets: Api<StatefulSet> = env.api();
+    sets.create(&PostParams::default(), &sts).await.unwrap();
+    let old = one_active(&env, &inv, "app=kv").await;
+    let name = old.name_any();
+    set_ready(&env, &name, false).await;
+    wait_for_event(&env, "kv", "EvictionBlocked", DEADLINE).await;
+
+    // From here the operator's cache keeps showing the old pod.
+    proxy.lag_streams(Duration::from_secs(90));
+    let pods: Api<Pod> = env.api();
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let replacement = eventually("the StatefulSet to recreate the pod", DEADLINE, || async {
+        pods.get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.uid() != old.uid())
+    })
+    .await;
+    pdbs.delete("kv", &DeleteParams::default()).await.unwrap();
+    let outcome = eventually(
+        "the operator's next try at the forced exit",
+        Duration::from_secs(120),
+        || async {
+            op.logs()
+                .lines()
+                .filter(|l| l.contains("forced exit") && !l.contains("Blocked"))
+                .map(str::to_string)
+                .next()
+        },
+    )
+    .await;
+    let now = pods.get_opt(&name).await.unwrap();
+    assert!(
+        now.as_ref().is_some_and(
+            |p| p.uid() == replacement.uid() && p.metadata.deletion_timestamp.is_none()
+        ),
+        "the replacement pod was hit by the eviction meant for its predecessor ({outcome})"
+    );
     inv.check();
 }

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -251,30 +251,36 @@ pub fn alive(pid: i32) -> bool {
 }
 
 /// A TCP proxy to the API server that can black-hole traffic: while cut, bytes in both
-/// directions are swallowed and new connections hang, as in a network partition.
+/// directions are swallowed and new connections hang, as in a network partition. It can also
+/// delay every chunk (`delay`), or only what the server streams on its own (`lag_streams`).
 pub struct Proxy {
     pub addr: SocketAddr,
     cut: Arc<AtomicBool>,
     #[allow(dead_code)] // used by the chaos suite
-    delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    delay_ms: Arc<AtomicU64>,
+    #[allow(dead_code)] // used by some test binaries only
+    lag_ms: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
+
+/// How long the client must have been silent on a connection for what the server sends to
+/// count as streamed (a watch event) rather than as the answer to a request.
+const STREAMED_AFTER: Duration = Duration::from_millis(300);
 
 impl Proxy {
     pub async fn start(upstream: SocketAddr) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
-        let delay_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let flag = cut.clone();
-        let delay = delay_ms.clone();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let lag_ms = Arc::new(AtomicU64::new(0));
+        let (flag, delay, lag) = (cut.clone(), delay_ms.clone(), lag_ms.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((down, _)) = listener.accept().await else {
                     return;
                 };
-                let flag = flag.clone();
-                let delay = delay.clone();
+                let (flag, delay, lag) = (flag.clone(), delay.clone(), lag.clone());
                 tokio::spawn(async move {
                     while flag.load(Ordering::SeqCst) {
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -284,9 +290,16 @@ impl Proxy {
                     };
                     let (dr, dw) = down.into_split();
                     let (ur, uw) = up.into_split();
+                    let spoke = Arc::new(Mutex::new(Instant::now()));
                     tokio::join!(
-                        pump(dr, uw, flag.clone(), delay.clone()),
-                        pump(ur, dw, flag, delay)
+                        pump(
+                            dr,
+                            uw,
+                            flag.clone(),
+                            delay.clone(),
+                            Side::Client(spoke.clone())
+                        ),
+                        pump(ur, dw, flag, delay, Side::Server { spoke, lag })
                     );
                 });
             }
@@ -295,6 +308,7 @@ impl Proxy {
             addr,
             cut,
             delay_ms,
+            lag_ms,
             task,
         }
     }
@@ -307,6 +321,15 @@ impl Proxy {
     #[allow(dead_code)] // used by the chaos suite
     pub fn delay(&self, d: Duration) {
         self.delay_ms.store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Delays by `d` what the server sends on a connection where the client has been silent
+    /// for a while: watch events, not answers to requests. A client's caches then lag the API
+    /// server by `d` while its requests (a fresh LIST, a write) are answered at once. Order
+    /// on each connection is kept. Zero: no lag (for chunks read from then on).
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn lag_streams(&self, d: Duration) {
+        self.lag_ms.store(d.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// Lets new connections through again (connections made before the cut stay dead).
@@ -338,29 +361,76 @@ impl Drop for Proxy {
     }
 }
 
+/// Which way a pump carries bytes: from the client (it notes when the client last spoke), or
+/// from the server (it lags streamed chunks by the proxy's stream lag).
+enum Side {
+    Client(Arc<Mutex<Instant>>),
+    Server {
+        spoke: Arc<Mutex<Instant>>,
+        lag: Arc<AtomicU64>,
+    },
+}
+
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     cut: Arc<AtomicBool>,
-    delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    delay_ms: Arc<AtomicU64>,
+    side: Side,
 ) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if cut.load(Ordering::SeqCst) {
-            continue; // swallowed
+    // Chunks go through a queue to a writer, each with the instant it may be written: a
+    // lagged chunk holds back the ones after it (bytes are never reordered) without holding
+    // up the reading.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at.into()).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
         }
-        let delay = delay_ms.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut last = Instant::now();
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if cut.load(Ordering::SeqCst) {
+                continue; // swallowed
+            }
+            let delay = delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            let now = Instant::now();
+            let at = match &side {
+                Side::Client(spoke) => {
+                    *spoke.lock().unwrap() = now;
+                    now
+                }
+                Side::Server { spoke, lag } => {
+                    let lag = Duration::from_millis(lag.load(Ordering::SeqCst));
+                    let silent = now.duration_since(*spoke.lock().unwrap());
+                    if !lag.is_zero() && silent >= STREAMED_AFTER {
+                        now + lag
+                    } else {
+                        now
+                    }
+                }
+            };
+            last = last.max(at);
+            if tx.send((last, buf[..n].to_vec())).is_err() {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
+    };
+    // The reader ending (end of stream) drops the queue's sender: the writer writes what is
+    // queued, then closes its half. The writer failing drops the receiver: the reader's next
+    // send fails.
+    tokio::join!(writer, reader);
 }
 
 /// The API server's address from a kubeconfig.
