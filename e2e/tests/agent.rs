@@ -45,6 +45,7 @@ crate::tests![agent:
     a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop,
     a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
     two_agents_with_one_identity_are_reported,
+    deleting_the_lease_settles_on_the_live_candidate,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -1068,4 +1069,107 @@ fn descendants(pid: i32) -> Vec<i32> {
         i += 1;
     }
     out
+}
+
+/// Issue 17's trace: two agents, `d1` (1.30.0, the holder) and `d2` (1.31.0); the Lease is
+/// deleted by hand. `d1` stops its workload, exits 1 (its term is over) and withdraws its
+/// candidate, marked with its incarnation, which tells the arbiter the term's work stopped. The
+/// arbiter must settle on the live `d2` within a lease duration, never ask it to hand over to
+/// the departed `d1`, and `d2` keeps the lease. (Before: `d2` was elected and at once asked to
+/// hand over to the exited `d1`; it obeyed and exited, and the Lease named a dead holder.)
+async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
+    use futures::StreamExt;
+    use kube::api::DeleteParams;
+    use kube::runtime::watcher;
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut d1 = Agent::spawn(&env.kubeconfig, &env.ns, "d1", "settle", "1.30.0", &log);
+    wait_for_holder(&env, "settle", "d1", DEADLINE).await;
+    let mut d2 = Agent::spawn(&env.kubeconfig, &env.ns, "d2", "settle", "1.31.0", &log);
+    wait_eligible(&env, "d2").await;
+    eventually("d1's workload", DEADLINE, || async {
+        starts(&read_log(&log))
+            .iter()
+            .any(|s| s.0 == "d1")
+            .then_some(())
+    })
+    .await;
+
+    // Every version of the Lease from here on: (holder, preferred holder, term).
+    let leases: Api<Lease> = env.api();
+    let history = Arc::new(std::sync::Mutex::new(Vec::<(
+        Option<String>,
+        Option<String>,
+        i32,
+    )>::new()));
+    let record = history.clone();
+    let cfg = watcher::Config::default().fields("metadata.name=settle");
+    let watch = tokio::spawn(watcher(leases.clone(), cfg).for_each(move |ev| {
+        if let Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) = ev {
+            record.lock().unwrap().push((
+                lease::holder(&l).map(str::to_string),
+                lease::preferred_holder(&l).map(str::to_string),
+                lease::term(&l),
+            ));
+        }
+        async {}
+    }));
+    leases
+        .delete("settle", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deleted = now();
+    assert_eq!(d1.wait_exit(DEADLINE).await, Some(1), "d1's term is over");
+    let started = eventually("d2's workload to start", DEADLINE, || async {
+        starts(&read_log(&log)).into_iter().find(|s| s.0 == "d2")
+    })
+    .await;
+    let d1_stop = stop_of(&read_log(&log), "d1");
+    assert!(
+        d1_stop.is_some_and(|stop| stop < started.3),
+        "d2's workload started at {:.3} before d1's stopped ({d1_stop:?})",
+        started.3
+    );
+    assert!(
+        started.3 - deleted < LEASE_DURATION.as_secs_f64(),
+        "d2's workload started {:.1}s after the deletion: the departed d1's term was waited out",
+        started.3 - deleted
+    );
+    // d2 goes on holding the same term.
+    let term = started.1;
+    let renewals = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    eventually("d2 to renew its term three times", DEADLINE, || {
+        let (leases, renewals) = (leases.clone(), renewals.clone());
+        async move {
+            let l = leases.get("settle").await.ok()?;
+            assert_eq!(lease::holder(&l), Some("d2"), "d2 lost the lease");
+            assert_eq!(lease::term(&l), term, "the lease moved on from d2's term");
+            let mut seen = renewals.lock().unwrap();
+            seen.insert(l.spec?.renew_time?.0);
+            (seen.len() >= 3).then_some(())
+        }
+    })
+    .await;
+    watch.abort();
+    let history = history.lock().unwrap().clone();
+    assert!(
+        history
+            .iter()
+            .all(|(_, preferred, _)| preferred.as_deref() != Some("d1")),
+        "a handover to the departed d1 was requested: {history:?}"
+    );
+    assert!(d2.child.try_wait().unwrap().is_none(), "d2 exited");
+    assert_eq!(running(&read_log(&log)), ["d2"]);
+    // d1 withdrew: shown on its candidate, which is never elected again.
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("d1 to be reported Withdrawn", DEADLINE, || async {
+        let c = candidates.get_opt("d1").await.ok()??;
+        c.status?
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Eligible" && c.reason == "Withdrawn")
+            .then_some(())
+    })
+    .await;
 }

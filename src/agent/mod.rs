@@ -7,13 +7,16 @@
 //!
 //! | what happened | the agent | exit code |
 //! |---|---|---|
-//! | handover requested (a better candidate) | stops CMD, releases the lease | 0 |
-//! | renew deadline passed, holder changed, lease deleted, a background task died | stops CMD | 1 |
-//! | the agent itself stalls or hangs | its guard ([`watchdog`]) stops CMD at last renew + renew deadline; resumed, the agent exits | 1 |
-//! | the whole candidate was frozen past its lease | the guard stops CMD on resuming; the overrun is recorded on the candidate | 1 |
-//! | SIGTERM / SIGINT | stops CMD, releases the lease, deletes its candidate | 0 |
-//! | CMD exited on its own | releases the lease, deletes its candidate | CMD's code |
+//! | handover requested (a better candidate) | stops CMD, withdraws its candidate, releases the lease | 0 |
+//! | renew deadline passed, holder changed, lease deleted, a background task died | stops CMD, withdraws its candidate, releases the lease if it still names it | 1 |
+//! | the agent itself stalls or hangs | its guard ([`watchdog`]) stops CMD at last renew + renew deadline; resumed, the agent withdraws and exits | 1 |
+//! | the whole candidate was frozen past its lease | the guard stops CMD on resuming; the candidate is kept, marked withdrawn, with the overrun recorded | 1 |
+//! | SIGTERM / SIGINT | stops CMD, withdraws its candidate, releases the lease | 0 |
+//! | CMD exited on its own | withdraws its candidate, releases the lease | CMD's code |
 //! | a flag error | prints it once, creates nothing | 2 |
+//!
+//! Withdrawing deletes the candidate, so the arbiter never elects (or hands over to) a process
+//! that is gone; in a pod, the restarted agent registers afresh.
 //!
 //! At start-up an unreachable API server is waited out (registration retried with backoff). As
 //! a container's PID 1 the agent reaps orphaned processes ([`reaper`]).
@@ -157,7 +160,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     (_, State::Failed(e)) => EndReason::Failed(e),
                     _ => EndReason::Failed("leadership ended".into()),
                 };
-                return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+                return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
             }
             changed = state.changed() => {
                 if changed.is_err() {
@@ -196,17 +199,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     State::Leading { term, .. } => {
                         let why = ended_reason(&handle, running_term)
                             .unwrap_or_else(|| EndReason::Failed(format!("the workload's term ended; the lease is at term {term}")));
-                        return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
                     }
                     State::Ended { why, .. } => {
-                        return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
                     }
                     State::Failed(e) => {
-                        return Ok(stop_and_exit(&handle, running.take(), EndReason::Failed(e), settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), EndReason::Failed(e), settings.kill_grace).await);
                     }
                     State::Following if running.is_some() => {
                         let why = ended_reason(&handle, running_term).unwrap_or_else(|| EndReason::Failed("no longer leading".into()));
-                        return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
                     }
                     State::Following => {}
                 }
@@ -234,7 +237,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                 if over {
                     tracing::warn!(code, ?term, "the workload stopped after its term ended (the guard stops it at the renew deadline)");
                     let why = ended_reason(&handle, term).unwrap_or(EndReason::RenewDeadline);
-                    return Ok(stop_and_exit(&handle, running.take(), why, settings.kill_grace).await);
+                    return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
                 }
                 tracing::info!(code, "the workload exited on its own: releasing the lease");
                 if let Some((w, _, _)) = running.take() {
@@ -244,11 +247,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                 return Ok(code);
             }
             _ = &mut shutdown => {
-                if let Some((w, term, _)) = running.take() {
-                    let ended = w.stop(settings.kill_grace).await;
-                    report_overrun(&handle, term, ended).await;
-                }
-                handle.shutdown().await;
+                let overran = match running.take() {
+                    Some((w, term, _)) => overran(term, w.stop(settings.kill_grace).await),
+                    None => None,
+                };
+                let _ = handle.exit(overran).await;
                 return Ok(0);
             }
         }
@@ -263,27 +266,28 @@ fn ended_reason(handle: &crate::candidate::Handle, term: Option<i32>) -> Option<
         .map(|(_, why)| why)
 }
 
-/// Stops the workload (if any) and gives the lease back; the exit code: 0 after a handover,
-/// 1 after any other end of leadership.
+/// Stops the workload (if any), withdraws the candidate and gives the lease back; the exit
+/// code: 0 after a handover, 1 after any other end of leadership.
 async fn stop_and_exit(
-    handle: &crate::candidate::Handle,
+    handle: crate::candidate::Handle,
     running: Option<(Workload, i32, CancellationToken)>,
     why: EndReason,
     kill_grace: Duration,
 ) -> i32 {
     let term = running.as_ref().map(|r| r.1);
     tracing::warn!(?term, reason = ?why, "leadership ended: stopping the workload");
-    if let Some((w, term, _)) = running {
-        let ended = w.stop(kill_grace).await;
-        report_overrun(handle, term, ended).await;
-    }
-    // Give the lease back if it still names this process (after a handover, or a slow API).
-    let released = handle.release().await;
+    let overran = match running {
+        Some((w, term, _)) => overran(term, w.stop(kill_grace).await),
+        None => None,
+    };
+    // Whatever ended it, this process is leaving: withdrawn, it is never elected again (a new
+    // process of this identity registers afresh), and the lease is given back if it still
+    // names this process (after a handover, or a slow API).
+    let released = handle.exit(overran).await;
     match why {
         EndReason::Handover { to } => {
-            match released {
-                Ok(_) => tracing::info!(%to, "handed the lease over"),
-                Err(e) => tracing::warn!(error = %e, "release failed; the lease will expire"),
+            if released.is_ok() {
+                tracing::info!(%to, "handed the lease over");
             }
             0
         }
@@ -291,19 +295,17 @@ async fn stop_and_exit(
     }
 }
 
-/// When the guard had to stop the workload late (the whole candidate was paused), a successor
-/// may have run beside it: say so on the candidate, for the operator's `DoubleHolder` report.
-async fn report_overrun(handle: &crate::candidate::Handle, term: i32, ended: child::Ended) {
+/// The term to report when the guard had to stop the workload late (the whole candidate was
+/// paused): a successor may have run beside it (the operator's `DoubleHolder` report).
+fn overran(term: i32, ended: child::Ended) -> Option<i32> {
     if !ended.overran {
-        return;
+        return None;
     }
     tracing::error!(
         term,
         "the workload ran past its term (this candidate was paused): a successor may have run beside it; only the fencing token protected the resource"
     );
-    if let Err(e) = handle.report_overrun(term).await {
-        tracing::warn!(error = %e, "reporting the overrun on the candidate failed");
-    }
+    Some(term)
 }
 
 async fn shutdown_signal() {

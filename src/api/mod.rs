@@ -15,6 +15,11 @@ pub use lease_candidate::{
 /// process of that identity registers; the operator reports it (condition `DoubleHolder`).
 pub const OVERRAN_ANNOTATION: &str = "arbiter.dev/overran-term";
 
+/// On a candidate: its agent exited (after stopping its workload) and could not delete the
+/// candidate, or kept it to carry [`OVERRAN_ANNOTATION`]. The arbiter never elects it; cleared
+/// when a new process of that identity registers.
+pub const WITHDRAWN_ANNOTATION: &str = "arbiter.dev/withdrawn";
+
 /// On a candidate: the lease duration its agent writes when it holds the lease, in seconds.
 /// The arbiter waits at least this long for a holder whose Lease was edited by hand.
 pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds";

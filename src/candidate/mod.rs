@@ -297,24 +297,42 @@ impl Handle {
         .unwrap_or_else(|_| Err(anyhow::anyhow!("releasing the lease timed out")))
     }
 
-    /// Records on the candidate that the workload of `term` ran past the term's end (annotation
-    /// [`crate::api::OVERRAN_ANNOTATION`]); the operator reports it as a double holder.
-    pub async fn report_overrun(&self, term: i32) -> anyhow::Result<()> {
-        tokio::time::timeout(
-            leadership::RELEASE_TIMEOUT,
-            registration::report_overrun(&self.client, &self.config, term),
-        )
-        .await
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("reporting the overrun timed out")))
-    }
-
     /// Stops following, releases the lease if held, and deletes the candidate.
     pub async fn shutdown(self) {
+        let _ = self.exit(None).await;
+    }
+
+    /// Leaves for good, after the work stopped: stops following, gives the lease back if it
+    /// still names this process (the result of that release), and withdraws the candidate so
+    /// that the arbiter never elects, or hands over to, a process that is gone.
+    ///
+    /// Withdrawing deletes the candidate, except when this process led and could not release
+    /// (the Lease was deleted, or names nobody or someone else by a hand edit), or `overran`
+    /// names a term whose workload ran past its end (the whole candidate was paused): then the
+    /// candidate is kept, marked withdrawn by this incarnation
+    /// ([`crate::api::WITHDRAWN_ANNOTATION`]), which tells the arbiter that the term's work
+    /// stopped (it need not wait the term out), and carrying the overrun
+    /// ([`crate::api::OVERRAN_ANNOTATION`]) for its `DoubleHolder` report. Each step is bounded
+    /// by a short timeout: an unreachable API server delays the exit by seconds.
+    pub async fn exit(self, overran: Option<i32>) -> anyhow::Result<bool> {
         self.task.abort();
-        // Withdraw first, so the arbiter does not hand the released lease straight back.
-        registration::deregister(&self.client, &self.config).await;
-        if let Err(e) = self.release().await {
-            tracing::warn!(error = %e, "releasing the lease on shutdown failed; it will expire");
+        let led =
+            self.last_end().is_some() || matches!(*self.state.borrow(), State::Leading { .. });
+        // A follower withdraws first, so the arbiter does not hand it the lease meanwhile.
+        let released = if led { self.release().await } else { Ok(false) };
+        let keep = overran.is_some() || (led && !matches!(released, Ok(true)));
+        let withdrawn = tokio::time::timeout(
+            leadership::RELEASE_TIMEOUT,
+            registration::withdraw(&self.client, &self.config, &self.incarnation, keep, overran),
+        )
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")));
+        if let Err(e) = withdrawn {
+            tracing::warn!(error = %format!("{e:#}"), "withdrawing the candidate failed; the arbiter will find it unresponsive");
         }
+        if let Err(e) = &released {
+            tracing::warn!(error = %e, "releasing the lease failed; it will expire");
+        }
+        released
     }
 }

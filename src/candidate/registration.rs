@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
+
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -13,6 +15,7 @@ use serde_json::json;
 use super::Config;
 use crate::api::{
     LEASE_DURATION_ANNOTATION, LeaseCandidate, LeaseCandidateSpec, OVERRAN_ANNOTATION,
+    WITHDRAWN_ANNOTATION,
 };
 use crate::lease::INCARNATION_ANNOTATION;
 
@@ -89,6 +92,7 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                     "metadata": { "annotations": {
                         INCARNATION_ANNOTATION: incarnation,
                         OVERRAN_ANNOTATION: null,
+                        WITHDRAWN_ANNOTATION: null,
                         LEASE_DURATION_ANNOTATION: declared,
                     } },
                     "spec": {
@@ -204,25 +208,37 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
     }
 }
 
-/// Records that the workload of `term` overran its term (see [`crate::api::OVERRAN_ANNOTATION`]).
-pub async fn report_overrun(client: &Client, config: &Config, term: i32) -> anyhow::Result<()> {
+/// Withdraws the candidate: deletes it, or, with `keep`, marks it withdrawn by `incarnation`
+/// (and records `overran`, see [`crate::api::OVERRAN_ANNOTATION`]).
+pub async fn withdraw(
+    client: &Client,
+    config: &Config,
+    incarnation: &str,
+    keep: bool,
+    overran: Option<i32>,
+) -> anyhow::Result<()> {
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
-    let patch = json!({ "metadata": { "annotations": { OVERRAN_ANNOTATION: term.to_string() } } });
+    if !keep {
+        return match api.delete(&config.identity, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(candidate = %config.identity, "withdrew the candidate");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(anyhow::Error::new(e).context("deleting the candidate")),
+        };
+    }
+    let patch = json!({ "metadata": { "annotations": {
+        OVERRAN_ANNOTATION: overran.map(|t| t.to_string()),
+        WITHDRAWN_ANNOTATION: incarnation,
+    } } });
     api.patch(
         &config.identity,
         &PatchParams::default(),
         &Patch::Merge(&patch),
     )
-    .await?;
+    .await
+    .context("marking the candidate withdrawn")?;
+    tracing::info!(candidate = %config.identity, ?overran, "withdrew the candidate (kept, marked withdrawn: the term's work stopped)");
     Ok(())
-}
-
-/// Deletes the candidate (on a clean exit).
-pub async fn deregister(client: &Client, config: &Config) {
-    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
-    match api.delete(&config.identity, &DeleteParams::default()).await {
-        Ok(_) => tracing::info!(candidate = %config.identity, "deregistered"),
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => tracing::warn!(error = %e, "deleting the candidate failed"),
-    }
 }

@@ -13,15 +13,19 @@
 //!   change the outcome.
 //! - A **live holder** (lease not expired on the arbiter's clock, holder not released, its pod
 //!   not confirmed stopped) is never replaced directly. A better candidate gets it only through
-//!   a **handover request** (`preferredHolder`), after which the holder releases.
+//!   a **handover request** (`preferredHolder`), after which the holder releases, and only once
+//!   it has answered a ping sent during the current term (after `acquireTime`): an older answer
+//!   may come from a process that has exited since, and the live holder would stop for nobody.
+//!   After the release, the next holder must again have answered since the release was seen.
+//! - A **withdrawn** candidate (its agent stopped its work and left) is never elected.
 //! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
 //!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
 //!   stopped renewing), or that released it, is passed over while anyone else can lead.
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
 //!   holder, and never touches the holder.
 //! - A **strategy conflict** changes nothing; it is reported.
-//! - A term ends only by the holder's own release, its pod confirmed stopped, or its lease
-//!   expiring on the arbiter's clock. A **hand edit** does not end it: when the Lease is
+//! - A term ends only by the holder's own release (or withdrawal), its pod confirmed stopped,
+//!   or its lease expiring on the arbiter's clock. A **hand edit** does not end it: when the Lease is
 //!   deleted, its holder cleared or replaced, or its duration lowered, the holder the arbiter
 //!   last saw ([`Previous`]) keeps its full lease duration, counted from its last record the
 //!   arbiter saw, before anyone else is elected.
@@ -34,7 +38,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 
 use super::oldest_emulation::{self, Ranked};
 use super::strategy::{self, Resolution};
@@ -75,6 +79,17 @@ pub struct Candidate {
     pub ping_time: Option<Timestamp>,
     pub renew_time: Option<Timestamp>,
     pub pod: PodState,
+    /// Its agent said it is gone (it stopped its workload and exited without being able to
+    /// remove the candidate): never elected, until a new process of it registers.
+    pub withdrawn: bool,
+}
+
+impl Candidate {
+    /// Whether it can lead at all: its process is there to lead (pod running, or no pod) and
+    /// has not withdrawn.
+    fn present(&self) -> bool {
+        self.pod.electable() && !self.withdrawn
+    }
 }
 
 /// The Lease record as last seen.
@@ -90,8 +105,12 @@ pub struct Lease {
     pub unchanged_for: Duration,
     /// Who released the lease, when it has no holder because its holder stepped down.
     pub released_by: Option<String>,
-    /// The holder's pod is confirmed stopped (known even after its candidate is gone).
+    /// The holder's work is confirmed stopped: its pod stopped (known even after its candidate
+    /// is gone), or its agent withdrew after stopping it.
     pub holder_pod_stopped: bool,
+    /// When the current holder was assigned (`acquireTime`, written by the arbiter on its own
+    /// clock, like `pingTime`).
+    pub acquired: Option<Timestamp>,
 }
 
 impl Lease {
@@ -109,7 +128,8 @@ pub struct Previous {
     pub quiet_for: Duration,
     /// The longest lease duration it was given or wrote during its term.
     pub duration: Duration,
-    /// The pod the arbiter recorded for it at assignment is confirmed stopped.
+    /// Its work is confirmed stopped: the pod the arbiter recorded for it at assignment
+    /// stopped, or its agent withdrew (marked with the incarnation that held the term).
     pub pod_stopped: bool,
 }
 
@@ -165,6 +185,8 @@ pub enum Reason {
     /// emulationVersion.
     NoEmulationVersion,
     PodNotRunning(PodState),
+    /// Its agent withdrew it on exiting.
+    Withdrawn,
     Unresponsive,
     /// Its binaryVersion is too far from the oldest live one, and skew is refused.
     Skew(SkewViolation),
@@ -271,15 +293,13 @@ pub fn decide(
         .collect();
 
     // Candidates whose pods are gone or not running do not get a say in the strategy.
-    let resolution = strategy::resolve(parsed.iter().filter(|p| p.candidate.pod.electable()).map(
-        |p| {
-            (
-                p.candidate.name.as_str(),
-                p.binary.as_ref().ok(),
-                p.candidate.strategy.as_str(),
-            )
-        },
-    ));
+    let resolution = strategy::resolve(parsed.iter().filter(|p| p.candidate.present()).map(|p| {
+        (
+            p.candidate.name.as_str(),
+            p.binary.as_ref().ok(),
+            p.candidate.strategy.as_str(),
+        )
+    }));
     let oev = matches!(&resolution, Resolution::Strategy(s) if s == OLDEST_EMULATION_VERSION);
     let skew = skew_violations(&parsed, rules);
     let standings = standings(&parsed, oev, &skew, rules);
@@ -321,6 +341,21 @@ pub fn decide(
             .map(|r| r.name.to_string())
     };
     let liveness_of = |name: &str| ranked.iter().find(|(r, _)| r.name == name).map(|(_, l)| *l);
+    // An acknowledgement counts towards taking over only if it answered a ping sent after
+    // `since`: an older one may come from a process that has exited since (one that lost its
+    // own term, or crashed), and handing over to it would stop a live holder for nobody.
+    let pinged = |name: &str| {
+        candidates
+            .iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.ping_time)
+    };
+    let answered_since = |name: &str, l: Liveness, since: Option<Timestamp>| match (l, since) {
+        (Liveness::Acked, Some(since)) if pinged(name).is_none_or(|p| p < since) => {
+            Liveness::Unknown
+        }
+        _ => l,
+    };
 
     let holder_live = lease.is_some_and(|l| {
         let Some(holder) = &l.holder else {
@@ -352,16 +387,19 @@ pub fn decide(
                 Some(_) => Action::ClearPreferredHolder,
                 None => Action::Nothing,
             },
-            Some(best) => match liveness_of(&best) {
-                Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&best) => {
-                    Action::WaitForRelease { to: best }
+            // The target must have answered during this term (a ping after `acquireTime`).
+            Some(best) => {
+                match liveness_of(&best).map(|lv| answered_since(&best, lv, l.acquired)) {
+                    Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&best) => {
+                        Action::WaitForRelease { to: best }
+                    }
+                    Some(Liveness::Acked) => Action::RequestHandover { to: best },
+                    Some(Liveness::Pending) => Action::WaitForAcks,
+                    _ => Action::Ping {
+                        candidates: vec![best],
+                    },
                 }
-                Some(Liveness::Acked) => Action::RequestHandover { to: best },
-                Some(Liveness::Pending) => Action::WaitForAcks,
-                _ => Action::Ping {
-                    candidates: vec![best],
-                },
-            },
+            }
         };
         return decision(action);
     }
@@ -376,12 +414,28 @@ pub fn decide(
     let stepped_down = lease
         .filter(|l| l.holder.is_none())
         .and_then(|l| l.released_by.as_deref());
-    let pool: Vec<&(Ranked, Liveness)> = match lapsed.or(stepped_down) {
-        Some(h) if ranked.iter().any(|(r, _)| r.name != h) => {
-            ranked.iter().filter(|(r, _)| r.name != h).collect()
-        }
-        _ => ranked.iter().collect(),
+    let pool: Vec<(Ranked, Liveness)> = match lapsed.or(stepped_down) {
+        Some(h) if ranked.iter().any(|(r, _)| r.name != h) => ranked
+            .iter()
+            .filter(|(r, _)| r.name != h)
+            .cloned()
+            .collect(),
+        _ => ranked.clone(),
     };
+    // After a release (a handover, or a holder stepping down) the next holder must have
+    // answered since the arbiter saw the release: the target of a handover may have exited
+    // while the holder was stopping.
+    let released_seen = lease.filter(|_| stepped_down.is_some()).and_then(|l| {
+        now.checked_sub(SignedDuration::try_from(l.unchanged_for).ok()?)
+            .ok()
+    });
+    let pool: Vec<(Ranked, Liveness)> = pool
+        .into_iter()
+        .map(|(r, lv)| {
+            let lv = answered_since(r.name, lv, released_seen);
+            (r, lv)
+        })
+        .collect();
     // Those not yet heard from only matter if one of them could outrank every candidate that
     // acknowledged: when the best that could still answer has already answered, waiting could
     // not change the outcome, so it is elected at once.
@@ -469,7 +523,7 @@ fn rank<'a>(p: &'a Parsed<'a>) -> Option<(Ranked<'a>, Liveness)> {
 fn oldest_live(parsed: &[Parsed]) -> Option<Version> {
     parsed
         .iter()
-        .filter(|p| p.candidate.pod.electable() && p.liveness != Liveness::Unresponsive)
+        .filter(|p| p.candidate.present() && p.liveness != Liveness::Unresponsive)
         .filter_map(|p| p.binary.as_ref().ok())
         .min()
         .cloned()
@@ -483,7 +537,7 @@ fn skew_violations(parsed: &[Parsed], rules: &Rules) -> Vec<SkewViolation> {
     };
     let mut out: Vec<SkewViolation> = parsed
         .iter()
-        .filter(|p| p.candidate.pod.electable() && p.liveness != Liveness::Unresponsive)
+        .filter(|p| p.candidate.present() && p.liveness != Liveness::Unresponsive)
         .filter_map(|p| {
             let v = p.binary.as_ref().ok()?;
             v.minor_distance(&oldest)
@@ -519,6 +573,7 @@ fn standings(
                 }
                 (Ok(_), None) if oev => Standing::Ineligible(Reason::NoEmulationVersion),
                 _ if !c.pod.electable() => Standing::Ineligible(Reason::PodNotRunning(c.pod)),
+                _ if c.withdrawn => Standing::Ineligible(Reason::Withdrawn),
                 _ if p.liveness == Liveness::Unresponsive => {
                     Standing::Ineligible(Reason::Unresponsive)
                 }

@@ -40,7 +40,7 @@ use super::terms::TermLedger;
 use super::{Settings, status};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action, Decision, PodState};
-use crate::lease::{self, LeaseStore, MANAGED_LABEL};
+use crate::lease::{self, INCARNATION_ANNOTATION, LeaseStore, MANAGED_LABEL};
 use crate::workloads::{Workload, WorkloadError};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 
@@ -413,6 +413,9 @@ impl Worker {
                 ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
                 renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
                 pod: pod_state(c, &self.caches),
+                withdrawn: c
+                    .annotations()
+                    .contains_key(crate::api::WITHDRAWN_ANNOTATION),
             })
             .collect();
         let mut released = None;
@@ -445,6 +448,11 @@ impl Worker {
                     .map(String::as_str)
             }),
             released_by: lease::released_by(l),
+            incarnation: l
+                .annotations()
+                .get(INCARNATION_ANNOTATION)
+                .map(String::as_str)
+                .filter(|i| !i.is_empty()),
         });
         let leader = candidates.iter().find_map(|c| {
             let leads = c.status.as_ref().is_some_and(|s| {
@@ -466,7 +474,20 @@ impl Worker {
             now,
             stopped,
         );
-        let previous = self.held.previous(key, now, stopped);
+        // The remembered holder withdrew its candidate, marked with the incarnation that held
+        // the term: its agent stopped the work and left (it could not release: the Lease was
+        // gone, or no longer named it). That ends the term like a release.
+        let withdrew = self.held.incarnation(key).is_some_and(|(h, incarnation)| {
+            candidates.iter().any(|c| {
+                c.name_any() == h
+                    && c.annotations().get(crate::api::WITHDRAWN_ANNOTATION)
+                        == Some(&incarnation.to_string())
+            })
+        });
+        let previous = self.held.previous(key, now, stopped).map(|mut p| {
+            p.pod_stopped |= withdrew;
+            p
+        });
         let lease_view = observed.map(|(l, unchanged_for)| {
             let holder = lease::holder(l).map(str::to_string);
             let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
@@ -479,6 +500,8 @@ impl Worker {
                     Some((longest, None)) => (longest.max(written), false),
                     None => (written, self.holder_pod_stopped(l)),
                 };
+            let pod_stopped = pod_stopped
+                || (withdrew && self.held.incarnation(key).map(|(h, _)| h) == holder.as_deref());
             decide::Lease {
                 holder,
                 preferred_holder: lease::preferred_holder(l).map(str::to_string),
@@ -487,6 +510,11 @@ impl Worker {
                 unchanged_for,
                 released_by: lease::released_by(l).map(str::to_string),
                 holder_pod_stopped: pod_stopped,
+                acquired: l
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.acquire_time.as_ref())
+                    .map(|t| t.0),
             }
         });
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
@@ -711,6 +739,12 @@ impl Worker {
             }
         }
 
+        if written.is_some()
+            && let Some(old) = lease.as_deref()
+        {
+            self.report_abandoned_handover(key, old, &decision.action, &candidates)
+                .await;
+        }
         // A lapsed holder whose pod kept running with the same containers is forced out.
         if let (
             Some(_),
@@ -985,6 +1019,55 @@ impl Worker {
             tracing::info!(lease = %key, action = ?decision.action, holder = ?lease::holder(l), term = lease::term(l), "lease written");
         }
         Ok(written)
+    }
+}
+
+impl Worker {
+    /// A handover was asked for (`preferredHolder`) and the lease is now going elsewhere: its
+    /// target did not take it (it stopped answering, withdrew, or is no longer the best). The
+    /// arbiter falls back to the best live candidate; this says so (Event `HandoverAbandoned`,
+    /// counter `arbiter_handovers_abandoned_total`).
+    async fn report_abandoned_handover(
+        &self,
+        key: &LeaseKey,
+        old: &Lease,
+        action: &Action,
+        candidates: &[Arc<LeaseCandidate>],
+    ) {
+        let (Some(target), holder) = (lease::preferred_holder(old), lease::holder(old)) else {
+            return;
+        };
+        if holder == Some(target) {
+            return;
+        }
+        let instead = match action {
+            Action::Assign { holder: h, .. } if h != target => format!("{h} was elected instead"),
+            Action::RequestHandover { to } if to != target => {
+                format!("asking for a handover to {to} instead")
+            }
+            Action::ClearPreferredHolder => {
+                format!("{} keeps it", holder.unwrap_or("nobody"))
+            }
+            _ => return,
+        };
+        self.metrics.handovers_abandoned.inc();
+        let note = format!(
+            "the handover of lease {} to {target} was abandoned: {target} did not take it (no answer, withdrawn, or no longer the best); {instead}",
+            key.name
+        );
+        tracing::warn!(lease = %key, %target, "{note}");
+        let subject = holder
+            .and_then(|h| candidates.iter().find(|c| c.name_any() == h))
+            .map(|c| c.object_ref(&()))
+            .unwrap_or_else(|| old.object_ref(&()));
+        publish(
+            &self.recorder,
+            &subject,
+            EventType::Warning,
+            "HandoverAbandoned",
+            note,
+        )
+        .await;
     }
 }
 

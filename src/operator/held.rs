@@ -28,6 +28,9 @@ struct Term {
     duration: Duration,
     /// The holder's pod, as recorded when the arbiter assigned it (or first saw it).
     pod_uid: Option<String>,
+    /// The holder's process (`arbiter.dev/incarnation` on the records naming it): its
+    /// withdrawal, marked with this incarnation, proves the term's work stopped.
+    incarnation: Option<String>,
 }
 
 /// The candidate whose `Leader` condition the arbiter last set to True: the memory a replica
@@ -49,6 +52,8 @@ pub struct Seen<'a> {
     pub pod_uid: Option<&'a str>,
     /// `arbiter.dev/released-by` when the Lease has no holder.
     pub released_by: Option<&'a str>,
+    /// The holder's incarnation recorded on the Lease.
+    pub incarnation: Option<&'a str>,
 }
 
 #[derive(Default)]
@@ -78,6 +83,7 @@ impl Held {
                 last_seen: now,
                 duration: fallback_duration.max(leader.declared),
                 pod_uid: leader.pod_uid.clone(),
+                incarnation: None,
             };
             terms.insert(key.clone(), term);
         };
@@ -95,6 +101,9 @@ impl Held {
                 Some(t) if t.holder == h => {
                     t.last_seen = t.last_seen.max(l.since);
                     t.duration = t.duration.max(l.duration);
+                    if let Some(i) = l.incarnation {
+                        t.incarnation = Some(i.to_string());
+                    }
                 }
                 // Named by someone other than the arbiter while the last term may still run:
                 // keep remembering that term.
@@ -112,6 +121,7 @@ impl Held {
                         last_seen: l.since,
                         duration,
                         pod_uid: l.pod_uid.map(str::to_string),
+                        incarnation: l.incarnation.map(str::to_string),
                     };
                     self.terms.insert(key.clone(), term);
                 }
@@ -142,6 +152,7 @@ impl Held {
             last_seen: now,
             duration,
             pod_uid: pod_uid.map(str::to_string),
+            incarnation: None,
         };
         self.terms.insert(key.clone(), term);
     }
@@ -160,6 +171,12 @@ impl Held {
             duration: t.duration,
             pod_stopped: t.pod_uid.as_deref().is_some_and(&stopped),
         })
+    }
+
+    /// The remembered holder and its incarnation, when the Lease recorded one for its term.
+    pub fn incarnation(&self, key: &LeaseKey) -> Option<(&str, &str)> {
+        let t = self.terms.get(key)?;
+        Some((t.holder.as_str(), t.incarnation.as_deref()?))
     }
 
     /// The longest duration, and the recorded pod uid, of `holder`'s term, if it is the one
@@ -242,6 +259,7 @@ mod tests {
             duration,
             pod_uid: None,
             released_by: None,
+            incarnation: None,
         }
     }
 

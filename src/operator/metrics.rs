@@ -32,6 +32,7 @@ pub struct Metrics {
     registry: Registry,
     pub leader_changes: Counter,
     pub handovers: Counter,
+    pub handovers_abandoned: Counter,
     pub strategy_conflicts: Counter,
     pub skew_violations: Counter,
     pub reconcile_errors: Counter,
@@ -116,6 +117,7 @@ impl Metrics {
         let m = Metrics {
             leader_changes: Counter::default(),
             handovers: Counter::default(),
+            handovers_abandoned: Counter::default(),
             strategy_conflicts: Counter::default(),
             skew_violations: Counter::default(),
             reconcile_errors: Counter::default(),
@@ -133,7 +135,7 @@ impl Metrics {
             progress: Progress::new(),
             registry: Registry::default(),
         };
-        let counters: [(&str, &str, &Counter); 8] = [
+        let counters: [(&str, &str, &Counter); 9] = [
             (
                 "double_holders",
                 "Double holders seen: more than one pod of a lease labelled active, or an agent's workload that outlived its term because the whole candidate was paused (must stay 0)",
@@ -148,6 +150,11 @@ impl Metrics {
                 "handovers_requested",
                 "Handovers requested from a live holder",
                 &m.handovers,
+            ),
+            (
+                "handovers_abandoned",
+                "Handovers requested whose target did not take the lease (the arbiter fell back to the best live candidate)",
+                &m.handovers_abandoned,
             ),
             (
                 "strategy_conflicts",

@@ -90,6 +90,11 @@ pub fn conditions(
                 Reason::PodNotRunning(state) => {
                     ("PodNotRunning", format!("the candidate's pod is {state:?}"))
                 }
+                Reason::Withdrawn => (
+                    "Withdrawn",
+                    "its agent stopped its workload and exited; a new process of it registers afresh"
+                        .to_string(),
+                ),
                 Reason::Unresponsive => (
                     "Unresponsive",
                     "did not acknowledge the arbiter's ping".to_string(),

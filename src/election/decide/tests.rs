@@ -28,6 +28,7 @@ fn acked(name: &str, version: &str, now: Timestamp) -> Candidate {
         ping_time: Some(now),
         renew_time: Some(now),
         pod: PodState::Running,
+        withdrawn: false,
     }
 }
 
@@ -48,6 +49,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
         unchanged_for: Duration::from_secs(unchanged_for),
         released_by: None,
         holder_pod_stopped: false,
+        acquired: None,
     }
 }
 
@@ -601,6 +603,88 @@ fn liveness_from_the_arbiters_own_ping_time() {
     assert_eq!(at(Some(6), Some(30)), Liveness::Unresponsive);
 }
 
+/// The trace of issue 17: `d2` was elected after `d1` lapsed; `d1` is better, and its last
+/// acknowledgement (before `d2`'s term began) still looks fresh. It must answer again, during
+/// `d2`'s term, before `d2` is asked to hand over to it.
+#[test]
+fn a_handover_target_must_answer_during_the_current_term() {
+    let now = t0() + secs(100);
+    let term_began = now - secs(2);
+    let holder = Lease {
+        acquired: Some(term_began),
+        ..lease(Some("d2"), 1)
+    };
+    let mut d1 = acked("d1", "1.30.0", now - secs(3));
+    let d2 = acked("d2", "1.31.0", now);
+    assert_eq!(
+        act(&[d1.clone(), d2.clone()], Some(&holder), now),
+        Action::Ping {
+            candidates: vec!["d1".into()]
+        },
+        "an answer from before the term began does not count"
+    );
+    d1.ping_time = Some(now - secs(1));
+    d1.renew_time = None;
+    assert_eq!(
+        act(&[d1.clone(), d2.clone()], Some(&holder), now),
+        Action::WaitForAcks
+    );
+    d1.ping_time = Some(now - secs(6));
+    assert_eq!(
+        act(&[d1.clone(), d2.clone()], Some(&holder), now),
+        Action::Nothing,
+        "no answer: the live holder stays, and is not asked again"
+    );
+    d1 = acked("d1", "1.30.0", now - secs(1));
+    assert_eq!(
+        act(&[d1, d2], Some(&holder), now),
+        Action::RequestHandover { to: "d1".into() }
+    );
+}
+
+/// After a release, the next holder must have answered since the arbiter saw the release.
+#[test]
+fn after_a_release_the_next_holder_must_answer_again() {
+    let now = t0() + secs(100);
+    let released = Lease {
+        released_by: Some("d2".into()),
+        preferred_holder: Some("d1".into()),
+        ..lease(None, 1)
+    };
+    let d2 = acked("d2", "1.31.0", now);
+    let stale = acked("d1", "1.30.0", now - secs(3));
+    assert_eq!(
+        act(&[stale, d2.clone()], Some(&released), now),
+        Action::Ping {
+            candidates: vec!["d1".into()]
+        }
+    );
+    let fresh = acked("d1", "1.30.0", now - secs(0));
+    assert_eq!(act(&[fresh, d2], Some(&released), now), assign("d1"));
+}
+
+#[test]
+fn a_withdrawn_candidate_is_never_elected() {
+    let now = t0() + secs(100);
+    let gone = Candidate {
+        withdrawn: true,
+        ..acked("old", "1.30.0", now)
+    };
+    let other = acked("new", "1.31.0", now);
+    let d = decide(
+        &[gone.clone(), other.clone()],
+        Some(&lease(Some("old"), 20)),
+        None,
+        now,
+        &Rules::default(),
+    );
+    assert_eq!(d.action, assign_after_lapse("new", "old"));
+    assert_eq!(d.standings["old"], Standing::Ineligible(Reason::Withdrawn));
+    // Nor is it a handover target, nor does its strategy count.
+    let holder = lease(Some("new"), 1);
+    assert_eq!(act(&[gone, other], Some(&holder), now), Action::Nothing);
+}
+
 // ---- properties ----
 
 fn candidate_strategy() -> impl Strategy<Value = Candidate> {
@@ -630,9 +714,10 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
         prop::option::of(0i64..20),
         prop::option::of(0i64..30),
         pods,
+        prop::bool::weighted(0.15),
     )
         .prop_map(
-            |(binary, emulation, strategy, created, ping, renew, pod)| Candidate {
+            |(binary, emulation, strategy, created, ping, renew, pod, withdrawn)| Candidate {
                 name: String::new(),
                 binary_version: binary.into(),
                 emulation_version: emulation.map(str::to_string),
@@ -641,6 +726,7 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
                 ping_time: ping.map(|s| t0() + secs(100 - s)),
                 renew_time: renew.map(|s| t0() + secs(100 - s)),
                 pod,
+                withdrawn,
             },
         )
 }
@@ -660,13 +746,17 @@ fn lease_strategy() -> impl Strategy<Value = Option<Lease>> {
         prop::option::of(prop::sample::select(vec!["c0", "c3", "gone"])),
         0u64..30,
         prop::option::of(prop::sample::select(vec!["c0", "c1"])),
+        prop::option::of(0i64..30),
     ))
     .prop_map(|l| {
-        l.map(|(holder, preferred, unchanged, released_by)| Lease {
-            preferred_holder: preferred.map(str::to_string),
-            released_by: released_by.map(str::to_string),
-            ..lease(holder, unchanged)
-        })
+        l.map(
+            |(holder, preferred, unchanged, released_by, acquired)| Lease {
+                preferred_holder: preferred.map(str::to_string),
+                released_by: released_by.map(str::to_string),
+                acquired: acquired.map(|s| t0() + secs(100 - s)),
+                ..lease(holder, unchanged)
+            },
+        )
     })
 }
 
@@ -762,6 +852,49 @@ proptest! {
             !matches!(d.action, Action::Assign { .. } | Action::CreateLease { .. }),
             "live holder {} replaced: {:?}", holder, d.action
         );
+    }
+
+    #[test]
+    fn a_handover_target_answered_a_ping_sent_during_the_current_term(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
+        if let (Action::RequestHandover { to }, Some(Lease { acquired: Some(began), .. })) = (&d.action, &lease) {
+            let c = cands.iter().find(|c| &c.name == to).unwrap();
+            let ping = c.ping_time.unwrap();
+            prop_assert!(ping >= *began, "{to} pinged at {ping}, before the term began at {began}");
+            prop_assert!(c.renew_time.is_some_and(|r| r >= ping), "{to} did not answer its ping");
+        }
+    }
+
+    #[test]
+    fn after_a_release_the_next_holder_answered_since(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
+        let Some(l) = &lease else { return Ok(()) };
+        if let (Action::Assign { holder, .. }, None, Some(_)) = (&d.action, &l.holder, &l.released_by) {
+            let c = cands.iter().find(|c| &c.name == holder).unwrap();
+            let seen = now() - SignedDuration::try_from(l.unchanged_for).unwrap();
+            prop_assert!(c.ping_time.is_some_and(|p| p >= seen), "{holder} assigned on an answer from before the release");
+        }
+    }
+
+    #[test]
+    fn withdrawn_candidates_are_never_elected(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
+        if let Some(e) = elected(&d.action) {
+            let c = cands.iter().find(|c| c.name == e);
+            prop_assert!(c.is_none_or(|c| !c.withdrawn), "{e} elected although withdrawn: {:?}", d.action);
+        }
     }
 
     #[test]
