@@ -1078,9 +1078,7 @@ fn descendants(pid: i32) -> Vec<i32> {
 /// the departed `d1`, and `d2` keeps the lease. (Before: `d2` was elected and at once asked to
 /// hand over to the exited `d1`; it obeyed and exited, and the Lease named a dead holder.)
 async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
-    use futures::StreamExt;
     use kube::api::DeleteParams;
-    use kube::runtime::watcher;
     let _op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
@@ -1096,25 +1094,8 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
     })
     .await;
 
-    // Every version of the Lease from here on: (holder, preferred holder, term).
     let leases: Api<Lease> = env.api();
-    let history = Arc::new(std::sync::Mutex::new(Vec::<(
-        Option<String>,
-        Option<String>,
-        i32,
-    )>::new()));
-    let record = history.clone();
-    let cfg = watcher::Config::default().fields("metadata.name=settle");
-    let watch = tokio::spawn(watcher(leases.clone(), cfg).for_each(move |ev| {
-        if let Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) = ev {
-            record.lock().unwrap().push((
-                lease::holder(&l).map(str::to_string),
-                lease::preferred_holder(&l).map(str::to_string),
-                lease::term(&l),
-            ));
-        }
-        async {}
-    }));
+    let history = crate::support::operator::record_lease(&env, "settle");
     leases
         .delete("settle", &DeleteParams::default())
         .await
@@ -1151,7 +1132,6 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
         }
     })
     .await;
-    watch.abort();
     let history = history.lock().unwrap().clone();
     assert!(
         history

@@ -18,7 +18,8 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 use crate::support::operator::{
-    FAST_HA, Operator, Responder, create_candidate, hold_and_release, wait_for_holder,
+    FAST_HA, Operator, Responder, create_candidate, hold_and_release, hold_and_release_with,
+    record_lease, wait_for_holder,
 };
 use crate::support::standin::StandIn;
 use crate::support::{TestEnv, events_for, eventually, wait_for_event};
@@ -27,6 +28,7 @@ crate::tests![operator:
     single_candidate_is_elected,
     oldest_emulation_version_wins,
     better_candidate_gets_the_lease_through_handover,
+    an_abandoned_handover_falls_back_to_the_best_live_candidate,
     expired_lease_goes_to_a_live_candidate,
     holder_pod_stopped_is_replaced_before_expiry,
     lapsed_holder_pod_still_running_is_evicted,
@@ -187,6 +189,58 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
         "{metrics}"
     );
     assert!(op.http_get("/readyz").await.ends_with("ok"));
+}
+
+/// The holder `a` is asked to hand over to the better `t`, which answered during `a`'s term;
+/// `t` goes silent just before `a` releases. The next holder must answer after the release:
+/// `t` does not, so the lease goes to the best live candidate, `c`, and the abandoned handover
+/// is reported. (Before: `t`'s earlier answer still counted, the lease was assigned to the
+/// silent `t` and sat with it until it expired.)
+async fn an_abandoned_handover_falls_back_to_the_best_live_candidate(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &[]);
+    let r = Responder::start(env.client.clone(), &env.ns, &["a", "c", "t"]);
+    let silence = r.silencer();
+    let holders = hold_and_release_with(
+        env.client.clone(),
+        &env.ns,
+        "fall",
+        &["a", "c", "t"],
+        move |to| {
+            if to == "t" {
+                silence(to)
+            }
+        },
+    );
+    create_candidate(&env, "a", "fall", "1.20.0", Some("1.20.0"), OEV, None).await;
+    wait_for_holder(&env, "fall", "a", DEADLINE).await;
+    create_candidate(&env, "c", "fall", "1.21.0", Some("1.21.0"), OEV, None).await;
+    crate::support::agent::wait_eligible(&env, "c").await;
+    let history = record_lease(&env, "fall");
+    create_candidate(&env, "t", "fall", "1.18.0", Some("1.18.0"), OEV, None).await;
+    wait_for_holder(&env, "fall", "c", DEADLINE).await;
+    let seen = history.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|(h, p, _)| h.as_deref() == Some("a") && p.as_deref() == Some("t")),
+        "the handover to t was requested: {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|(h, _, _)| h.as_deref() != Some("t")),
+        "the lease was given to t, which had gone silent: {seen:?}"
+    );
+    let note = wait_for_event(&env, "a", "HandoverAbandoned", DEADLINE).await;
+    assert!(
+        note.contains("to t") && note.contains("c was elected instead"),
+        "{note}"
+    );
+    let metrics = op.http_get("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("arbiter_handovers_abandoned_total 1")),
+        "{metrics}"
+    );
+    holders.abort();
 }
 
 async fn expired_lease_goes_to_a_live_candidate(env: Arc<TestEnv>) {
@@ -879,32 +933,4 @@ async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
     .await;
     wait_for_holder(&env, "gc", "fresh", DEADLINE).await;
     assert!(api.get_opt("fresh").await.unwrap().is_some());
-}
-
-/// (holder, preferred holder, term) of each version of a Lease.
-type LeaseHistory = Arc<std::sync::Mutex<Vec<(Option<String>, Option<String>, i32)>>>;
-
-/// Every (holder, preferred holder, term) the Lease goes through, recorded by a watch.
-fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let out = seen.clone();
-    let api: Api<Lease> = env.api();
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    tokio::spawn(async move {
-        let mut events = watcher(api, cfg).applied_objects().boxed();
-        while let Some(Ok(l)) = events.next().await {
-            let entry = (
-                lease::holder(&l).map(str::to_string),
-                lease::preferred_holder(&l).map(str::to_string),
-                lease::term(&l),
-            );
-            let mut v = out.lock().unwrap();
-            if v.last() != Some(&entry) {
-                v.push(entry);
-            }
-        }
-    });
-    seen
 }

@@ -1056,7 +1056,9 @@ impl Worker {
             key.name
         );
         tracing::warn!(lease = %key, %target, "{note}");
+        // On the candidate that was asked to hand over (the holder, or who released).
         let subject = holder
+            .or(lease::released_by(old))
             .and_then(|h| candidates.iter().find(|c| c.name_any() == h))
             .map(|c| c.object_ref(&()))
             .unwrap_or_else(|| old.object_ref(&()));

@@ -213,6 +213,14 @@ impl Responder {
     pub fn silence(&self, name: &str) {
         self.alive.lock().unwrap().remove(name);
     }
+
+    /// A handle that silences a candidate from another task.
+    pub fn silencer(&self) -> impl Fn(&str) + Send + Sync + 'static {
+        let alive = self.alive.clone();
+        move |name| {
+            alive.lock().unwrap().remove(name);
+        }
+    }
 }
 
 impl Drop for Responder {
@@ -230,6 +238,18 @@ pub fn hold_and_release(
     lease: &str,
     names: &[&str],
 ) -> tokio::task::JoinHandle<()> {
+    hold_and_release_with(client, ns, lease, names, |_| {})
+}
+
+/// [`hold_and_release`], calling `before_release` with the preferred holder just before each
+/// release (to make something happen in between).
+pub fn hold_and_release_with(
+    client: Client,
+    ns: &str,
+    lease: &str,
+    names: &[&str],
+    before_release: impl Fn(&str) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
     let store = arbiter::lease::LeaseStore::new(client, ns);
     let (lease, names): (String, Vec<String>) =
         (lease.into(), names.iter().map(|s| s.to_string()).collect());
@@ -239,18 +259,46 @@ pub fn hold_and_release(
                 && let Some(holder) = arbiter::lease::holder(&l).map(str::to_string)
                 && names.contains(&holder)
             {
-                let release = arbiter::lease::preferred_holder(&l).is_some_and(|p| p != holder);
-                if release {
-                    // As an agent releases: holder "", and who stepped down.
-                    arbiter::lease::mark_released(&mut l, Some(&holder));
-                } else {
-                    l.spec.as_mut().unwrap().renew_time = Some(arbiter::lease::now());
+                let preferred = arbiter::lease::preferred_holder(&l).map(str::to_string);
+                match preferred.filter(|p| *p != holder) {
+                    Some(to) => {
+                        before_release(&to);
+                        // As an agent releases: holder "", and who stepped down.
+                        arbiter::lease::mark_released(&mut l, Some(&holder));
+                    }
+                    None => l.spec.as_mut().unwrap().renew_time = Some(arbiter::lease::now()),
                 }
                 let _ = store.replace(&l).await;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     })
+}
+
+/// (holder, preferred holder, term) of each version of a Lease.
+pub type LeaseHistory = Arc<Mutex<Vec<(Option<String>, Option<String>, i32)>>>;
+
+/// Every (holder, preferred holder, term) the Lease goes through, recorded by a watch.
+pub fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = seen.clone();
+    let api: Api<Lease> = env.api();
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut events = watcher(api, cfg).applied_objects().boxed();
+        while let Some(Ok(l)) = events.next().await {
+            let entry = (
+                arbiter::lease::holder(&l).map(str::to_string),
+                arbiter::lease::preferred_holder(&l).map(str::to_string),
+                arbiter::lease::term(&l),
+            );
+            let mut v = out.lock().unwrap();
+            if v.last() != Some(&entry) {
+                v.push(entry);
+            }
+        }
+    });
+    seen
 }
 
 /// Waits until the Lease names `holder`, and returns it.
