@@ -168,7 +168,10 @@ enum Fault {
     PauseHolder,
     /// SIGSTOP of the holder's agent alone (not its guard, not its workload).
     StallAgent,
-    /// The Lease deleted, its holder cleared, or its duration lowered, by hand.
+    /// The Lease deleted by hand: the holder stops and withdraws; the live candidates must get
+    /// it (issue 17: no handover to the departed holder, no flip back).
+    DeleteLease,
+    /// The Lease's holder cleared, or its duration lowered, by hand.
     EditLease,
     CutHolder,
     DelayHolder,
@@ -178,10 +181,11 @@ enum Fault {
     RestartEtcd,
 }
 
-const FAULTS: [Fault; 10] = [
+const FAULTS: [Fault; 11] = [
     Fault::KillHolder,
     Fault::PauseHolder,
     Fault::StallAgent,
+    Fault::DeleteLease,
     Fault::EditLease,
     Fault::CutHolder,
     Fault::DelayHolder,
@@ -410,33 +414,19 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                 tokio::time::sleep(Duration::from_secs_f64(LEASE_DURATION + 3.0)).await;
                 let _ = nix::sys::signal::killpg(group, Signal::SIGCONT);
             }
+            (Fault::DeleteLease, Some(_)) => {
+                let _ = leases.delete(LEASE, &kube::api::DeleteParams::default()).await;
+            }
             (Fault::EditLease, Some(_)) => {
-                use kube::api::{DeleteParams, Patch, PatchParams};
-                let pp = PatchParams::default();
-                let _ = match rng.next() % 3 {
-                    0 => leases
-                        .delete(LEASE, &DeleteParams::default())
-                        .await
-                        .map(|_| ()),
-                    1 => leases
-                        .patch(
-                            LEASE,
-                            &pp,
-                            &Patch::Merge(serde_json::json!({ "spec": { "holderIdentity": "" } })),
-                        )
-                        .await
-                        .map(|_| ()),
-                    _ => leases
-                        .patch(
-                            LEASE,
-                            &pp,
-                            &Patch::Merge(
-                                serde_json::json!({ "spec": { "leaseDurationSeconds": 1 } }),
-                            ),
-                        )
-                        .await
-                        .map(|_| ()),
+                use kube::api::{Patch, PatchParams};
+                let edit = if rng.next() % 2 == 0 {
+                    serde_json::json!({ "spec": { "holderIdentity": "" } })
+                } else {
+                    serde_json::json!({ "spec": { "leaseDurationSeconds": 1 } })
                 };
+                let _ = leases
+                    .patch(LEASE, &PatchParams::default(), &Patch::Merge(edit))
+                    .await;
             }
             (Fault::CutHolder, Some(i)) => {
                 agents[i].proxy.cut();
