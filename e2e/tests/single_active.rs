@@ -737,7 +737,17 @@ async fn a_blocked_eviction_never_hits_the_pod_that_replaced_its_target(env: Arc
         now.as_ref().is_some_and(
             |p| p.uid() == replacement.uid() && p.metadata.deletion_timestamp.is_none()
         ),
-        "the replacement pod was hit by the eviction meant for its predecessor ({outcome})"
+        "the replacement pod was hit by the eviction meant for its predecessor ({outcome}); \
+         old uid {:?}, replacement {:?}, now {:?} (deleting: {:?}); operator's forced exits:\n{}",
+        old.uid(),
+        replacement.uid(),
+        now.as_ref().and_then(|p| p.uid()),
+        now.as_ref().map(|p| p.metadata.deletion_timestamp.is_some()),
+        op.logs()
+            .lines()
+            .filter(|l| l.contains("forced exit") || l.contains("evict"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     inv.check();
 }
