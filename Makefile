@@ -2,18 +2,26 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: test demo lint unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
+.PHONY: setup test demo lint unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
 
+## setup: what the build and tests need beyond Rust and Go: the musl target and musl-tools for
+## the static build, clippy and rustfmt, and a few Debian tools. Idempotent, and quiet when
+## everything is there (installs from Debian only what is missing; needs root then).
+setup:
+	@e2e/setup.sh
+
 ## test: everything CI runs: format, lints, unit tests, CRD drift, end-to-end on a real cluster,
 ## and the static build the image uses
-test: lint unit static-check chaos-short e2e
+test: setup
+	@$(MAKE) --no-print-directory lint unit static-check chaos-short e2e
 
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --test demo --test chaos -- -D warnings
 	cd e2e && go vet ./lecandidate
 
 ## unit: pure logic, table and property tests, the CRD drift check, doc tests
@@ -35,7 +43,7 @@ crds:
 
 ## demo: the chart, the operator and three agents on a local control plane, through a rolling
 ## upgrade and a rollback; stops everything it started
-demo: control-plane
+demo: setup control-plane
 	$(CARGO) test --quiet --test demo
 
 ## static: the fully static musl release binary (what the Dockerfile builds)
@@ -56,7 +64,7 @@ render-manifests:
 	@helm=$$(e2e/cluster.sh build)/helm && \
 	printf '# Rendered from charts/arbiter with default values by `make manifests`; do not edit.\n' && \
 	printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: arbiter-system\n' && \
-	$$helm template arbiter charts/arbiter --namespace arbiter-system
+	$$helm template arbiter charts/arbiter --namespace arbiter-system --kube-version 1.33.0
 
 ## chaos: randomized fault trials counting violations (TRIALS=200 SEED=<clock> by default)
 TRIALS ?= 200

@@ -415,7 +415,9 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                 let _ = nix::sys::signal::killpg(group, Signal::SIGCONT);
             }
             (Fault::DeleteLease, Some(_)) => {
-                let _ = leases.delete(LEASE, &kube::api::DeleteParams::default()).await;
+                let _ = leases
+                    .delete(LEASE, &kube::api::DeleteParams::default())
+                    .await;
             }
             (Fault::EditLease, Some(_)) => {
                 use kube::api::{Patch, PatchParams};

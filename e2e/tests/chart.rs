@@ -24,6 +24,8 @@ crate::tests![chart:
     install_upgrade_uninstall,
     operator_works_with_the_charts_service_account,
     a_missing_rbac_rule_fails_with_a_readable_error,
+    the_chart_follows_the_conventions_of_other_charts,
+    the_charts_agent_role_is_all_an_agent_needs,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -51,9 +53,22 @@ fn chart() -> PathBuf {
 }
 
 /// Runs helm with `args`, asserting success; returns stdout.
-fn run_helm(kubeconfig: Option<&Path>, args: &[&str]) -> String {
+/// The Kubernetes version `helm template` renders for (the chart's minimum, `kubeVersion` in
+/// Chart.yaml). A helm built from source without release ldflags assumes v1.20.
+pub const KUBE_VERSION: &str = "1.33.0";
+
+/// `helm ARGS`, with `--kube-version` after `template`.
+fn helm_command(args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new(helm());
     cmd.args(args);
+    if args.first() == Some(&"template") {
+        cmd.args(["--kube-version", KUBE_VERSION]);
+    }
+    cmd
+}
+
+fn run_helm(kubeconfig: Option<&Path>, args: &[&str]) -> String {
+    let mut cmd = helm_command(args);
     let dir = tempfile::tempdir().unwrap();
     // Keep helm's own state out of $HOME.
     cmd.env("HELM_CACHE_HOME", dir.path())
@@ -89,8 +104,7 @@ async fn the_schema_refuses_lease_durations_that_are_not_whole_seconds(_env: Arc
         "operator.leaseDuration=2500ms",
         "operator.ha.leaseDuration=0s",
     ] {
-        let out = std::process::Command::new(helm())
-            .args(["template", "x", chart.to_str().unwrap(), "--set", value])
+        let out = helm_command(&["template", "x", chart.to_str().unwrap(), "--set", value])
             .env("HELM_CACHE_HOME", "/tmp")
             .output()
             .expect("running helm");
@@ -376,4 +390,186 @@ async fn a_missing_rbac_rule_fails_with_a_readable_error(env: Arc<TestEnv>) {
         message.contains("forbidden") && message.contains("pods/eviction"),
         "{message}"
     );
+}
+
+/// The kinds `helm template` renders with `sets`, in order, and the whole output.
+fn rendered_kinds(sets: &[&str]) -> (Vec<String>, String) {
+    let chart = chart();
+    let mut args = vec!["template", "x", chart.to_str().unwrap()];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let out = run_helm(None, &args);
+    let kinds = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind: "))
+        .map(str::to_string)
+        .collect();
+    (kinds, out)
+}
+
+/// What users of other charts take for granted: no budget that blocks drains at one replica, no
+/// ServiceMonitor without the Service it scrapes, refuseSkew refused without maxSkew (it would
+/// render and then exit at start), the usual overrides, replicas spread across nodes, a `helm
+/// test` hook, and `global` accepted so the chart works as a subchart.
+async fn the_chart_follows_the_conventions_of_other_charts(_env: Arc<TestEnv>) {
+    let count = |kinds: &[String], kind: &str| kinds.iter().filter(|k| *k == kind).count();
+    let (one, _) = rendered_kinds(&["replicaCount=1"]);
+    assert_eq!(
+        count(&one, "PodDisruptionBudget"),
+        0,
+        "a PDB at one replica"
+    );
+    let (two, out) = rendered_kinds(&[]);
+    assert_eq!(count(&two, "PodDisruptionBudget"), 1);
+    assert!(out.contains("topologyKey: kubernetes.io/hostname"), "{out}");
+    let (no_service, _) = rendered_kinds(&["serviceMonitor.enabled=true", "service.enabled=false"]);
+    assert_eq!(count(&no_service, "ServiceMonitor"), 0);
+    let (monitored, _) = rendered_kinds(&["serviceMonitor.enabled=true"]);
+    assert_eq!(count(&monitored, "ServiceMonitor"), 1);
+
+    let refused = helm_command(&[
+        "template",
+        "x",
+        chart().to_str().unwrap(),
+        "--set",
+        "operator.refuseSkew=true",
+    ])
+    .env("HELM_CACHE_HOME", "/tmp")
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("maxSkew"),
+        "{stderr}"
+    );
+    rendered_kinds(&["operator.refuseSkew=true", "operator.maxSkew=1"]);
+
+    let (_, out) = rendered_kinds(&[
+        "fullnameOverride=elector",
+        "extraArgs[0]=--max-skew=2",
+        "extraEnv[0].name=EXTRA",
+        "extraEnv[0].value=yes",
+        "securityContext.readOnlyRootFilesystem=false",
+    ]);
+    for expected in [
+        "name: elector\n",
+        "- \"--max-skew=2\"",
+        "name: EXTRA",
+        "readOnlyRootFilesystem: false",
+    ] {
+        assert!(out.contains(expected), "{expected:?} not rendered:\n{out}");
+    }
+    // `helm test`: a hook pod asking the metrics Service for /readyz.
+    let (_, out) = rendered_kinds(&[]);
+    assert!(
+        out.contains("helm.sh/hook: test")
+            && out.contains("x-arbiter-metrics.default.svc:8080/readyz"),
+        "{out}"
+    );
+
+    // As a subchart of an umbrella chart, with the parent's `global` values.
+    let dir = tempfile::tempdir().unwrap();
+    let umbrella = dir.path().join("umbrella");
+    std::fs::create_dir_all(umbrella.join("charts")).unwrap();
+    std::fs::write(
+        umbrella.join("Chart.yaml"),
+        "apiVersion: v2\nname: umbrella\nversion: 0.1.0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        umbrella.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example.com\narbiter:\n  replicaCount: 3\n",
+    )
+    .unwrap();
+    let copy = std::process::Command::new("cp")
+        .args([
+            "-r",
+            chart().to_str().unwrap(),
+            umbrella.join("charts/arbiter").to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(copy.success());
+    let out = run_helm(None, &["template", "u", umbrella.to_str().unwrap()]);
+    assert!(out.contains("replicas: 3"), "{out}");
+}
+
+/// The chart's agent ClusterRole, bound in a namespace to a ServiceAccount, is all an agent
+/// needs: it registers, is elected, runs its workload, and on SIGTERM releases and withdraws.
+async fn the_charts_agent_role_is_all_an_agent_needs(env: Arc<TestEnv>) {
+    use crate::support::agent::{Agent, agent_args, read_log, starts};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+    use kube::api::PostParams;
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    // The agent role, rendered by the chart under a name of this test's own.
+    let name = format!("{}-agent", env.ns);
+    let fullname = format!("fullnameOverride={name}");
+    let rendered = run_helm(
+        None,
+        &[
+            "template",
+            "x",
+            chart().to_str().unwrap(),
+            "--set",
+            &fullname,
+            "--show-only",
+            "templates/agent-rbac.yaml",
+        ],
+    );
+    let roles: Api<ClusterRole> = Api::all(env.client.clone());
+    let role_name = format!("{name}-candidate");
+    let doc = rendered
+        .split("\n---")
+        .find(|d| d.contains(&format!("name: {role_name}")))
+        .expect("the candidate ClusterRole");
+    let role: ClusterRole = serde_yaml_ng::from_str(doc).unwrap();
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    let sas: Api<ServiceAccount> = env.api();
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "agent"}})).unwrap();
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": env.ns}],
+    }))
+    .unwrap();
+    let bindings: Api<RoleBinding> = env.api();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+
+    let _op = Operator::start(&env, &["--lease-duration", "10s"]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = service_account_kubeconfig(&env, "agent", dir.path()).await;
+    let log = dir.path().join("workload.log");
+    let args = agent_args(&env.ns, "a1", "rbac", "1.30.0", &log);
+    let mut agent = Agent::spawn_args(&kubeconfig, "a1", &args, &log);
+    wait_for_holder(&env, "rbac", "a1", DEADLINE).await;
+    eventually("the agent's workload", DEADLINE, || async {
+        starts(&read_log(&log))
+            .iter()
+            .any(|s| s.0 == "a1")
+            .then_some(())
+    })
+    .await;
+    kill(Pid::from_raw(agent.pid()), Signal::SIGTERM).unwrap();
+    assert_eq!(agent.wait_exit(DEADLINE).await, Some(0));
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = env.api();
+    let l = leases.get("rbac").await.unwrap();
+    assert_eq!(
+        arbiter::lease::holder(&l),
+        None,
+        "released with the role's rights"
+    );
+    let candidates: Api<arbiter::api::LeaseCandidate> = env.api();
+    assert!(
+        candidates.get_opt("a1").await.unwrap().is_none(),
+        "withdrawn with the role's rights"
+    );
+    let _ = roles.delete(&role_name, &Default::default()).await;
 }

@@ -29,6 +29,7 @@ crate::tests![operator:
     oldest_emulation_version_wins,
     better_candidate_gets_the_lease_through_handover,
     an_abandoned_handover_falls_back_to_the_best_live_candidate,
+    the_readme_lists_every_metric_the_operator_exposes,
     expired_lease_goes_to_a_live_candidate,
     holder_pod_stopped_is_replaced_before_expiry,
     lapsed_holder_pod_still_running_is_evicted,
@@ -933,4 +934,73 @@ async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
     .await;
     wait_for_holder(&env, "gc", "fresh", DEADLINE).await;
     assert!(api.get_opt("fresh").await.unwrap().is_some());
+}
+
+/// The README's metric table is the truth: every family a running operator exposes is listed
+/// with its type, and every listed metric is exposed (a family with labels appears once it has
+/// a series: an election here gives `candidates` and `leaderless_seconds` theirs; forced exits
+/// and single-active workloads, which give the other two theirs, are other tests' business).
+async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
+    use std::collections::BTreeSet;
+    let op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["m1"]);
+    create_candidate(&env, "m1", "metered", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "metered", "m1", DEADLINE).await;
+    let exposed = |text: &str| -> BTreeSet<(String, String)> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| {
+                let (name, kind) = l.split_once(' ')?;
+                Some((name.to_string(), kind.to_string()))
+            })
+            .collect()
+    };
+    let readme = std::fs::read_to_string(crate::support::repo_root().join("README.md")).unwrap();
+    let table = readme
+        .split("<!-- metrics:begin -->")
+        .nth(1)
+        .and_then(|t| t.split("<!-- metrics:end -->").next())
+        .expect("the README's metric table");
+    // (family, type, has labels)
+    let listed: Vec<(String, String, bool)> = table
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            let name = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
+            let kind = cells.get(1)?.to_string();
+            // A counter's samples carry `_total`; its family (the TYPE line) does not.
+            let family = match kind.as_str() {
+                "counter" => name.strip_suffix("_total").unwrap_or(name),
+                _ => name,
+            };
+            Some((family.to_string(), kind, !cells.get(2)?.is_empty()))
+        })
+        .collect();
+    assert!(listed.len() > 10, "the table was not parsed: {listed:?}");
+    let must_show: BTreeSet<(String, String)> = listed
+        .iter()
+        .filter(|(f, _, labels)| {
+            !labels || f.ends_with("_candidates") || f.ends_with("_leaderless_seconds")
+        })
+        .map(|(f, k, _)| (f.clone(), k.clone()))
+        .collect();
+    let text = eventually("every listed metric on /metrics", DEADLINE, || async {
+        let m = op.http_get("/metrics").await;
+        must_show.is_subset(&exposed(&m)).then_some(m)
+    })
+    .await;
+    let all_listed: BTreeSet<(String, String)> = listed
+        .iter()
+        .map(|(f, k, _)| (f.clone(), k.clone()))
+        .collect();
+    let unlisted: Vec<_> = exposed(&text).difference(&all_listed).cloned().collect();
+    assert!(
+        unlisted.is_empty(),
+        "exposed but not in the README: {unlisted:?}"
+    );
 }

@@ -742,7 +742,8 @@ async fn a_blocked_eviction_never_hits_the_pod_that_replaced_its_target(env: Arc
         old.uid(),
         replacement.uid(),
         now.as_ref().and_then(|p| p.uid()),
-        now.as_ref().map(|p| p.metadata.deletion_timestamp.is_some()),
+        now.as_ref()
+            .map(|p| p.metadata.deletion_timestamp.is_some()),
         op.logs()
             .lines()
             .filter(|l| l.contains("forced exit") || l.contains("evict"))

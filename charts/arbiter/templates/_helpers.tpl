@@ -1,14 +1,24 @@
-{{/* The name of the release's objects. */}}
+{{/* The chart's name (nameOverride replaces it). */}}
+{{- define "arbiter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The name of the release's objects (fullnameOverride replaces it). */}}
 {{- define "arbiter.fullname" -}}
-{{- if contains "arbiter" .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "arbiter.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-arbiter" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "arbiter.selectorLabels" -}}
-app.kubernetes.io/name: arbiter
+app.kubernetes.io/name: {{ include "arbiter.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# `make setup`: installs what `make test` needs beyond Rust, Go and kubectl, only if missing.
+# Quiet when everything is there. Debian packages need root (as in CI); Rust components and
+# targets go through rustup.
+set -euo pipefail
+
+need=()
+for tool in curl openssl python3 flock setsid file musl-gcc; do
+  command -v "$tool" >/dev/null || need+=("$tool")
+done
+if ((${#need[@]})); then
+  echo "[setup] missing: ${need[*]}; installing from Debian" >&2
+  sudo=""
+  [[ $(id -u) == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq curl openssl python3 util-linux file musl-tools >/dev/null
+fi
+for tool in go cargo rustup kubectl; do
+  command -v "$tool" >/dev/null || { echo "[setup] $tool is required and not installed" >&2; exit 1; }
+done
+installed=$(rustup component list --installed 2>/dev/null)
+for component in clippy rustfmt; do
+  grep -q "^$component" <<<"$installed" || rustup component add "$component" >/dev/null
+done
+# The static (musl) build the Dockerfile makes is part of `make test`.
+rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
+  || rustup target add x86_64-unknown-linux-musl >/dev/null
