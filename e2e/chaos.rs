@@ -421,7 +421,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             }
             (Fault::EditLease, Some(_)) => {
                 use kube::api::{Patch, PatchParams};
-                let edit = if rng.next() % 2 == 0 {
+                let edit = if rng.next().is_multiple_of(2) {
                     serde_json::json!({ "spec": { "holderIdentity": "" } })
                 } else {
                     serde_json::json!({ "spec": { "leaseDurationSeconds": 1 } })
