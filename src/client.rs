@@ -52,9 +52,40 @@ impl Timeouts {
 
 /// [`connect`] with request timeouts `timeouts`, and writes only while `gate` is open.
 pub async fn connect_with(timeouts: Timeouts, gate: Option<Gate>) -> anyhow::Result<Client> {
-    let mut config = Config::infer()
+    let config = Config::infer()
         .await
         .map_err(|e| anyhow::anyhow!("loading the Kubernetes client configuration: {e}"))?;
+    build(config, timeouts, gate)
+}
+
+/// [`connect`] with a kubeconfig file and/or context named on the command line, as kubectl's
+/// `--kubeconfig` and `--context` (`None`: `KUBECONFIG` or `~/.kube/config`, its current
+/// context; in a pod without either, the in-cluster config).
+pub async fn connect_to(
+    kubeconfig: Option<&std::path::Path>,
+    context: Option<&str>,
+) -> anyhow::Result<Client> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    if kubeconfig.is_none() && context.is_none() {
+        return connect().await;
+    }
+    let options = KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..KubeConfigOptions::default()
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| anyhow::anyhow!("reading kubeconfig {}: {e}", path.display()))?;
+            Config::from_custom_kubeconfig(file, &options).await
+        }
+        None => Config::from_kubeconfig(&options).await,
+    }
+    .map_err(|e| anyhow::anyhow!("loading the Kubernetes client configuration: {e}"))?;
+    build(config, Timeouts::both(DEFAULT_TIMEOUT), None)
+}
+
+fn build(mut config: Config, timeouts: Timeouts, gate: Option<Gate>) -> anyhow::Result<Client> {
     config.default_retry = false;
     // Name ourselves, so that API server logs and audit events tell arbiter's requests apart.
     config.headers.push((

@@ -171,10 +171,18 @@ pub fn released_by(lease: &Lease) -> Option<&str> {
         .get(RELEASED_BY_ANNOTATION)
         .map(String::as_str)
         .filter(|b| !b.is_empty())?;
-    let key = format!("f:{RELEASED_BY_ANNOTATION}");
-    let owner = lease
-        .metadata
-        .managed_fields
+    written_by_arbiter(&lease.metadata, RELEASED_BY_ANNOTATION).then_some(by)
+}
+
+/// Whether annotation `key` was last written by arbiter (field manager [`FIELD_MANAGER`]), not
+/// by a hand edit (`kubectl edit`, `kubectl annotate`, another tool). Without managed fields (an
+/// API server that does not keep them) nothing was.
+pub fn written_by_arbiter(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+) -> bool {
+    let key = format!("f:{key}");
+    meta.managed_fields
         .as_deref()
         .unwrap_or_default()
         .iter()
@@ -183,8 +191,8 @@ pub fn released_by(lease: &Lease) -> Option<&str> {
                 .as_ref()
                 .and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key))
                 .is_some()
-        })?;
-    (owner.manager.as_deref() == Some(FIELD_MANAGER)).then_some(by)
+        })
+        .is_some_and(|owner| owner.manager.as_deref() == Some(FIELD_MANAGER))
 }
 
 /// Marks the lease released (holder `""`, fresh renew time), recording who stepped down.

@@ -22,9 +22,36 @@ pub struct Settings {
     /// All namespaces.
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     pub all_namespaces: bool,
-    /// Output format.
-    #[arg(short, long, default_value = "table", value_parser = ["table", "json"])]
+    /// Output format: `wide` adds every candidate, with why it is or is not eligible.
+    #[arg(short, long, default_value = "table", value_parser = ["table", "wide", "json"])]
     pub output: String,
+    /// Print again whenever something changes (checked every 2 s), until interrupted.
+    #[arg(short, long)]
+    pub watch: bool,
+    /// Exit 1 when a lease has no live holder (NoHolder, NotRenewing) or a strategy conflict,
+    /// for scripts (not with --watch).
+    #[arg(long, conflicts_with = "watch")]
+    pub exit_code: bool,
+    /// The kubeconfig file, as kubectl's --kubeconfig (default: KUBECONFIG, ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context, as kubectl's --context (default: the current one).
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
+/// A candidate, for `-o wide` and JSON.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateStatus {
+    pub name: String,
+    pub binary_version: String,
+    pub emulation_version: Option<String>,
+    /// `True`/`False` as the operator last reported (`Unknown` before it did).
+    pub eligible: String,
+    /// Why it is or is not eligible: the condition's reason and message.
+    pub reason: String,
+    pub message: String,
 }
 
 /// One row of the status table.
@@ -37,6 +64,7 @@ pub struct LeaseStatus {
     pub term: i32,
     pub holder_version: Option<String>,
     pub candidates: Vec<String>,
+    pub candidate_details: Vec<CandidateStatus>,
     pub preferred_holder: Option<String>,
     pub strategy: Option<String>,
     pub state: String,
@@ -45,14 +73,50 @@ pub struct LeaseStatus {
 }
 
 pub async fn run(settings: Settings) -> anyhow::Result<i32> {
-    let client = crate::client::connect().await?;
-    let rows = collect(&client, &settings).await?;
-    if settings.output == "json" {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
-        print!("{}", table(&rows, settings.all_namespaces));
+    let client =
+        crate::client::connect_to(settings.kubeconfig.as_deref(), settings.context.as_deref())
+            .await?;
+    let mut last = String::new();
+    loop {
+        let rows = collect(&client, &settings).await?;
+        let text = render(&rows, &settings)?;
+        if !settings.watch {
+            print!("{text}");
+            return Ok(if settings.exit_code && rows.iter().any(unhealthy) {
+                1
+            } else {
+                0
+            });
+        }
+        if text != last {
+            if !last.is_empty() {
+                println!();
+            }
+            print!("{text}");
+            last = text;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
-    Ok(0)
+}
+
+/// A lease without a live holder, or in a strategy conflict (what `--exit-code` reports).
+pub fn unhealthy(row: &LeaseStatus) -> bool {
+    matches!(
+        row.state.as_str(),
+        "NoHolder" | "NotRenewing" | "StrategyConflict"
+    )
+}
+
+fn render(rows: &[LeaseStatus], settings: &Settings) -> anyhow::Result<String> {
+    Ok(match settings.output.as_str() {
+        "json" => format!("{}\n", serde_json::to_string_pretty(rows)?),
+        "wide" => format!(
+            "{}\n{}",
+            table(rows, settings.all_namespaces),
+            candidates_table(rows, settings.all_namespaces)
+        ),
+        _ => table(rows, settings.all_namespaces),
+    })
 }
 
 async fn collect(client: &Client, settings: &Settings) -> anyhow::Result<Vec<LeaseStatus>> {
@@ -135,6 +199,9 @@ fn row(l: &Lease, candidates: &[&LeaseCandidate], now: jiff::Timestamp) -> Lease
     };
     let mut names: Vec<String> = candidates.iter().map(|c| c.name_any()).collect();
     names.sort();
+    let mut details: Vec<CandidateStatus> =
+        candidates.iter().map(|c| candidate_status(c)).collect();
+    details.sort_by(|a, b| a.name.cmp(&b.name));
     LeaseStatus {
         namespace: l.namespace().unwrap_or_default(),
         lease: l.name_any(),
@@ -142,6 +209,7 @@ fn row(l: &Lease, candidates: &[&LeaseCandidate], now: jiff::Timestamp) -> Lease
         holder_version: holder_candidate.map(|c| c.spec.binary_version.clone()),
         holder,
         candidates: names,
+        candidate_details: details,
         preferred_holder: preferred,
         strategy: lease::strategy(l).map(str::to_string),
         state,
@@ -152,6 +220,21 @@ fn row(l: &Lease, candidates: &[&LeaseCandidate], now: jiff::Timestamp) -> Lease
     }
 }
 
+fn candidate_status(c: &LeaseCandidate) -> CandidateStatus {
+    let eligible = c
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Eligible"));
+    CandidateStatus {
+        name: c.name_any(),
+        binary_version: c.spec.binary_version.clone(),
+        emulation_version: c.spec.emulation_version.clone(),
+        eligible: eligible.map_or("Unknown".into(), |e| e.status.clone()),
+        reason: eligible.map_or("NotYetJudged".into(), |e| e.reason.clone()),
+        message: eligible.map_or(String::new(), |e| e.message.clone()),
+    }
+}
+
 fn age(secs: i64) -> String {
     match secs {
         s if s < 120 => format!("{s}s"),
@@ -159,6 +242,68 @@ fn age(secs: i64) -> String {
         s if s < 172800 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86400),
     }
+}
+
+/// The candidates' table `-o wide` adds: each candidate, and why it is or is not eligible.
+pub fn candidates_table(rows: &[LeaseStatus], with_namespace: bool) -> String {
+    let mut lines: Vec<Vec<String>> = vec![
+        [
+            "LEASE",
+            "CANDIDATE",
+            "BINARY",
+            "EMULATION",
+            "ELIGIBLE",
+            "WHY",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    ];
+    if with_namespace {
+        lines[0].insert(0, "NAMESPACE".into());
+    }
+    for r in rows {
+        for c in &r.candidate_details {
+            let why = match c.message.as_str() {
+                "" => c.reason.clone(),
+                m => format!("{}: {m}", c.reason),
+            };
+            let mut line = vec![
+                r.lease.clone(),
+                c.name.clone(),
+                c.binary_version.clone(),
+                c.emulation_version.clone().unwrap_or_else(|| "-".into()),
+                c.eligible.clone(),
+                why,
+            ];
+            if with_namespace {
+                line.insert(0, r.namespace.clone());
+            }
+            lines.push(line);
+        }
+    }
+    if lines.len() == 1 {
+        return "No candidates.\n".into();
+    }
+    aligned(lines)
+}
+
+/// Left-aligned columns, three spaces apart.
+fn aligned(lines: Vec<Vec<String>>) -> String {
+    let widths: Vec<usize> = (0..lines[0].len())
+        .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for l in lines {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// The table `arbiter status` prints.
@@ -195,24 +340,10 @@ pub fn table(rows: &[LeaseStatus], with_namespace: bool) -> String {
         }
         lines.push(line);
     }
-    let widths: Vec<usize> = (0..lines[0].len())
-        .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
     if rows.is_empty() {
-        out.push_str("No leases managed by arbiter found.\n");
-        return out;
+        return "No leases managed by arbiter found.\n".into();
     }
-    for l in lines {
-        let cells: Vec<String> = l
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(cells.join("   ").trim_end());
-        out.push('\n');
-    }
-    out
+    aligned(lines)
 }
 
 #[cfg(test)]
@@ -228,12 +359,30 @@ mod tests {
             term: 3,
             holder_version: Some("1.30.0".into()),
             candidates: vec!["a".into(), "b".into()],
+            candidate_details: vec![
+                CandidateStatus {
+                    name: "a".into(),
+                    binary_version: "1.30.0".into(),
+                    emulation_version: Some("1.30.0".into()),
+                    eligible: "True".into(),
+                    reason: "Eligible".into(),
+                    message: String::new(),
+                },
+                CandidateStatus {
+                    name: "b".into(),
+                    binary_version: "1.32.0".into(),
+                    emulation_version: None,
+                    eligible: "False".into(),
+                    reason: "NoEmulationVersion".into(),
+                    message: "OldestEmulationVersion needs an emulationVersion".into(),
+                },
+            ],
             preferred_holder: None,
             strategy: Some("OldestEmulationVersion".into()),
             state: "Held".into(),
             age_seconds: 300,
         };
-        let out = table(&[row], false);
+        let out = table(std::slice::from_ref(&row), false);
         let lines: Vec<&str> = out.lines().collect();
         assert!(
             lines[0].starts_with(
@@ -248,5 +397,22 @@ mod tests {
             "{out}"
         );
         assert_eq!(table(&[], false), "No leases managed by arbiter found.\n");
+        let wide = candidates_table(std::slice::from_ref(&row), true);
+        let lines: Vec<&str> = wide.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "NAMESPACE   LEASE   CANDIDATE   BINARY   EMULATION   ELIGIBLE   WHY",
+                "ns          demo    a           1.30.0   1.30.0      True       Eligible",
+                "ns          demo    b           1.32.0   -           False      NoEmulationVersion: OldestEmulationVersion needs an emulationVersion",
+            ],
+            "{wide}"
+        );
+        assert!(!unhealthy(&row));
+        let leaderless = LeaseStatus {
+            state: "NoHolder".into(),
+            ..row
+        };
+        assert!(unhealthy(&leaderless));
     }
 }

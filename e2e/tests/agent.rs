@@ -41,6 +41,7 @@ crate::tests![agent:
     lowering_the_lease_duration_does_not_shorten_the_term,
     forging_the_holder_pod_uid_does_not_shorten_the_term,
     forging_a_release_does_not_shorten_the_term,
+    forging_a_withdrawal_does_not_shorten_the_term,
     clearing_the_holder_then_failing_over_does_not_shorten_its_term,
     a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop,
     a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
@@ -755,6 +756,9 @@ enum HandEdit {
     ForgePodUid,
     /// `holderIdentity: ""` with `arbiter.dev/released-by` naming the holder, by hand.
     ForgeRelease,
+    /// The holder's candidate annotated `arbiter.dev/withdrawn: <its incarnation>` by hand
+    /// (`kubectl annotate`), then the holder cleared.
+    ForgeWithdrawal,
     /// The holder cleared, then the active operator replica replaced (it shuts down, a standby
     /// with no memory of the lease takes over at once).
     ClearHolderAndFailover,
@@ -774,6 +778,10 @@ async fn lowering_the_lease_duration_does_not_shorten_the_term(env: Arc<TestEnv>
 
 async fn forging_the_holder_pod_uid_does_not_shorten_the_term(env: Arc<TestEnv>) {
     hand_edit_does_not_shorten_the_term(env, HandEdit::ForgePodUid).await
+}
+
+async fn forging_a_withdrawal_does_not_shorten_the_term(env: Arc<TestEnv>) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::ForgeWithdrawal).await
 }
 
 async fn forging_a_release_does_not_shorten_the_term(env: Arc<TestEnv>) {
@@ -874,6 +882,26 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
                 "metadata": { "annotations": { "arbiter.dev/released-by": "a" } },
                 "spec": { "holderIdentity": "" },
             });
+            leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+        }
+        HandEdit::ForgeWithdrawal => {
+            let l = leases.get("edit").await.unwrap();
+            let incarnation = kube::ResourceExt::annotations(&l)
+                .get("arbiter.dev/holder-incarnation")
+                .cloned()
+                .expect("the holder's incarnation on the Lease");
+            let candidates: Api<LeaseCandidate> = env.api();
+            let annotate = PatchParams {
+                field_manager: Some("kubectl-annotate".into()),
+                ..PatchParams::default()
+            };
+            let p =
+                json!({ "metadata": { "annotations": { "arbiter.dev/withdrawn": incarnation } } });
+            candidates
+                .patch("a", &annotate, &Patch::Merge(&p))
+                .await
+                .unwrap();
+            let p = json!({ "spec": { "holderIdentity": "" } });
             leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
         }
         HandEdit::ClearHolderAndFailover => {

@@ -240,10 +240,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
                 }
                 tracing::info!(code, "the workload exited on its own: releasing the lease");
-                if let Some((w, _, _)) = running.take() {
-                    w.finish(code).await;
-                }
-                handle.shutdown().await;
+                let overran = match running.take() {
+                    Some((w, term, _)) => overran(term, w.finish(code).await),
+                    None => None,
+                };
+                let _ = handle.exit_after_work_stopped(overran).await;
                 return Ok(code);
             }
             _ = &mut shutdown => {
@@ -251,7 +252,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     Some((w, term, _)) => overran(term, w.stop(settings.kill_grace).await),
                     None => None,
                 };
-                let _ = handle.exit(overran).await;
+                let _ = handle.exit_after_work_stopped(overran).await;
                 return Ok(0);
             }
         }
@@ -283,7 +284,7 @@ async fn stop_and_exit(
     // Whatever ended it, this process is leaving: withdrawn, it is never elected again (a new
     // process of this identity registers afresh), and the lease is given back if it still
     // names this process (after a handover, or a slow API).
-    let released = handle.exit(overran).await;
+    let released = handle.exit_after_work_stopped(overran).await;
     match why {
         EndReason::Handover { to } => {
             if released.is_ok() {

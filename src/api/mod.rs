@@ -20,6 +20,20 @@ pub const OVERRAN_ANNOTATION: &str = "arbiter.dev/overran-term";
 /// when a new process of that identity registers.
 pub const WITHDRAWN_ANNOTATION: &str = "arbiter.dev/withdrawn";
 
+/// The incarnation a candidate says withdrew, if the mark counts: written by arbiter (its
+/// field manager, not a hand edit), and naming the process the candidate currently records
+/// (`arbiter.dev/holder-incarnation`): a late mark from an earlier process, or from a
+/// duplicate of this identity, does not withdraw the process that runs now.
+pub fn withdrawn_incarnation(c: &LeaseCandidate) -> Option<&str> {
+    use kube::ResourceExt;
+    let mark = c.annotations().get(WITHDRAWN_ANNOTATION)?;
+    let current = c.annotations().get(crate::lease::INCARNATION_ANNOTATION)?;
+    (!mark.is_empty()
+        && mark == current
+        && crate::lease::written_by_arbiter(&c.metadata, WITHDRAWN_ANNOTATION))
+    .then_some(mark.as_str())
+}
+
 /// On a candidate: the lease duration its agent writes when it holds the lease, in seconds.
 /// The arbiter waits at least this long for a holder whose Lease was edited by hand.
 pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds";

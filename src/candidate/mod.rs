@@ -297,30 +297,43 @@ impl Handle {
         .unwrap_or_else(|_| Err(anyhow::anyhow!("releasing the lease timed out")))
     }
 
-    /// Stops following, releases the lease if held, and deletes the candidate.
+    /// Leaves for good: ends the current term's `lost` token (work guarded by it must stop),
+    /// stops following, deletes the candidate so the arbiter never elects a process that is
+    /// gone, and gives the lease back if it still names this process.
+    ///
+    /// Call it **after your work has stopped**: the release lets the next holder start at once.
+    /// If the release is impossible (the Lease was deleted or edited by hand) the arbiter waits
+    /// the term out, so a library user's shutdown never shortens a term on its word alone.
     pub async fn shutdown(self) {
-        let _ = self.exit(None).await;
+        let _ = self.leave(None, false).await;
     }
 
-    /// Leaves for good, after the work stopped: stops following, gives the lease back if it
-    /// still names this process (the result of that release), and withdraws the candidate so
-    /// that the arbiter never elects, or hands over to, a process that is gone.
-    ///
-    /// Withdrawing deletes the candidate, except when this process led and could not release
-    /// (the Lease was deleted, or names nobody or someone else by a hand edit), or `overran`
-    /// names a term whose workload ran past its end (the whole candidate was paused): then the
-    /// candidate is kept, marked withdrawn by this incarnation
-    /// ([`crate::api::WITHDRAWN_ANNOTATION`]), which tells the arbiter that the term's work
-    /// stopped (it need not wait the term out), and carrying the overrun
-    /// ([`crate::api::OVERRAN_ANNOTATION`]) for its `DoubleHolder` report. Each step is bounded
-    /// by a short timeout: an unreachable API server delays the exit by seconds.
-    pub async fn exit(self, overran: Option<i32>) -> anyhow::Result<bool> {
+    /// The agent's exit, once its workload is certainly dead (its whole process group waited
+    /// for): like [`Handle::shutdown`], but when it led and could not release (the Lease was
+    /// deleted, or names nobody or someone else by a hand edit), or `overran` names a term
+    /// whose workload ran past its end (the whole candidate was paused), the candidate is kept,
+    /// marked withdrawn by this incarnation ([`crate::api::WITHDRAWN_ANNOTATION`], written as
+    /// arbiter's field manager), with the overrun ([`crate::api::OVERRAN_ANNOTATION`]) for the
+    /// arbiter's `DoubleHolder` report. The mark tells the arbiter that the term's work
+    /// stopped: the next holder need not wait the term out. Returns the release's result.
+    pub(crate) async fn exit_after_work_stopped(
+        self,
+        overran: Option<i32>,
+    ) -> anyhow::Result<bool> {
+        self.leave(overran, true).await
+    }
+
+    async fn leave(self, overran: Option<i32>, may_mark: bool) -> anyhow::Result<bool> {
+        if let State::Leading { lost, .. } = &*self.state.borrow() {
+            lost.cancel();
+        }
         self.task.abort();
         let led =
             self.last_end().is_some() || matches!(*self.state.borrow(), State::Leading { .. });
-        // A follower withdraws first, so the arbiter does not hand it the lease meanwhile.
+        // A follower withdraws first, so the arbiter does not hand it the lease meanwhile; a
+        // leader releases first, so that it knows whether the release was possible.
         let released = if led { self.release().await } else { Ok(false) };
-        let keep = overran.is_some() || (led && !matches!(released, Ok(true)));
+        let keep = may_mark && (overran.is_some() || (led && !matches!(released, Ok(true))));
         let withdrawn = tokio::time::timeout(
             leadership::RELEASE_TIMEOUT,
             registration::withdraw(&self.client, &self.config, &self.incarnation, keep, overran),

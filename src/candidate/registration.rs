@@ -232,13 +232,15 @@ pub async fn withdraw(
         OVERRAN_ANNOTATION: overran.map(|t| t.to_string()),
         WITHDRAWN_ANNOTATION: incarnation,
     } } });
-    api.patch(
-        &config.identity,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .context("marking the candidate withdrawn")?;
+    // Written as arbiter's field manager: the operator counts only such a mark (a hand edit
+    // must not pass for a withdrawal).
+    let pp = PatchParams {
+        field_manager: Some(crate::lease::FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    api.patch(&config.identity, &pp, &Patch::Merge(&patch))
+        .await
+        .context("marking the candidate withdrawn")?;
     tracing::info!(candidate = %config.identity, ?overran, "withdrew the candidate (kept, marked withdrawn: the term's work stopped)");
     Ok(())
 }

@@ -387,9 +387,11 @@ pub fn decide(
                 Some(_) => Action::ClearPreferredHolder,
                 None => Action::Nothing,
             },
-            // The target must have answered during this term (a ping after `acquireTime`).
+            // The target must have answered during this term (a ping after `acquireTime`; one
+            // ahead of this clock, from a skewed replica or a hand edit, is not waited for).
             Some(best) => {
-                match liveness_of(&best).map(|lv| answered_since(&best, lv, l.acquired)) {
+                let began = l.acquired.filter(|a| *a <= now);
+                match liveness_of(&best).map(|lv| answered_since(&best, lv, began)) {
                     Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&best) => {
                         Action::WaitForRelease { to: best }
                     }

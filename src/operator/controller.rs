@@ -413,9 +413,7 @@ impl Worker {
                 ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
                 renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
                 pod: pod_state(c, &self.caches),
-                withdrawn: c
-                    .annotations()
-                    .contains_key(crate::api::WITHDRAWN_ANNOTATION),
+                withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
             })
             .collect();
         let mut released = None;
@@ -479,9 +477,7 @@ impl Worker {
         // gone, or no longer named it). That ends the term like a release.
         let withdrew = self.held.incarnation(key).is_some_and(|(h, incarnation)| {
             candidates.iter().any(|c| {
-                c.name_any() == h
-                    && c.annotations().get(crate::api::WITHDRAWN_ANNOTATION)
-                        == Some(&incarnation.to_string())
+                c.name_any() == h && crate::api::withdrawn_incarnation(c) == Some(incarnation)
             })
         });
         let previous = self.held.previous(key, now, stopped).map(|mut p| {
