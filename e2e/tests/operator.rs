@@ -896,6 +896,90 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
         serde_json::from_str(&run(bin, &["status", "-n", &env.ns, "-o", "json"], None)).unwrap();
     assert_eq!(json[0]["holder"], "s1");
     assert_eq!(json[0]["candidates"], serde_json::json!(["s1", "s2"]));
+    // -o wide says why each candidate is or is not eligible.
+    let wide = run(bin, &["status", "-n", &env.ns, "-o", "wide"], None);
+    let s2 = wide
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("s2"))
+        .unwrap_or_else(|| panic!("no s2 row:\n{wide}"));
+    assert_eq!(
+        s2.split_whitespace().collect::<Vec<_>>()[..6],
+        ["shown", "s2", "1.31.0", "1.31.0", "True", "Eligible:"],
+        "{wide}"
+    );
+    // --kubeconfig and --context, as kubectl's, without KUBECONFIG.
+    let context = std::fs::read_to_string(&env.kubeconfig)
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("current-context: ")
+                .map(str::to_string)
+        })
+        .expect("a current context");
+    let explicit = std::process::Command::new(bin)
+        .args(["status", "-n", &env.ns, "--kubeconfig"])
+        .arg(&env.kubeconfig)
+        .args(["--context", &context])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        explicit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&explicit.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&explicit.stdout).lines().nth(1),
+        table.lines().nth(1)
+    );
+    let wrong = std::process::Command::new(bin)
+        .args(["status", "-n", &env.ns, "--context", "no-such-context"])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .output()
+        .unwrap();
+    assert!(!wrong.status.success());
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("no-such-context"));
+    // --exit-code: 0 while every lease has a live holder; 1 once one has none. --watch prints
+    // the change.
+    let code = |args: &[&str]| {
+        std::process::Command::new(bin)
+            .args(args)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(code(&["status", "-n", &env.ns, "--exit-code"]), Some(0));
+    let mut watch = std::process::Command::new(bin)
+        .args(["status", "-n", &env.ns, "--watch"])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let leases: Api<Lease> = env.api();
+    let orphan: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "orphan", "labels": {lease::MANAGED_LABEL: "true"}},
+        "spec": {},
+    }))
+    .unwrap();
+    leases.create(&Default::default(), &orphan).await.unwrap();
+    assert_eq!(code(&["status", "-n", &env.ns, "--exit-code"]), Some(1));
+    let stdout = watch.stdout.take().unwrap();
+    let seen = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("orphan") && l.contains("NoHolder"))
+    });
+    let seen = tokio::time::timeout(DEADLINE, seen).await;
+    let _ = watch.kill();
+    assert!(
+        matches!(seen, Ok(Ok(Some(_)))),
+        "--watch did not print the new lease"
+    );
+    let _ = watch.wait();
     // As a kubectl plugin.
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(bin, dir.path().join("kubectl-arbiter")).unwrap();
@@ -907,7 +991,7 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
     assert_eq!(
         plugin
             .lines()
-            .nth(1)
+            .find(|l| l.starts_with("shown"))
             .map(|l| l.split_whitespace().take(7).collect::<Vec<_>>()),
         Some(lines[1][..7].to_vec())
     );
