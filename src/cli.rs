@@ -23,6 +23,9 @@ pub enum Command {
     Run(Box<crate::agent::Settings>),
     /// Show the leases arbiter manages: holder, term, versions, candidates, state.
     Status(crate::status::Settings),
+    /// A planned switchover: ask the operator to hand LEASE over to a candidate (or the best
+    /// other one), wait, and print the new holder, term and leaderless gap.
+    Handover(crate::handover::Settings),
     /// Internal: started by `arbiter run` to stop CMD's process group at a deadline the agent
     /// keeps extending, or at once if the agent dies (see `agent::watchdog`).
     #[command(hide = true)]
@@ -52,6 +55,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Operator(settings) => crate::operator::run(*settings).await.map(|()| 0),
         Command::Run(settings) => crate::agent::run(*settings).await,
         Command::Status(settings) => crate::status::run(settings).await,
+        Command::Handover(settings) => crate::handover::run(settings).await,
         // Inside an async runtime the guard could die of its own parent-death signal (see
         // `agent::guard`): main runs it before any runtime starts.
         Command::Guard { .. } => {

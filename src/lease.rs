@@ -25,6 +25,11 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
 /// Who last released the lease (set with `holderIdentity: ""`, cleared on assignment).
 pub const RELEASED_BY_ANNOTATION: &str = "arbiter.dev/released-by";
+/// On a Lease: a planned switchover asked for by `arbiter handover` (the target candidate, or
+/// empty for the best other one). The operator acts on it and removes it.
+pub const HANDOVER_REQUEST_ANNOTATION: &str = "arbiter.dev/handover-request";
+/// On a Lease: why the operator refused the last planned switchover.
+pub const HANDOVER_REFUSED_ANNOTATION: &str = "arbiter.dev/handover-refused";
 /// The field manager of every Lease write arbiter makes: a release counts only when arbiter
 /// wrote it (see [`released_by`]).
 pub const FIELD_MANAGER: &str = "arbiter";

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod client;
 pub mod election;
 pub mod flags;
+pub mod handover;
 pub mod lease;
 pub mod operator;
 pub mod status;

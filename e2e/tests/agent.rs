@@ -47,6 +47,7 @@ crate::tests![agent:
     a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
     two_agents_with_one_identity_are_reported,
     deleting_the_lease_settles_on_the_live_candidate,
+    arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -1180,4 +1181,75 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
             .then_some(())
     })
     .await;
+}
+
+/// `arbiter handover`: a planned switchover from `h` to its equal `twin`, carried out by the
+/// operator (h's workload stops before twin's starts; the command prints the new holder and
+/// term); refused with exit 2 and the reason for a newer version, an unknown candidate, or the
+/// holder itself.
+async fn arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut h = Agent::spawn(&env.kubeconfig, &env.ns, "h", "switch", "1.30.0", &log);
+    let held = wait_for_holder(&env, "switch", "h", DEADLINE).await;
+    let _twin = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "switch", "1.30.0", &log);
+    let _newer = Agent::spawn(&env.kubeconfig, &env.ns, "newer", "switch", "1.31.0", &log);
+    wait_eligible(&env, "twin").await;
+    wait_eligible(&env, "newer").await;
+    eventually("h's workload", DEADLINE, || async {
+        starts(&read_log(&log))
+            .iter()
+            .any(|s| s.0 == "h")
+            .then_some(())
+    })
+    .await;
+    let handover = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
+            .args(["handover", "switch", "-n", &env.ns, "--timeout", "30s"])
+            .args(args)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    for (to, why) in [
+        ("newer", "never a newer version"),
+        ("ghost", "not a candidate"),
+        ("h", "already holds"),
+    ] {
+        let (code, _, stderr) = handover(&["--to", to]);
+        assert_eq!(code, Some(2), "--to {to}: {stderr}");
+        assert!(stderr.contains(why), "--to {to}: {stderr}");
+    }
+    let leases: Api<Lease> = env.api();
+    let l = leases.get("switch").await.unwrap();
+    assert_eq!(lease::holder(&l), Some("h"), "a refusal changes nothing");
+
+    let (code, stdout, stderr) = handover(&["--to", "twin"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let new_term = lease::term(&held) + 1;
+    assert!(
+        stdout.contains(&format!("held by twin at term {new_term}")),
+        "{stdout}"
+    );
+    let twin_start = eventually("twin's workload", DEADLINE, || async {
+        starts(&read_log(&log)).into_iter().find(|s| s.0 == "twin")
+    })
+    .await;
+    let h_stop = stop_of(&read_log(&log), "h");
+    assert!(
+        h_stop.is_some_and(|stop| stop < twin_start.3),
+        "twin's workload started before h's stopped ({h_stop:?})"
+    );
+    assert_eq!(h.wait_exit(DEADLINE).await, Some(0), "a handover exits 0");
+    let l = leases.get("switch").await.unwrap();
+    assert!(
+        !kube::ResourceExt::annotations(&l).contains_key(lease::HANDOVER_REQUEST_ANNOTATION),
+        "the request is removed once carried out"
+    );
 }

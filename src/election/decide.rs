@@ -18,6 +18,11 @@
 //!   may come from a process that has exited since, and the live holder would stop for nobody.
 //!   After the release, the next holder must again have answered since the release was seen.
 //! - A **withdrawn** candidate (its agent stopped its work and left) is never elected.
+//! - A **planned switchover** (`arbiter handover`) asks the live holder to hand over to a named
+//!   candidate, or to the best other one, through the same handover request; it is refused
+//!   unless that candidate is eligible and at the versions the rules would elect (the top
+//!   emulation and binary versions among eligible candidates): a switchover may pick among
+//!   equals, never put a newer version in charge while an older one runs.
 //! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
 //!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
 //!   stopped renewing), or that released it, is passed over while anyone else can lead.
@@ -111,6 +116,15 @@ pub struct Lease {
     /// When the current holder was assigned (`acquireTime`, written by the arbiter on its own
     /// clock, like `pingTime`).
     pub acquired: Option<Timestamp>,
+    /// A planned switchover someone asked for (`arbiter handover`).
+    pub switchover: Option<Switchover>,
+}
+
+/// A planned switchover (`arbiter handover LEASE [--to CANDIDATE]`): the live holder hands over
+/// to `to`, or to the best other candidate, if the rules allow that candidate to lead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Switchover {
+    pub to: Option<String>,
 }
 
 impl Lease {
@@ -231,6 +245,8 @@ pub enum Action {
     WaitForRelease { to: String },
     /// The preferred holder is stale (the holder is best again): clear it.
     ClearPreferredHolder,
+    /// A planned switchover cannot be done: drop the request and say why.
+    RefuseSwitchover { reason: String },
     /// Write the resolved third-party strategy on the Lease (never touching its holder).
     SetStrategy { strategy: String },
     /// Candidates disagree on the strategy: change nothing.
@@ -368,6 +384,29 @@ pub fn decide(
         !l.expired() && !stopped
     });
 
+    if let (true, Some(l), Some(sw)) = (
+        holder_live,
+        lease,
+        lease.and_then(|l| l.switchover.as_ref()),
+    ) {
+        let holder = l.holder.as_deref().unwrap_or_default();
+        let began = l.acquired.filter(|a| *a <= now);
+        let action = match switchover_target(sw, holder, &ranked) {
+            Err(reason) => Action::RefuseSwitchover { reason },
+            Ok(to) => match liveness_of(&to).map(|lv| answered_since(&to, lv, began)) {
+                Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&to) => {
+                    Action::WaitForRelease { to }
+                }
+                Some(Liveness::Acked) => Action::RequestHandover { to },
+                Some(Liveness::Pending) => Action::WaitForAcks,
+                _ => Action::Ping {
+                    candidates: vec![to],
+                },
+            },
+        };
+        return decision(action);
+    }
+
     if let (true, Some(l)) = (holder_live, lease) {
         let holder = l.holder.as_deref().unwrap_or_default();
         // Only a strictly better version takes over from a live holder: ties on versions
@@ -483,6 +522,43 @@ pub fn decide(
         },
     };
     decision(action)
+}
+
+/// The candidate a planned switchover goes to, or why it cannot be done: the named one (or the
+/// best other one) must be eligible, not the holder, and at the top versions among eligible
+/// candidates (the rules would elect it but for ties).
+fn switchover_target(
+    sw: &Switchover,
+    holder: &str,
+    ranked: &[(Ranked, Liveness)],
+) -> Result<String, String> {
+    let top = oldest_emulation::pick_best(ranked.iter().map(|(r, _)| r))
+        .map(|r| (r.emulation.clone(), r.binary.clone()));
+    let at_top = |r: &Ranked| top.as_ref() == Some(&(r.emulation.clone(), r.binary.clone()));
+    match &sw.to {
+        Some(to) if to == holder => Err(format!("{to} already holds the lease")),
+        Some(to) => {
+            let Some((r, _)) = ranked.iter().find(|(r, _)| r.name == to) else {
+                return Err(format!("{to} is not an eligible candidate of this lease"));
+            };
+            if !at_top(r) {
+                let (e, b) = top.expect("a ranked candidate");
+                return Err(format!(
+                    "{to} runs emulation {} / binary {}, but the rules elect {e} / {b} (the oldest among eligible candidates)",
+                    r.emulation, r.binary
+                ));
+            }
+            Ok(to.clone())
+        }
+        None => oldest_emulation::pick_best(
+            ranked
+                .iter()
+                .map(|(r, _)| r)
+                .filter(|r| r.name != holder && at_top(r)),
+        )
+        .map(|r| r.name.to_string())
+        .ok_or_else(|| "no other eligible candidate runs the versions the rules elect".to_string()),
+    }
 }
 
 /// How long the previous holder's term may still run although the Lease no longer names it:

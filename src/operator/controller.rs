@@ -511,6 +511,12 @@ impl Worker {
                     .as_ref()
                     .and_then(|s| s.acquire_time.as_ref())
                     .map(|t| t.0),
+                switchover: l
+                    .annotations()
+                    .get(lease::HANDOVER_REQUEST_ANNOTATION)
+                    .map(|to| decide::Switchover {
+                        to: (!to.is_empty()).then(|| to.clone()),
+                    }),
             }
         });
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
@@ -985,6 +991,13 @@ impl Worker {
                 lease::set_preferred_holder(&mut l, Some(to));
                 Some(store.replace(&l).await?)
             }
+            (Action::RefuseSwitchover { reason }, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_annotation(&mut l, lease::HANDOVER_REQUEST_ANNOTATION, None);
+                lease::set_annotation(&mut l, lease::HANDOVER_REFUSED_ANNOTATION, Some(reason));
+                tracing::warn!(lease = %key, %reason, "planned switchover refused");
+                Some(store.replace(&l).await?)
+            }
             (Action::ClearPreferredHolder, Some(current)) => {
                 let mut l = current.clone();
                 lease::set_preferred_holder(&mut l, None);
@@ -1091,6 +1104,9 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
     lease::set_preferred_holder(l, None);
     lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
     lease::set_annotation(l, lease::RELEASED_BY_ANNOTATION, None);
+    // A planned switchover ends with the assignment (to its target or, if it went elsewhere,
+    // abandoned: reported as such).
+    lease::set_annotation(l, lease::HANDOVER_REQUEST_ANNOTATION, None);
     let (restarts, uid) = pod
         .map(|(r, u)| (Some(r.to_string()), Some(u)))
         .unwrap_or_default();
@@ -1201,6 +1217,19 @@ async fn report(
         .buffer_unordered(CONCURRENT_WRITES)
         .collect::<Vec<()>>()
         .await;
+    if let Action::RefuseSwitchover { reason } = &decision.action
+        && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
+    {
+        let note = format!("planned switchover of lease {} refused: {reason}", key.name);
+        publish(
+            recorder,
+            &h.object_ref(&()),
+            EventType::Warning,
+            "SwitchoverRefused",
+            note,
+        )
+        .await;
+    }
     if let Action::RequestHandover { to } = &decision.action
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
     {

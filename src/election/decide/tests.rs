@@ -50,6 +50,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
         released_by: None,
         holder_pod_stopped: false,
         acquired: None,
+        switchover: None,
     }
 }
 
@@ -685,6 +686,57 @@ fn a_withdrawn_candidate_is_never_elected() {
     assert_eq!(act(&[gone, other], Some(&holder), now), Action::Nothing);
 }
 
+/// `arbiter handover`: a planned switchover picks among equals, never a newer version.
+#[test]
+fn a_planned_switchover_goes_to_an_equal_and_never_to_a_newer_version() {
+    let now = t0() + secs(100);
+    let h = acked("h", "1.30.0", now);
+    let twin = acked("twin", "1.30.0", now);
+    let newer = acked("newer", "1.31.0", now);
+    let asked = |to: Option<&str>| Lease {
+        switchover: Some(Switchover {
+            to: to.map(str::to_string),
+        }),
+        acquired: Some(now - secs(5)),
+        ..lease(Some("h"), 1)
+    };
+    let all = [h.clone(), twin.clone(), newer.clone()];
+    assert_eq!(
+        act(&all, Some(&asked(Some("twin"))), now),
+        Action::RequestHandover { to: "twin".into() }
+    );
+    assert_eq!(
+        act(&all, Some(&asked(None)), now),
+        Action::RequestHandover { to: "twin".into() },
+        "the best other candidate at the elected versions"
+    );
+    let refused = |to: Option<&str>, cands: &[Candidate]| match act(cands, Some(&asked(to)), now) {
+        Action::RefuseSwitchover { reason } => reason,
+        other => panic!("{to:?}: {other:?}"),
+    };
+    assert!(refused(Some("newer"), &all).contains("the rules elect"));
+    assert!(refused(Some("h"), &all).contains("already holds"));
+    assert!(refused(Some("nobody"), &all).contains("not an eligible candidate"));
+    assert!(refused(None, &[h.clone(), newer.clone()]).contains("no other eligible candidate"));
+    // A twin whose last answer predates the term is asked again first.
+    let stale = acked("twin", "1.30.0", now - secs(8));
+    assert_eq!(
+        act(&[h.clone(), stale], Some(&asked(Some("twin"))), now),
+        Action::Ping {
+            candidates: vec!["twin".into()]
+        }
+    );
+    // Asked and not yet released: wait for the holder.
+    let asked_twin = Lease {
+        preferred_holder: Some("twin".into()),
+        ..asked(Some("twin"))
+    };
+    assert_eq!(
+        act(&[h, twin], Some(&asked_twin), now),
+        Action::WaitForRelease { to: "twin".into() }
+    );
+}
+
 // ---- properties ----
 
 fn candidate_strategy() -> impl Strategy<Value = Candidate> {
@@ -881,6 +933,28 @@ proptest! {
             let c = cands.iter().find(|c| &c.name == holder).unwrap();
             let seen = now() - SignedDuration::try_from(l.unchanged_for).unwrap();
             prop_assert!(c.ping_time.is_some_and(|p| p >= seen), "{holder} assigned on an answer from before the release");
+        }
+    }
+
+    #[test]
+    fn a_switchover_never_puts_a_newer_version_in_charge(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+        to in prop::option::of(prop::sample::select(vec!["c0", "c1", "c2", "c3"]).prop_map(str::to_string)),
+    ) {
+        let Some(l) = lease else { return Ok(()) };
+        let l = Lease { switchover: Some(Switchover { to }), ..l };
+        let d = decide(&cands, Some(&l), None, now(), &rules);
+        if let Action::RequestHandover { to } = &d.action {
+            let key = |c: &Candidate| Some((
+                Version::parse(c.emulation_version.as_deref()?).ok()?,
+                Version::parse(&c.binary_version).ok()?,
+            ));
+            let target = cands.iter().find(|c| &c.name == to).and_then(key);
+            for other in cands.iter().filter(|c| matches!(d.standings[&c.name], Standing::Eligible(_))) {
+                prop_assert!(target <= key(other), "switchover to {to} {target:?} over {} {:?}", other.name, key(other));
+            }
         }
     }
 

@@ -1,0 +1,279 @@
+//! `arbiter handover LEASE [--to CANDIDATE]`: a planned switchover, as `patronictl switchover`
+//! gives Postgres users.
+//!
+//! The command never writes the holder: it records the request on the Lease (annotation
+//! [`lease::HANDOVER_REQUEST_ANNOTATION`]) and the operator carries it out through the ordinary
+//! handover (preferred holder, the holder's release, assignment). It refuses at once (exit 2,
+//! with the reason) when the rules would not let the target lead: unknown, not eligible (not
+//! acknowledging, its pod not running, ...), already the holder, or at a newer version than the
+//! rules elect. Then it waits and prints who holds the lease, the new term and the leaderless
+//! gap it saw; if the operator refuses (the situation changed meanwhile), it says why (exit 2).
+
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use crate::api::LeaseCandidate;
+use crate::election::Version;
+use crate::lease::{self, CasError, LeaseStore};
+
+/// `arbiter handover` flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Settings {
+    /// The lease to switch over.
+    pub lease: String,
+    /// The candidate to hand over to (default: the best other candidate the rules allow).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Namespace (default: the kubeconfig context's).
+    #[arg(short, long)]
+    pub namespace: Option<String>,
+    /// How long to wait for the new holder.
+    #[arg(long, default_value = "60s", value_parser = crate::flags::positive_duration)]
+    pub timeout: Duration,
+    /// The kubeconfig file, as kubectl's --kubeconfig.
+    #[arg(long)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context, as kubectl's --context.
+    #[arg(long)]
+    pub context: Option<String>,
+}
+
+/// A refusal: printed as `error: ...`, exit code 2.
+fn refuse(why: String) -> anyhow::Result<i32> {
+    eprintln!("error: {why}");
+    Ok(2)
+}
+
+pub async fn run(settings: Settings) -> anyhow::Result<i32> {
+    let client =
+        crate::client::connect_to(settings.kubeconfig.as_deref(), settings.context.as_deref())
+            .await?;
+    let ns = settings
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let name = settings.lease.as_str();
+    let store = LeaseStore::new(client.clone(), &ns);
+    let Some(current) = store.get(name).await? else {
+        return refuse(format!("lease {ns}/{name} does not exist"));
+    };
+    let Some(holder) = lease::holder(&current).map(str::to_string) else {
+        return refuse(format!(
+            "lease {ns}/{name} has no holder: nothing to hand over"
+        ));
+    };
+    let candidates = candidates_of(&client, &ns, name).await?;
+    if let Err(why) = check(&candidates, &holder, settings.to.as_deref()) {
+        return refuse(format!("cannot hand lease {name} over: {why}"));
+    }
+    let term = lease::term(&current);
+    request(&store, name, settings.to.as_deref()).await?;
+    let target = settings.to.as_deref().unwrap_or("the best other candidate");
+    eprintln!(
+        "asked the operator to hand lease {name} over from {holder} (term {term}) to {target}"
+    );
+
+    let start = Instant::now();
+    let mut released_at: Option<Instant> = None;
+    loop {
+        let l = store.get(name).await?;
+        if let Some(l) = &l {
+            match lease::holder(l) {
+                None => {
+                    released_at.get_or_insert_with(Instant::now);
+                }
+                Some(h) if h != holder && lease::term(l) > term => {
+                    let gap = released_at
+                        .map(|r| format!("{:.2} s", r.elapsed().as_secs_f64()))
+                        .unwrap_or_else(|| "under 0.1 s".into());
+                    println!(
+                        "lease {name}: held by {h} at term {} (was {holder} at term {term}); leaderless for {gap} (from the release to the assignment, as seen here)",
+                        lease::term(l)
+                    );
+                    return Ok(0);
+                }
+                Some(_) => {}
+            }
+            let pending = l
+                .annotations()
+                .contains_key(lease::HANDOVER_REQUEST_ANNOTATION);
+            if let (false, Some(why)) = (
+                pending,
+                l.annotations().get(lease::HANDOVER_REFUSED_ANNOTATION),
+            ) && lease::holder(l) == Some(holder.as_str())
+            {
+                return refuse(format!("the operator refused the switchover: {why}"));
+            }
+        }
+        if start.elapsed() > settings.timeout {
+            anyhow::bail!(
+                "no new holder after {:?}; the request stays on the lease until the operator acts on it",
+                settings.timeout
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn candidates_of(
+    client: &Client,
+    ns: &str,
+    lease: &str,
+) -> anyhow::Result<Vec<LeaseCandidate>> {
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), ns);
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("listing LeaseCandidates: {e}"))?
+        .items
+        .into_iter()
+        .filter(|c| c.spec.lease_name == lease)
+        .collect())
+}
+
+/// Whether the operator reports the candidate eligible, and if not, why.
+fn eligibility(c: &LeaseCandidate) -> Result<(), String> {
+    let condition = c
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Eligible"));
+    match condition {
+        Some(x) if x.status == "True" => Ok(()),
+        Some(x) => Err(format!("{}: {}", x.reason, x.message)),
+        None => Err("the operator has not judged it yet".into()),
+    }
+}
+
+/// The candidate's (emulation, binary) versions, if they parse.
+fn versions(c: &LeaseCandidate) -> Option<(Version, Version)> {
+    let binary = Version::parse(&c.spec.binary_version).ok()?;
+    let emulation = Version::parse(c.spec.emulation_version.as_deref()?).ok()?;
+    Some((emulation, binary))
+}
+
+/// The command's own check, from what the operator reported (the operator checks again when it
+/// acts): the target is known, eligible, not the holder, and at the versions the rules elect.
+pub fn check(candidates: &[LeaseCandidate], holder: &str, to: Option<&str>) -> Result<(), String> {
+    let eligible: Vec<&LeaseCandidate> = candidates
+        .iter()
+        .filter(|c| eligibility(c).is_ok())
+        .collect();
+    let top = eligible.iter().filter_map(|c| versions(c)).min();
+    let at_top = |c: &LeaseCandidate| versions(c).is_some() && versions(c) == top;
+    match to {
+        Some(to) if to == holder => Err(format!("{to} already holds it")),
+        Some(to) => {
+            let Some(c) = candidates.iter().find(|c| c.name_any() == to) else {
+                return Err(format!("{to} is not a candidate of this lease"));
+            };
+            eligibility(c).map_err(|why| format!("{to} is not eligible ({why})"))?;
+            if !at_top(c) {
+                let (e, b) = top.unwrap_or_else(|| {
+                    (
+                        Version::parse("0.0.0").expect("valid"),
+                        Version::parse("0.0.0").expect("valid"),
+                    )
+                });
+                return Err(format!(
+                    "{to} runs emulation {} / binary {}, but the rules elect {e} / {b} (the oldest among eligible candidates): a switchover may pick among equals, never a newer version",
+                    c.spec.emulation_version.as_deref().unwrap_or("-"),
+                    c.spec.binary_version
+                ));
+            }
+            Ok(())
+        }
+        None => eligible
+            .iter()
+            .any(|c| c.name_any() != holder && at_top(c))
+            .then_some(())
+            .ok_or_else(|| "no other eligible candidate runs the versions the rules elect".into()),
+    }
+}
+
+/// Records the request on the Lease (compare-and-swap), clearing an earlier refusal.
+async fn request(store: &LeaseStore, name: &str, to: Option<&str>) -> anyhow::Result<()> {
+    for _ in 0..5 {
+        let Some(mut l) = store.get(name).await? else {
+            anyhow::bail!("lease {name} was deleted");
+        };
+        lease::set_annotation(
+            &mut l,
+            lease::HANDOVER_REQUEST_ANNOTATION,
+            Some(to.unwrap_or("")),
+        );
+        lease::set_annotation(&mut l, lease::HANDOVER_REFUSED_ANNOTATION, None);
+        match store.replace(&l).await {
+            Ok(_) => return Ok(()),
+            Err(CasError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("lease {name} kept changing; try again")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{LeaseCandidateSpec, LeaseCandidateStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    fn candidate(name: &str, version: &str, eligible: Option<(&str, &str)>) -> LeaseCandidate {
+        let mut c = LeaseCandidate::new(
+            name,
+            LeaseCandidateSpec {
+                lease_name: "l".into(),
+                binary_version: version.into(),
+                emulation_version: Some(version.into()),
+                strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
+                ping_time: None,
+                renew_time: None,
+            },
+        );
+        c.status = eligible.map(|(status, reason)| LeaseCandidateStatus {
+            conditions: vec![Condition {
+                type_: "Eligible".into(),
+                status: status.into(),
+                reason: reason.into(),
+                message: "why".into(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    jiff::Timestamp::now(),
+                ),
+                observed_generation: None,
+            }],
+            ..LeaseCandidateStatus::default()
+        });
+        c
+    }
+
+    #[test]
+    fn only_an_eligible_equal_may_take_over() {
+        let ok = Some(("True", "Eligible"));
+        let cands = [
+            candidate("h", "1.30.0", ok),
+            candidate("twin", "1.30.0", ok),
+            candidate("newer", "1.31.0", ok),
+            candidate("silent", "1.30.0", Some(("False", "Unresponsive"))),
+            candidate("fresh", "1.30.0", None),
+        ];
+        assert_eq!(check(&cands, "h", Some("twin")), Ok(()));
+        assert_eq!(check(&cands, "h", None), Ok(()));
+        for (to, expected) in [
+            ("h", "already holds"),
+            ("ghost", "not a candidate"),
+            ("silent", "not eligible (Unresponsive: why)"),
+            ("fresh", "not judged it yet"),
+            ("newer", "never a newer version"),
+        ] {
+            let why = check(&cands, "h", Some(to)).unwrap_err();
+            assert!(why.contains(expected), "{to}: {why}");
+        }
+        let alone = [cands[0].clone(), cands[2].clone()];
+        assert!(
+            check(&alone, "h", None)
+                .unwrap_err()
+                .contains("no other eligible")
+        );
+    }
+}
