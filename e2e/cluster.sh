@@ -8,6 +8,8 @@
 #   e2e/cluster.sh down [DIR]     stop exactly the processes `up` started, remove DIR
 #   e2e/cluster.sh restart DIR C  restart component C (etcd, kube-apiserver, ...) in place
 #   e2e/cluster.sh env            print the pinned versions and the cache directory
+#   e2e/cluster.sh promtool       build (or reuse) promtool, for the chart's alert tests; prints
+#                                 its path (cached by version, apart from the control plane)
 #
 # `build` also builds helm (for the chart's tests), cached beside the control plane.
 #
@@ -23,6 +25,8 @@ K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$E2
 ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2; exit}' "$E2E_DIR/go.mod")
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
+# Prometheus 3.16's Go module version (its tags are v3.x; the module's are v0.3xx).
+PROMETHEUS_VERSION=v0.316.0
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/arbiter-e2e
 BIN_DIR=$CACHE_ROOT/$K8S_VERSION
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok helm)
@@ -274,6 +278,30 @@ cmd_restart() {
   log "$name restarted"
 }
 
+# promtool, built from its Go module like helm, cached by version in a directory of its own (a
+# new Prometheus version does not rebuild the control plane).
+cmd_promtool() {
+  local dir=$CACHE_ROOT/promtool-$PROMETHEUS_VERSION
+  if [[ -x $dir/promtool ]]; then
+    echo "$dir/promtool"
+    return
+  fi
+  mkdir -p "$dir"
+  exec 9>"$dir/.lock"
+  flock 9
+  if [[ ! -x $dir/promtool ]]; then
+    log "building promtool (Prometheus module $PROMETHEUS_VERSION); a few minutes, once"
+    local gobin buildlog start=$SECONDS
+    gobin=$(mktemp -d)
+    buildlog=$dir/build.log
+    GOBIN=$gobin go install -trimpath "github.com/prometheus/prometheus/cmd/promtool@$PROMETHEUS_VERSION" \
+      >"$buildlog" 2>&1 || { tail -30 "$buildlog" >&2; die "building promtool failed (full log: $buildlog)"; }
+    mv "$gobin/promtool" "$dir/promtool"; rmdir "$gobin"
+    log "promtool built in $((SECONDS - start))s, cached in $dir"
+  fi
+  echo "$dir/promtool"
+}
+
 cmd_env() {
   echo "kubernetes=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION cache=$BIN_DIR"
 }
@@ -284,5 +312,6 @@ case ${1:-} in
   down) shift; cmd_down "$@" ;;
   restart) shift; cmd_restart "$@" ;;
   env) cmd_env ;;
-  *) echo "usage: $0 build|up [DIR]|down [DIR]|restart DIR COMPONENT|env" >&2; exit 2 ;;
+  promtool) cmd_promtool ;;
+  *) echo "usage: $0 build|up [DIR]|down [DIR]|restart DIR COMPONENT|env|promtool" >&2; exit 2 ;;
 esac

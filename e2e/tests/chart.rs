@@ -26,6 +26,8 @@ crate::tests![chart:
     a_missing_rbac_rule_fails_with_a_readable_error,
     the_chart_follows_the_conventions_of_other_charts,
     the_charts_agent_role_is_all_an_agent_needs,
+    every_alert_has_a_promtool_test,
+    the_dashboard_loads_and_queries_only_metrics_the_operator_exposes,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -572,4 +574,176 @@ async fn the_charts_agent_role_is_all_an_agent_needs(env: Arc<TestEnv>) {
         "withdrawn with the role's rights"
     );
     let _ = roles.delete(&role_name, &Default::default()).await;
+}
+
+/// The chart's PrometheusRule: `promtool check rules` accepts it whole (annotation templates
+/// included), `promtool test rules` passes e2e/alerts/tests.yaml against its expressions, and
+/// every alert has a case there in which it fires. promtool is built from its Go module
+/// (`e2e/cluster.sh promtool`, cached by version).
+async fn every_alert_has_a_promtool_test(_env: Arc<TestEnv>) {
+    let built = std::process::Command::new(repo_root().join("e2e/cluster.sh"))
+        .arg("promtool")
+        .output()
+        .expect("running e2e/cluster.sh promtool");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let promtool = String::from_utf8(built.stdout).unwrap().trim().to_string();
+    let rendered = run_helm(
+        None,
+        &[
+            "template",
+            "x",
+            chart().to_str().unwrap(),
+            "--set",
+            "prometheusRule.enabled=true",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ],
+    );
+    let doc: serde_json::Value = serde_yaml_ng::from_str(&rendered).unwrap();
+    let mut spec = doc["spec"].clone();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        dir.path().join("full.yaml"),
+        serde_yaml_ng::to_string(&spec).unwrap(),
+    )
+    .unwrap();
+    run(&["check", "rules", "full.yaml"]);
+    let mut alerts = Vec::new();
+    for rule in spec["groups"][0]["rules"].as_array_mut().unwrap() {
+        alerts.push(rule["alert"].as_str().unwrap().to_string());
+        rule.as_object_mut().unwrap().remove("annotations");
+    }
+    assert!(alerts.len() >= 6, "{alerts:?}");
+    std::fs::write(
+        dir.path().join("rules.yaml"),
+        serde_yaml_ng::to_string(&spec).unwrap(),
+    )
+    .unwrap();
+    let tests = std::fs::read_to_string(repo_root().join("e2e/alerts/tests.yaml")).unwrap();
+    std::fs::write(dir.path().join("tests.yaml"), &tests).unwrap();
+    run(&["test", "rules", "tests.yaml"]);
+    // Every alert fires in some case.
+    let cases: serde_json::Value = serde_yaml_ng::from_str(&tests).unwrap();
+    let firing: Vec<&str> = cases["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
+        .filter(|a| a["exp_alerts"].as_array().is_some_and(|e| !e.is_empty()))
+        .filter_map(|a| a["alertname"].as_str())
+        .collect();
+    for alert in &alerts {
+        assert!(
+            firing.contains(&alert.as_str()),
+            "{alert} has no firing case in e2e/alerts/tests.yaml"
+        );
+    }
+}
+
+/// The Grafana dashboard: valid JSON, rendered unchanged into its ConfigMap, and every query
+/// names only metrics the operator exposes (the README's metric table, which
+/// `operator::the_readme_lists_every_metric_the_operator_exposes` checks against /metrics).
+async fn the_dashboard_loads_and_queries_only_metrics_the_operator_exposes(_env: Arc<TestEnv>) {
+    let text = std::fs::read_to_string(chart().join("files/dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    assert_eq!(dashboard["uid"], "arbiter-overview");
+    let panels = dashboard["panels"].as_array().unwrap();
+    let mut ids: Vec<u64> = panels.iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), panels.len(), "panel ids are unique");
+    fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr" | "query", serde_json::Value::String(e)) => out.push(e.clone()),
+                        _ => exprs(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| exprs(v, out)),
+            _ => {}
+        }
+    }
+    let mut queries = Vec::new();
+    exprs(&dashboard, &mut queries);
+    assert!(queries.len() > 10, "{queries:?}");
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let table = readme
+        .split("<!-- metrics:begin -->")
+        .nth(1)
+        .and_then(|t| t.split("<!-- metrics:end -->").next())
+        .unwrap();
+    let listed: Vec<(String, String)> = table
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            let name = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
+            Some((name.to_string(), cells.get(1)?.to_string()))
+        })
+        .collect();
+    let known = |m: &str| {
+        listed.iter().any(|(name, kind)| {
+            m == name
+                || (kind == "histogram"
+                    && ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|s| m.strip_suffix(s) == Some(name.as_str())))
+        })
+    };
+    for q in &queries {
+        let mut rest = q.as_str();
+        while let Some(i) = rest.find("arbiter_") {
+            let m: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                known(&m),
+                "{m} (in {q:?}) is not a metric the operator exposes"
+            );
+            rest = &rest[i + m.len()..];
+        }
+    }
+    // The ConfigMap carries the file unchanged.
+    let rendered = run_helm(
+        None,
+        &[
+            "template",
+            "x",
+            chart().to_str().unwrap(),
+            "--set",
+            "grafana.dashboards.enabled=true",
+            "--show-only",
+            "templates/grafana-dashboard.yaml",
+        ],
+    );
+    let cm: serde_json::Value = serde_yaml_ng::from_str(&rendered).unwrap();
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let carried: serde_json::Value =
+        serde_json::from_str(cm["data"]["arbiter.json"].as_str().unwrap()).unwrap();
+    assert_eq!(carried, dashboard);
 }

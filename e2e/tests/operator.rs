@@ -1022,8 +1022,9 @@ async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
 
 /// The README's metric table is the truth: every family a running operator exposes is listed
 /// with its type, and every listed metric is exposed (a family with labels appears once it has
-/// a series: an election here gives `candidates` and `leaderless_seconds` theirs; forced exits
-/// and single-active workloads, which give the other two theirs, are other tests' business).
+/// a series: an election here gives the per-lease ones theirs; forced exits and single-active
+/// workloads, which give `forced_depositions` and `active_pods` theirs, are other tests'
+/// business).
 async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
     use std::collections::BTreeSet;
     let op = Operator::start(&env, &[]);
@@ -1069,7 +1070,7 @@ async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
     let must_show: BTreeSet<(String, String)> = listed
         .iter()
         .filter(|(f, _, labels)| {
-            !labels || f.ends_with("_candidates") || f.ends_with("_leaderless_seconds")
+            !labels || !(f.ends_with("_forced_depositions") || f.ends_with("_active_pods"))
         })
         .map(|(f, k, _)| (f.clone(), k.clone()))
         .collect();

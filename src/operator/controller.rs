@@ -799,6 +799,8 @@ impl Worker {
             .await;
         // Record what is still pending on the Lease, for whichever replica leads next.
         let pending = self.deposer.recorded(key);
+        self.metrics
+            .forced_exits_pending(key, pending.as_deref().map_or(0, |p| p.split(',').count()));
         if let Some(l) = latest
             && pending != recorded
         {
@@ -936,6 +938,18 @@ impl Worker {
             }
             _ => {}
         }
+        // A lease under a third-party strategy has no holder of arbiter's choosing.
+        let ours = lease.is_none_or(|l| {
+            l.strategy
+                .as_deref()
+                .is_none_or(|s| s == crate::api::OLDEST_EMULATION_VERSION)
+        });
+        let since = t.leaderless_since.filter(|_| ours).map(|since| {
+            let ago = now.saturating_duration_since(since).as_secs_f64();
+            jiff::Timestamp::now().as_millisecond() as f64 / 1000.0 - ago
+        });
+        self.metrics
+            .lease_state(key, since, lease.map(|l| l.duration.as_secs()));
     }
 
     /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
@@ -1128,6 +1142,7 @@ async fn report(
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
 ) {
+    metrics.lease_holder(key, holder, term);
     let facts = status::LeaseFacts {
         lease: &key.name,
         holder,

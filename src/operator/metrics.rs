@@ -28,6 +28,13 @@ pub struct MethodLabels {
     pub method: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HolderLabels {
+    pub namespace: String,
+    pub lease: String,
+    pub holder: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub leader_changes: Counter,
@@ -49,6 +56,18 @@ pub struct Metrics {
     pub handover_seconds: Histogram,
     /// Time each lease spent without a live holder, as the arbiter saw it.
     pub leaderless_seconds: Family<LeaseLabels, Counter<f64, AtomicU64>>,
+    /// When each lease became leaderless (Unix seconds), 0 while it has a live holder.
+    pub leaderless_since: Family<LeaseLabels, Gauge<f64, AtomicU64>>,
+    /// Each lease's duration, as the arbiter counts it.
+    pub lease_duration: Family<LeaseLabels, Gauge>,
+    /// Forced exits still pending per lease (an eviction refused, e.g. by a PDB).
+    pub forced_exits_pending: Family<LeaseLabels, Gauge>,
+    /// Each lease's term.
+    pub lease_term: Family<LeaseLabels, Gauge>,
+    /// 1 for each lease's current holder (one series per lease).
+    pub lease_holder: Family<HolderLabels, Gauge>,
+    /// The holder each lease's `lease_holder` series names, to drop it when the holder changes.
+    holders: std::sync::Mutex<std::collections::HashMap<LeaseKey, String>>,
     /// Candidates deleted because they stopped renewing (and belong to no pod).
     pub candidates_expired: Counter,
     /// Elections that were needed when no candidate could be elected.
@@ -128,6 +147,12 @@ impl Metrics {
             double_holders: Counter::default(),
             handover_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             leaderless_seconds: Family::default(),
+            leaderless_since: Family::default(),
+            lease_duration: Family::default(),
+            forced_exits_pending: Family::default(),
+            lease_term: Family::default(),
+            lease_holder: Family::default(),
+            holders: Default::default(),
             candidates_expired: Counter::default(),
             elections_failed: Counter::default(),
             active: Gauge::default(),
@@ -206,6 +231,31 @@ impl Metrics {
             m.leaderless_seconds.clone(),
         );
         registry.register(
+            "lease_leaderless_since_timestamp_seconds",
+            "When the lease became leaderless (Unix seconds); 0 while it has a live holder",
+            m.leaderless_since.clone(),
+        );
+        registry.register(
+            "lease_duration_seconds",
+            "The lease's duration as the arbiter counts it",
+            m.lease_duration.clone(),
+        );
+        registry.register(
+            "lease_term",
+            "The lease's term (leaseTransitions, the fencing token)",
+            m.lease_term.clone(),
+        );
+        registry.register(
+            "lease_holder",
+            "1 for the lease's current holder",
+            m.lease_holder.clone(),
+        );
+        registry.register(
+            "forced_exits_pending",
+            "Deposed holders' pods still to be forced out (an eviction refused, e.g. by a PDB)",
+            m.forced_exits_pending.clone(),
+        );
+        registry.register(
             "candidates",
             "Candidates per lease",
             m.candidates_per_lease.clone(),
@@ -229,6 +279,60 @@ impl Metrics {
             lease: key.name.clone(),
         };
         self.candidates_per_lease
+            .get_or_create(&labels)
+            .set(n as i64);
+    }
+
+    /// The lease's state gauges: leaderless since (Unix seconds, `None`: held), its duration.
+    pub fn lease_state(
+        &self,
+        key: &LeaseKey,
+        leaderless_since: Option<f64>,
+        duration: Option<u64>,
+    ) {
+        let labels = LeaseLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+        };
+        self.leaderless_since
+            .get_or_create(&labels)
+            .set(leaderless_since.unwrap_or(0.0));
+        if let Some(d) = duration {
+            self.lease_duration.get_or_create(&labels).set(d as i64);
+        }
+    }
+
+    /// The lease's holder (`None`: nobody) and term.
+    pub fn lease_holder(&self, key: &LeaseKey, holder: Option<&str>, term: i32) {
+        let labels = LeaseLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+        };
+        self.lease_term.get_or_create(&labels).set(i64::from(term));
+        let series = |h: &str| HolderLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+            holder: h.to_string(),
+        };
+        let mut holders = self.holders.lock().expect("not poisoned");
+        if let Some(old) = holders.get(key)
+            && Some(old.as_str()) != holder
+        {
+            self.lease_holder.remove(&series(old));
+            holders.remove(key);
+        }
+        if let Some(h) = holder {
+            self.lease_holder.get_or_create(&series(h)).set(1);
+            holders.insert(key.clone(), h.to_string());
+        }
+    }
+
+    pub fn forced_exits_pending(&self, key: &LeaseKey, n: usize) {
+        let labels = LeaseLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+        };
+        self.forced_exits_pending
             .get_or_create(&labels)
             .set(n as i64);
     }
