@@ -5,7 +5,7 @@
 set -euo pipefail
 
 need=()
-for tool in curl openssl python3 flock setsid file musl-gcc; do
+for tool in curl openssl python3 flock setsid file musl-gcc aarch64-linux-gnu-gcc; do
   command -v "$tool" >/dev/null || need+=("$tool")
 done
 if ((${#need[@]})); then
@@ -14,6 +14,9 @@ if ((${#need[@]})); then
   [[ $(id -u) == 0 ]] || sudo="sudo"
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq curl openssl python3 util-linux file musl-tools >/dev/null
+  # The arm64 cross build is checked when it can be; its compiler is not required.
+  $sudo apt-get install -y -qq gcc-aarch64-linux-gnu >/dev/null 2>&1 \
+    || echo "[setup] gcc-aarch64-linux-gnu not installed: the arm64 check will be skipped" >&2
 fi
 for tool in go cargo rustup kubectl; do
   command -v "$tool" >/dev/null || { echo "[setup] $tool is required and not installed" >&2; exit 1; }
@@ -25,3 +28,7 @@ done
 # The static (musl) build the Dockerfile makes is part of `make test`.
 rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
   || rustup target add x86_64-unknown-linux-musl >/dev/null
+# The arm64 build (`make static-arm64`, checked by `make arm64-check`) when rustup can add it.
+rustup target list --installed | grep -qx aarch64-unknown-linux-musl \
+  || rustup target add aarch64-unknown-linux-musl >/dev/null 2>&1 \
+  || echo "[setup] the aarch64-unknown-linux-musl target could not be added: the arm64 check will be skipped" >&2
