@@ -708,9 +708,9 @@ async fn a_blocked_eviction_never_hits_the_pod_that_replaced_its_target(env: Arc
     // From here the operator's cache keeps showing the old pod.
     proxy.lag_streams(Duration::from_secs(90));
     let pods: Api<Pod> = env.api();
-    pods.delete(&name, &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
+    // An ordinary deletion (kwok ends it as a kubelet would, then removes it): a force delete
+    // would race kwok's own delete-by-name of the old pod with the StatefulSet's replacement.
+    pods.delete(&name, &DeleteParams::default()).await.unwrap();
     let replacement = eventually("the StatefulSet to recreate the pod", DEADLINE, || async {
         pods.get_opt(&name)
             .await
@@ -726,7 +726,7 @@ async fn a_blocked_eviction_never_hits_the_pod_that_replaced_its_target(env: Arc
         || async {
             op.logs()
                 .lines()
-                .filter(|l| l.contains("forced exit") && !l.contains("Blocked"))
+                .filter(|l| l.contains("forced exit ") && !l.contains("Blocked"))
                 .map(str::to_string)
                 .next()
         },
