@@ -69,47 +69,61 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         return refuse(format!("cannot hand lease {name} over: {why}"));
     }
     let term = lease::term(&current);
-    request(&store, name, settings.to.as_deref()).await?;
+    if let Err(why) = request(&store, name, &holder, term, settings.to.as_deref()).await? {
+        return refuse(why);
+    }
     let target = settings.to.as_deref().unwrap_or("the best other candidate");
     eprintln!(
         "asked the operator to hand lease {name} over from {holder} (term {term}) to {target}"
     );
 
     let start = Instant::now();
+    let value = lease::handover_request(&holder, term, settings.to.as_deref());
     let mut released_at: Option<Instant> = None;
     loop {
-        let l = store.get(name).await?;
-        if let Some(l) = &l {
-            match lease::holder(l) {
-                None => {
-                    released_at.get_or_insert_with(Instant::now);
-                }
-                Some(h) if h != holder && lease::term(l) > term => {
-                    let gap = released_at
-                        .map(|r| format!("{:.2} s", r.elapsed().as_secs_f64()))
-                        .unwrap_or_else(|| "under 0.1 s".into());
-                    println!(
-                        "lease {name}: held by {h} at term {} (was {holder} at term {term}); leaderless for {gap} (from the release to the assignment, as seen here)",
-                        lease::term(l)
-                    );
-                    return Ok(0);
-                }
-                Some(_) => {}
+        let Some(l) = store.get(name).await? else {
+            anyhow::bail!("lease {name} was deleted while waiting");
+        };
+        let (now_holder, now_term) = (lease::holder(&l), lease::term(&l));
+        if now_holder.is_none() {
+            released_at.get_or_insert_with(Instant::now);
+        }
+        match now_holder {
+            Some(h) if now_term > term && h == holder => {
+                anyhow::bail!(
+                    "{holder} holds lease {name} again, at term {now_term}: the switchover did not happen"
+                )
             }
-            let pending = l
-                .annotations()
-                .contains_key(lease::HANDOVER_REQUEST_ANNOTATION);
-            if let (false, Some(why)) = (
-                pending,
-                l.annotations().get(lease::HANDOVER_REFUSED_ANNOTATION),
-            ) && lease::holder(l) == Some(holder.as_str())
-            {
-                return refuse(format!("the operator refused the switchover: {why}"));
+            Some(h) if now_term > term && settings.to.as_deref().is_some_and(|to| to != h) => {
+                anyhow::bail!(
+                    "lease {name} went to {h} at term {now_term}, not {}: the handover was abandoned (see the HandoverAbandoned Event)",
+                    settings.to.as_deref().unwrap_or_default()
+                )
             }
+            Some(h) if now_term > term => {
+                let gap = released_at
+                    .map(|r| format!("{:.2} s", r.elapsed().as_secs_f64()))
+                    .unwrap_or_else(|| "under 0.1 s".into());
+                println!(
+                    "lease {name}: held by {h} at term {now_term} (was {holder} at term {term}); leaderless for {gap} (from the release to the assignment, as seen here)"
+                );
+                return Ok(0);
+            }
+            _ => {}
+        }
+        let pending = l.annotations().get(lease::HANDOVER_REQUEST_ANNOTATION) == Some(&value);
+        if !pending && now_holder == Some(holder.as_str()) && now_term == term {
+            return match l.annotations().get(lease::HANDOVER_REFUSED_ANNOTATION) {
+                Some(why) => refuse(format!("the operator refused the switchover: {why}")),
+                None => anyhow::bail!(
+                    "the request was removed from lease {name} before the operator acted on it"
+                ),
+            };
         }
         if start.elapsed() > settings.timeout {
+            withdraw_request(&store, name, &value).await;
             anyhow::bail!(
-                "no new holder after {:?}; the request stays on the lease until the operator acts on it",
+                "no new holder after {:?}; the request was taken back",
                 settings.timeout
             );
         }
@@ -192,25 +206,57 @@ pub fn check(candidates: &[LeaseCandidate], holder: &str, to: Option<&str>) -> R
     }
 }
 
-/// Records the request on the Lease (compare-and-swap), clearing an earlier refusal.
-async fn request(store: &LeaseStore, name: &str, to: Option<&str>) -> anyhow::Result<()> {
+/// Records the request on the Lease (compare-and-swap), clearing an earlier refusal, if the
+/// lease is still held by `holder` at `term` (the state that was checked).
+async fn request(
+    store: &LeaseStore,
+    name: &str,
+    holder: &str,
+    term: i32,
+    to: Option<&str>,
+) -> anyhow::Result<Result<(), String>> {
     for _ in 0..5 {
         let Some(mut l) = store.get(name).await? else {
-            anyhow::bail!("lease {name} was deleted");
+            return Ok(Err(format!("lease {name} was deleted")));
         };
-        lease::set_annotation(
-            &mut l,
-            lease::HANDOVER_REQUEST_ANNOTATION,
-            Some(to.unwrap_or("")),
-        );
+        if (lease::holder(&l), lease::term(&l)) != (Some(holder), term) {
+            return Ok(Err(format!(
+                "lease {name} moved on meanwhile (now {} at term {}); check again",
+                lease::holder(&l).unwrap_or("nobody"),
+                lease::term(&l)
+            )));
+        }
+        let value = lease::handover_request(holder, term, to);
+        lease::set_annotation(&mut l, lease::HANDOVER_REQUEST_ANNOTATION, Some(&value));
         lease::set_annotation(&mut l, lease::HANDOVER_REFUSED_ANNOTATION, None);
         match store.replace(&l).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(Ok(())),
             Err(CasError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
         }
     }
     anyhow::bail!("lease {name} kept changing; try again")
+}
+
+/// Takes our request back (on timeout), if it is still the one on the Lease.
+async fn withdraw_request(store: &LeaseStore, name: &str, value: &str) {
+    for _ in 0..5 {
+        let Ok(Some(mut l)) = store.get(name).await else {
+            return;
+        };
+        if l.annotations()
+            .get(lease::HANDOVER_REQUEST_ANNOTATION)
+            .map(String::as_str)
+            != Some(value)
+        {
+            return;
+        }
+        lease::set_annotation(&mut l, lease::HANDOVER_REQUEST_ANNOTATION, None);
+        match store.replace(&l).await {
+            Err(CasError::Conflict(_)) => continue,
+            _ => return,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,24 @@ pub const RELEASED_BY_ANNOTATION: &str = "arbiter.dev/released-by";
 /// On a Lease: a planned switchover asked for by `arbiter handover` (the target candidate, or
 /// empty for the best other one). The operator acts on it and removes it.
 pub const HANDOVER_REQUEST_ANNOTATION: &str = "arbiter.dev/handover-request";
+/// The value of [`HANDOVER_REQUEST_ANNOTATION`]: `HOLDER/TERM/TARGET` (TARGET empty: the best
+/// other candidate). A request names the holder and term it was made for: once the lease has
+/// moved on it is refused, never carried out on a holder nobody named.
+pub fn handover_request(holder: &str, term: i32, to: Option<&str>) -> String {
+    format!("{holder}/{term}/{}", to.unwrap_or(""))
+}
+
+/// Reads [`handover_request`]'s format; anything else is a request for nobody (refused).
+pub fn parse_handover_request(value: &str) -> crate::election::decide::Switchover {
+    let mut parts = value.splitn(3, '/');
+    let (holder, term, to) = (parts.next(), parts.next(), parts.next());
+    crate::election::decide::Switchover {
+        holder: holder.unwrap_or_default().to_string(),
+        term: term.and_then(|t| t.parse().ok()).unwrap_or(-1),
+        to: to.filter(|t| !t.is_empty()).map(str::to_string),
+    }
+}
+
 /// On a Lease: why the operator refused the last planned switchover.
 pub const HANDOVER_REFUSED_ANNOTATION: &str = "arbiter.dev/handover-refused";
 /// The field manager of every Lease write arbiter makes: a release counts only when arbiter

@@ -194,9 +194,11 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
 
 /// The holder `a` is asked to hand over to the better `t`, which answered during `a`'s term;
 /// `t` goes silent just before `a` releases. The next holder must answer after the release:
-/// `t` does not, so the lease goes to the best live candidate, `c`, and the abandoned handover
-/// is reported. (Before: `t`'s earlier answer still counted, the lease was assigned to the
-/// silent `t` and sat with it until it expired.)
+/// `t` does not, so the lease goes to the best live candidate other than `a`, its equal `c`,
+/// and the abandoned handover is reported. (Were `c` newer than `a`, `a` would get its lease
+/// back: a newer version does not take charge while the older one that stepped down runs.)
+/// (Before: `t`'s earlier answer still counted, the lease was assigned to the silent `t` and
+/// sat with it until it expired.)
 async fn an_abandoned_handover_falls_back_to_the_best_live_candidate(env: Arc<TestEnv>) {
     let op = Operator::start(&env, &[]);
     let r = Responder::start(env.client.clone(), &env.ns, &["a", "c", "t"]);
@@ -214,7 +216,7 @@ async fn an_abandoned_handover_falls_back_to_the_best_live_candidate(env: Arc<Te
     );
     create_candidate(&env, "a", "fall", "1.20.0", Some("1.20.0"), OEV, None).await;
     wait_for_holder(&env, "fall", "a", DEADLINE).await;
-    create_candidate(&env, "c", "fall", "1.21.0", Some("1.21.0"), OEV, None).await;
+    create_candidate(&env, "c", "fall", "1.20.0", Some("1.20.0"), OEV, None).await;
     crate::support::agent::wait_eligible(&env, "c").await;
     let history = record_lease(&env, "fall");
     create_candidate(&env, "t", "fall", "1.18.0", Some("1.18.0"), OEV, None).await;

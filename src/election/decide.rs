@@ -118,6 +118,8 @@ pub struct Lease {
     pub acquired: Option<Timestamp>,
     /// A planned switchover someone asked for (`arbiter handover`).
     pub switchover: Option<Switchover>,
+    /// The term (`leaseTransitions`).
+    pub term: i32,
 }
 
 /// A planned switchover (`arbiter handover LEASE [--to CANDIDATE]`): the live holder hands over
@@ -125,6 +127,10 @@ pub struct Lease {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Switchover {
     pub to: Option<String>,
+    /// The holder and term the request was made for: once the lease has moved on, it no longer
+    /// applies (it is refused, never carried out on a holder nobody named).
+    pub holder: String,
+    pub term: i32,
 }
 
 impl Lease {
@@ -391,7 +397,15 @@ pub fn decide(
     ) {
         let holder = l.holder.as_deref().unwrap_or_default();
         let began = l.acquired.filter(|a| *a <= now);
-        let action = match switchover_target(sw, holder, &ranked) {
+        let target = if (sw.holder.as_str(), sw.term) != (holder, l.term) {
+            Err(format!(
+                "the lease moved on: it was asked of {} at term {}, and {holder} holds term {} now",
+                sw.holder, sw.term, l.term
+            ))
+        } else {
+            switchover_target(sw, holder, &ranked)
+        };
+        let action = match target {
             Err(reason) => Action::RefuseSwitchover { reason },
             Ok(to) => match liveness_of(&to).map(|lv| answered_since(&to, lv, began)) {
                 Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&to) => {
@@ -455,8 +469,20 @@ pub fn decide(
     let stepped_down = lease
         .filter(|l| l.holder.is_none())
         .and_then(|l| l.released_by.as_deref());
+    // A holder that stepped down (a handover, a switchover) and is still eligible is passed over
+    // only for a candidate at its versions or older: if the one it stepped down for went away,
+    // a newer version must not take charge while it still runs.
+    let versions_of = |name: &str| {
+        ranked
+            .iter()
+            .find(|(r, _)| r.name == name)
+            .map(|(r, _)| (r.emulation, r.binary))
+    };
+    let may_replace = |r: &Ranked, h: &str| {
+        lapsed.is_some() || versions_of(h).is_none_or(|v| (r.emulation, r.binary) <= v)
+    };
     let pool: Vec<(Ranked, Liveness)> = match lapsed.or(stepped_down) {
-        Some(h) if ranked.iter().any(|(r, _)| r.name != h) => ranked
+        Some(h) if ranked.iter().any(|(r, _)| r.name != h && may_replace(r, h)) => ranked
             .iter()
             .filter(|(r, _)| r.name != h)
             .cloned()
@@ -509,7 +535,20 @@ pub fn decide(
         .iter()
         .filter(|(_, l)| *l == Liveness::Acked)
         .map(|(r, _)| r);
-    let best = oldest_emulation::pick_best(acked).map(|r| r.name.to_string());
+    let best = oldest_emulation::pick_best(acked.clone());
+    // Among equals, the candidate the handover was for (the preferred holder, e.g. a
+    // switchover's target) rather than the older or alphabetically first.
+    let preferred = lease.and_then(|l| l.preferred_holder.as_deref());
+    let best = match (best, preferred) {
+        (Some(b), Some(p)) => Some(
+            acked
+                .clone()
+                .find(|r| r.name == p && (r.emulation, r.binary) == (b.emulation, b.binary))
+                .unwrap_or(b),
+        ),
+        (b, _) => b,
+    }
+    .map(|r| r.name.to_string());
     let action = match (best, lease) {
         (None, _) => Action::NoEligibleCandidate,
         (Some(holder), None) => Action::CreateLease {

@@ -514,9 +514,8 @@ impl Worker {
                 switchover: l
                     .annotations()
                     .get(lease::HANDOVER_REQUEST_ANNOTATION)
-                    .map(|to| decide::Switchover {
-                        to: (!to.is_empty()).then(|| to.clone()),
-                    }),
+                    .map(|v| lease::parse_handover_request(v)),
+                term: lease::term(l),
             }
         });
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
@@ -658,12 +657,18 @@ impl Worker {
             self.held
                 .assigned(key, h, duration, pod_uid, Instant::now());
         }
-        self.time(
-            key,
-            lease_view.as_ref(),
-            &decision.action,
-            written.is_some(),
-        );
+        if candidates.is_empty() && lease_view.is_none() && written.is_none() {
+            // Nothing left of this lease: its series go (a deleted lease is not leaderless).
+            self.timers.remove(key);
+            self.metrics.forget(key);
+        } else {
+            self.time(
+                key,
+                lease_view.as_ref(),
+                &decision.action,
+                written.is_some(),
+            );
+        }
         // While a hand-edited-out holder's term may still run, it is still reported as the
         // leader (its Leader condition is also what a replica taking over remembers it by).
         let waiting_for = match &decision.action {
@@ -799,8 +804,10 @@ impl Worker {
             .await;
         // Record what is still pending on the Lease, for whichever replica leads next.
         let pending = self.deposer.recorded(key);
-        self.metrics
-            .forced_exits_pending(key, pending.as_deref().map_or(0, |p| p.split(',').count()));
+        if pending.is_some() || !candidates.is_empty() {
+            let n = pending.as_deref().map_or(0, |p| p.split(',').count());
+            self.metrics.forced_exits_pending(key, n);
+        }
         if let Some(l) = latest
             && pending != recorded
         {
@@ -1009,6 +1016,9 @@ impl Worker {
                 let mut l = current.clone();
                 lease::set_annotation(&mut l, lease::HANDOVER_REQUEST_ANNOTATION, None);
                 lease::set_annotation(&mut l, lease::HANDOVER_REFUSED_ANNOTATION, Some(reason));
+                // A handover it already asked for is called off with it (the ordinary rules
+                // ask again if they want one).
+                lease::set_preferred_holder(&mut l, None);
                 tracing::warn!(lease = %key, %reason, "planned switchover refused");
                 Some(store.replace(&l).await?)
             }
@@ -1142,7 +1152,9 @@ async fn report(
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
 ) {
-    metrics.lease_holder(key, holder, term);
+    if holder.is_some() || !candidates.is_empty() {
+        metrics.lease_holder(key, holder, term);
+    }
     let facts = status::LeaseFacts {
         lease: &key.name,
         holder,

@@ -327,6 +327,28 @@ impl Metrics {
         }
     }
 
+    /// Drops every per-lease series of `key` (the lease and its candidates are gone).
+    pub fn forget(&self, key: &LeaseKey) {
+        let labels = LeaseLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+        };
+        self.leaderless_seconds.remove(&labels);
+        self.leaderless_since.remove(&labels);
+        self.lease_duration.remove(&labels);
+        self.lease_term.remove(&labels);
+        self.forced_exits_pending.remove(&labels);
+        self.candidates_per_lease.remove(&labels);
+        self.active_pods.remove(&labels);
+        if let Some(old) = self.holders.lock().expect("not poisoned").remove(key) {
+            self.lease_holder.remove(&HolderLabels {
+                namespace: key.namespace.clone(),
+                lease: key.name.clone(),
+                holder: old,
+            });
+        }
+    }
+
     pub fn forced_exits_pending(&self, key: &LeaseKey, n: usize) {
         let labels = LeaseLabels {
             namespace: key.namespace.clone(),

@@ -51,6 +51,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
         holder_pod_stopped: false,
         acquired: None,
         switchover: None,
+        term: 1,
     }
 }
 
@@ -174,13 +175,20 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
     );
     // A released lease is no lapse: the best candidate gets it back...
     assert_eq!(act(&cands, Some(&lease(None, 15)), now), assign("lapsed"));
-    // ...unless it is the one that released it, and someone else can lead.
+    // ...unless it is the one that released it, and someone else at its versions can lead.
     let released = Lease {
         released_by: Some("lapsed".into()),
         ..lease(None, 0)
     };
-    assert_eq!(act(&cands, Some(&released), now), assign("other"));
+    let equal = acked("equal", "1.19.0", now);
+    assert_eq!(
+        act(&[cands[0].clone(), equal], Some(&released), now),
+        assign("equal")
+    );
     assert_eq!(act(&cands[..1], Some(&released), now), assign("lapsed"));
+    // A newer version does not take charge while the older one that stepped down still runs
+    // (the one it stepped down for went away): it gets its lease back.
+    assert_eq!(act(&cands, Some(&released), now), assign("lapsed"));
 }
 
 #[test]
@@ -437,7 +445,7 @@ fn hand_edits_do_not_end_a_term() {
 #[test]
 fn a_term_ends_early_only_by_the_holders_release_or_its_stopped_pod() {
     let now = t0();
-    let cands = [acked("id-1", "1.19.0", now), acked("id-2", "1.20.0", now)];
+    let cands = [acked("id-1", "1.19.0", now), acked("id-2", "1.19.0", now)];
     let released = Lease {
         released_by: Some("id-1".into()),
         ..lease(None, 0)
@@ -696,6 +704,8 @@ fn a_planned_switchover_goes_to_an_equal_and_never_to_a_newer_version() {
     let asked = |to: Option<&str>| Lease {
         switchover: Some(Switchover {
             to: to.map(str::to_string),
+            holder: "h".into(),
+            term: 1,
         }),
         acquired: Some(now - secs(5)),
         ..lease(Some("h"), 1)
@@ -732,8 +742,31 @@ fn a_planned_switchover_goes_to_an_equal_and_never_to_a_newer_version() {
         ..asked(Some("twin"))
     };
     assert_eq!(
-        act(&[h, twin], Some(&asked_twin), now),
+        act(&[h.clone(), twin.clone()], Some(&asked_twin), now),
         Action::WaitForRelease { to: "twin".into() }
+    );
+    // Asked of h at term 1; the lease has moved on to term 2: refused, never carried out.
+    let moved = Lease {
+        term: 2,
+        ..asked(Some("twin"))
+    };
+    assert!(matches!(
+        act(&[h.clone(), twin.clone()], Some(&moved), now),
+        Action::RefuseSwitchover { reason } if reason.contains("moved on")
+    ));
+    // Released for twin2, an equal of the older twin: twin2 gets it, not the older equal.
+    let twin2 = Candidate {
+        created: t0() + secs(1),
+        ..acked("twin2", "1.30.0", now)
+    };
+    let released_for_twin2 = Lease {
+        released_by: Some("h".into()),
+        preferred_holder: Some("twin2".into()),
+        ..lease(None, 0)
+    };
+    assert_eq!(
+        act(&[h, twin, twin2], Some(&released_for_twin2), now),
+        assign("twin2")
     );
 }
 
@@ -944,7 +977,8 @@ proptest! {
         to in prop::option::of(prop::sample::select(vec!["c0", "c1", "c2", "c3"]).prop_map(str::to_string)),
     ) {
         let Some(l) = lease else { return Ok(()) };
-        let l = Lease { switchover: Some(Switchover { to }), ..l };
+        let sw = Switchover { to, holder: l.holder.clone().unwrap_or_default(), term: l.term };
+        let l = Lease { switchover: Some(sw), ..l };
         let d = decide(&cands, Some(&l), None, now(), &rules);
         if let Action::RequestHandover { to } = &d.action {
             let key = |c: &Candidate| Some((
@@ -956,6 +990,27 @@ proptest! {
                 prop_assert!(target <= key(other), "switchover to {to} {target:?} over {} {:?}", other.name, key(other));
             }
         }
+    }
+
+    #[test]
+    fn after_a_release_no_newer_version_takes_charge_while_the_one_that_released_can_lead(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
+        let Some(l) = &lease else { return Ok(()) };
+        let (Action::Assign { holder, .. }, None, Some(by)) = (&d.action, &l.holder, &l.released_by) else {
+            return Ok(());
+        };
+        let Some(released) = cands.iter().find(|c| &c.name == by) else { return Ok(()) };
+        if !matches!(d.standings[by], Standing::Eligible(_)) { return Ok(()) }
+        let key = |c: &Candidate| Some((
+            Version::parse(c.emulation_version.as_deref()?).ok()?,
+            Version::parse(&c.binary_version).ok()?,
+        ));
+        let elected = cands.iter().find(|c| &c.name == holder).unwrap();
+        prop_assert!(key(elected) <= key(released), "{holder} {:?} elected over {by} {:?}, which released and can still lead", key(elected), key(released));
     }
 
     #[test]
