@@ -25,7 +25,9 @@
 //!   equals, never put a newer version in charge while an older one runs.
 //! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
 //!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
-//!   stopped renewing), or that released it, is passed over while anyone else can lead.
+//!   stopped renewing) is passed over while anyone else can lead; one that released it (and can
+//!   still lead) only for a candidate at its versions or older, and among equals the handover's
+//!   target (the preferred holder) goes first.
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
 //!   holder, and never touches the holder.
 //! - A **strategy conflict** changes nothing; it is reported.
