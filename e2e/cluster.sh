@@ -36,7 +36,7 @@ die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
 
 # The cache key beyond the Kubernetes version: anything that changes what we build.
 build_stamp() {
-  cat "$E2E_DIR/go.mod" "$E2E_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION") \
+  cat "$E2E_DIR/go.mod" "$E2E_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION version-ldflags=1") \
     <(go env GOVERSION) | sha256sum | cut -c1-16
 }
 
@@ -56,7 +56,13 @@ cmd_build() {
   : >"$buildlog"
   log "building the control plane (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
   log "first build on 2 cores takes about 15 minutes; log: $buildlog"
-  local flags=(-trimpath -buildvcs=false -ldflags "-s -w")
+  # The version the API server reports (/version): without it a source build says
+  # v0.0.0-master, and charts with a kubeVersion constraint (ours) refuse to install.
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local version_flags="-X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  version_flags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+  version_flags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  local flags=(-trimpath -buildvcs=false -ldflags "-s -w $version_flags")
   export CGO_ENABLED=0
   local pkg name
   for pkg in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
