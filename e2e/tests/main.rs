@@ -73,7 +73,7 @@ fn main() {
             Trial::test(name, move || {
                 let path = kubeconfig.expect("a cluster when running tests");
                 let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-                rt.block_on(async {
+                let outcome = rt.block_on(async {
                     let env = Arc::new(TestEnv::new(&path, name).await);
                     let result = tokio::spawn(test(env.clone())).await;
                     if let Ok(env) = Arc::try_unwrap(env) {
@@ -87,7 +87,11 @@ fn main() {
                             .unwrap_or_else(|| "test panicked".into())
                             .into()
                     })
-                })
+                });
+                // A blocking task a failed test left behind (a stand-in waiting on a process
+                // that still runs) must not hang the suite: the runtime is not waited for.
+                rt.shutdown_timeout(Duration::from_secs(5));
+                outcome
             })
         })
         .collect();
