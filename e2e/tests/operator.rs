@@ -712,6 +712,10 @@ async fn lapsing_pair(
     )
     .await;
     wait_for_holder(env, lease_name, "pod-a", DEADLINE).await;
+    // pod-a goes silent: its term lapses, and it does not answer pings either (a pod-a that
+    // answered would be better than pod-b and get the lease back by handover, and pod-b's
+    // short term could slip between two polls of the test).
+    r.silence("pod-a");
     let renew_b = hold_and_release(env.client.clone(), &env.ns, lease_name, &["pod-b"]);
     create_candidate(
         env,
