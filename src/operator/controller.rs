@@ -143,6 +143,9 @@ pub fn watch_all(
     let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
     let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
         .default_backoff()
+        // The operator never reads a pod's managed fields: not cached (they are often the
+        // largest part of a pod).
+        .modify(|pod| pod.metadata.managed_fields = None)
         .reflect(pw)
         .map(move |ev| {
             let ev = ev?;
