@@ -189,6 +189,32 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
     // A newer version does not take charge while the older one that stepped down still runs
     // (the one it stepped down for went away): it gets its lease back.
     assert_eq!(act(&cands, Some(&released), now), assign("lapsed"));
+    // The equal it stepped down for went silent (unresponsive: no longer eligible): the one
+    // that stepped down is asked again, and the newer one still waits.
+    let silent = Candidate {
+        ping_time: Some(now - secs(6)),
+        renew_time: Some(now - secs(20)),
+        ..acked("equal", "1.19.0", now)
+    };
+    let stepped_down = Candidate {
+        ping_time: Some(now - secs(30)),
+        renew_time: Some(now - secs(30)),
+        ..acked("lapsed", "1.19.0", now)
+    };
+    let released_now = Lease {
+        released_by: Some("lapsed".into()),
+        ..lease(None, 1)
+    };
+    assert_eq!(
+        act(
+            &[stepped_down, silent, acked("newer", "1.20.0", now)],
+            Some(&released_now),
+            now
+        ),
+        Action::Ping {
+            candidates: vec!["lapsed".into()]
+        }
+    );
 }
 
 #[test]
