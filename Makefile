@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
+.PHONY: setup promtool test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
@@ -35,11 +35,16 @@ unit:
 	$(CARGO) test --doc
 
 ## e2e: builds (or reuses) the control plane, then runs every e2e test against one shared cluster
-e2e: control-plane
+e2e: control-plane promtool
 	$(CARGO) test --test e2e
 
 control-plane:
 	e2e/cluster.sh build
+
+## promtool: build (or reuse) promtool for the chart's alert tests, before the e2e suite starts
+## (built inside a test it would load the machine while other tests run)
+promtool:
+	e2e/cluster.sh promtool
 
 ## crds: regenerate crds/ and the chart's copy from the Rust types
 crds:
