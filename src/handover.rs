@@ -16,6 +16,8 @@ use kube::{Client, ResourceExt};
 
 use crate::api::LeaseCandidate;
 use crate::election::Version;
+use crate::election::decide;
+use crate::election::oldest_emulation::Ranked;
 use crate::lease::{self, CasError, LeaseStore};
 
 /// `arbiter handover` flags.
@@ -160,50 +162,40 @@ fn eligibility(c: &LeaseCandidate) -> Result<(), String> {
     }
 }
 
-/// The candidate's (emulation, binary) versions, if they parse.
-fn versions(c: &LeaseCandidate) -> Option<(Version, Version)> {
-    let binary = Version::parse(&c.spec.binary_version).ok()?;
-    let emulation = Version::parse(c.spec.emulation_version.as_deref()?).ok()?;
-    Some((emulation, binary))
-}
-
 /// The command's own check, from what the operator reported (the operator checks again when it
-/// acts): the target is known, eligible, not the holder, and at the versions the rules elect.
+/// acts, with the same rule, [`decide::switchover_target`]): the target is a candidate the
+/// operator reports eligible, not the holder, and at the versions the rules elect.
 pub fn check(candidates: &[LeaseCandidate], holder: &str, to: Option<&str>) -> Result<(), String> {
-    let eligible: Vec<&LeaseCandidate> = candidates
+    if let Some(to) = to.filter(|to| *to != holder) {
+        let Some(c) = candidates.iter().find(|c| c.name_any() == to) else {
+            return Err(format!("{to} is not a candidate of this lease"));
+        };
+        eligibility(c).map_err(|why| format!("{to} is not eligible ({why})"))?;
+    }
+    // (name, emulation, binary, created) of the eligible candidates whose versions parse.
+    let parsed: Vec<(String, Version, Version, jiff::Timestamp)> = candidates
         .iter()
         .filter(|c| eligibility(c).is_ok())
+        .filter_map(|c| {
+            Some((
+                c.name_any(),
+                Version::parse(c.spec.emulation_version.as_deref()?).ok()?,
+                Version::parse(&c.spec.binary_version).ok()?,
+                c.creation_timestamp().map_or(jiff::Timestamp::MAX, |t| t.0),
+            ))
+        })
         .collect();
-    let top = eligible.iter().filter_map(|c| versions(c)).min();
-    let at_top = |c: &LeaseCandidate| versions(c).is_some() && versions(c) == top;
-    match to {
-        Some(to) if to == holder => Err(format!("{to} already holds it")),
-        Some(to) => {
-            let Some(c) = candidates.iter().find(|c| c.name_any() == to) else {
-                return Err(format!("{to} is not a candidate of this lease"));
-            };
-            eligibility(c).map_err(|why| format!("{to} is not eligible ({why})"))?;
-            if !at_top(c) {
-                let (e, b) = top.unwrap_or_else(|| {
-                    (
-                        Version::parse("0.0.0").expect("valid"),
-                        Version::parse("0.0.0").expect("valid"),
-                    )
-                });
-                return Err(format!(
-                    "{to} runs emulation {} / binary {}, but the rules elect {e} / {b} (the oldest among eligible candidates): a switchover may pick among equals, never a newer version",
-                    c.spec.emulation_version.as_deref().unwrap_or("-"),
-                    c.spec.binary_version
-                ));
-            }
-            Ok(())
-        }
-        None => eligible
-            .iter()
-            .any(|c| c.name_any() != holder && at_top(c))
-            .then_some(())
-            .ok_or_else(|| "no other eligible candidate runs the versions the rules elect".into()),
-    }
+    let ranked: Vec<Ranked> = parsed
+        .iter()
+        .map(|(name, emulation, binary, created)| Ranked {
+            name,
+            emulation,
+            binary,
+            created: *created,
+        })
+        .collect();
+    let eligible: Vec<&Ranked> = ranked.iter().collect();
+    decide::switchover_target(to, holder, &eligible).map(|_| ())
 }
 
 /// Records the request on the Lease (compare-and-swap), clearing an earlier refusal, if the

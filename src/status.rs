@@ -78,7 +78,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             .await?;
     let mut last = String::new();
     loop {
-        let rows = collect(&client, &settings).await?;
+        let rows = match collect(&client, &settings).await {
+            Ok(rows) => rows,
+            // A watch rides out an API server that is away for a while (it says so); a single
+            // look fails.
+            Err(e) if settings.watch => {
+                eprintln!("error: {e:#} (retrying)");
+                last.clear();
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let text = render(&rows, &settings)?;
         if !settings.watch {
             print!("{text}");

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::support::agent::{
     Agent, KILL_GRACE, LEASE_DURATION, Proxy, RENEW_DEADLINE, agent_args, agent_args_with, alive,
-    apiserver, child_of, now, read_log, starts, stop_of, wait_eligible,
+    apiserver, child_of, now, read_log, starts, stop_of, wait_eligible, wait_started,
 };
 use crate::support::operator::{Operator, wait_for_holder};
 use crate::support::standin::StandIn;
@@ -82,10 +82,7 @@ async fn oldest_agent_leads_and_only_its_workload_runs(env: Arc<TestEnv>) {
     }
     let l = wait_for_holder(&env, "trio", "v130", DEADLINE).await;
     // (A newer pod may lead for a moment until the oldest registers; it hands over.)
-    let started = eventually("the holder's workload to start", DEADLINE, || async {
-        starts(&read_log(&log)).into_iter().find(|s| s.0 == "v130")
-    })
-    .await;
+    let started = wait_started(&log, "v130").await;
     assert_eq!(
         started.1,
         lease::term(&l),
@@ -338,13 +335,7 @@ async fn sigterm_stops_the_workload_releases_and_deregisters(env: Arc<TestEnv>) 
         candidates.get_opt("b").await.ok()?
     })
     .await;
-    eventually("a's workload", DEADLINE, || async {
-        starts(&read_log(&log))
-            .iter()
-            .any(|s| s.0 == "a")
-            .then_some(())
-    })
-    .await;
+    wait_started(&log, "a").await;
     kill(Pid::from_raw(a.pid()), Signal::SIGTERM).unwrap();
     assert_eq!(a.wait_exit(DEADLINE).await, Some(0));
     assert!(
@@ -671,13 +662,7 @@ async fn an_agent_waits_out_an_unreachable_api_server(env: Arc<TestEnv>) {
     );
     proxy.restore();
     wait_for_holder(&env, "late", "late", DEADLINE).await;
-    eventually("the workload to start", DEADLINE, || async {
-        starts(&read_log(&log))
-            .iter()
-            .any(|s| s.0 == "late")
-            .then_some(())
-    })
-    .await;
+    wait_started(&log, "late").await;
 }
 
 /// As a container's entrypoint the agent is PID 1, and the workload's orphans are reparented
@@ -1115,26 +1100,17 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
     wait_for_holder(&env, "settle", "d1", DEADLINE).await;
     let mut d2 = Agent::spawn(&env.kubeconfig, &env.ns, "d2", "settle", "1.31.0", &log);
     wait_eligible(&env, "d2").await;
-    eventually("d1's workload", DEADLINE, || async {
-        starts(&read_log(&log))
-            .iter()
-            .any(|s| s.0 == "d1")
-            .then_some(())
-    })
-    .await;
+    wait_started(&log, "d1").await;
 
     let leases: Api<Lease> = env.api();
-    let history = crate::support::operator::record_lease(&env, "settle");
+    let history = crate::support::operator::record_lease(&env, "settle").await;
     leases
         .delete("settle", &DeleteParams::default())
         .await
         .unwrap();
     let deleted = now();
     assert_eq!(d1.wait_exit(DEADLINE).await, Some(1), "d1's term is over");
-    let started = eventually("d2's workload to start", DEADLINE, || async {
-        starts(&read_log(&log)).into_iter().find(|s| s.0 == "d2")
-    })
-    .await;
+    let started = wait_started(&log, "d2").await;
     let d1_stop = stop_of(&read_log(&log), "d1");
     assert!(
         d1_stop.is_some_and(|stop| stop < started.3),
@@ -1197,13 +1173,7 @@ async fn arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version(
     let _newer = Agent::spawn(&env.kubeconfig, &env.ns, "newer", "switch", "1.31.0", &log);
     wait_eligible(&env, "twin").await;
     wait_eligible(&env, "newer").await;
-    eventually("h's workload", DEADLINE, || async {
-        starts(&read_log(&log))
-            .iter()
-            .any(|s| s.0 == "h")
-            .then_some(())
-    })
-    .await;
+    wait_started(&log, "h").await;
     let handover = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
             .args(["handover", "switch", "-n", &env.ns, "--timeout", "30s"])
@@ -1237,10 +1207,7 @@ async fn arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version(
         stdout.contains(&format!("held by twin at term {new_term}")),
         "{stdout}"
     );
-    let twin_start = eventually("twin's workload", DEADLINE, || async {
-        starts(&read_log(&log)).into_iter().find(|s| s.0 == "twin")
-    })
-    .await;
+    let twin_start = wait_started(&log, "twin").await;
     let h_stop = stop_of(&read_log(&log), "h");
     assert!(
         h_stop.is_some_and(|stop| stop < twin_start.3),

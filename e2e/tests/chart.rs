@@ -114,16 +114,7 @@ async fn the_schema_refuses_lease_durations_that_are_not_whole_seconds(_env: Arc
         assert!(!out.status.success(), "{value} was accepted");
         assert!(stderr.contains("leaseDuration"), "{value}: {stderr}");
     }
-    run_helm(
-        None,
-        &[
-            "template",
-            "x",
-            chart.to_str().unwrap(),
-            "--set",
-            "operator.leaseDuration=20s",
-        ],
-    );
+    template(&["operator.leaseDuration=20s"], None);
 }
 
 async fn manifests_match_the_chart(_env: Arc<TestEnv>) {
@@ -151,16 +142,7 @@ fn arbiter_manifests() -> String {
 }
 
 async fn crd_template_matches_the_generated_crd(_env: Arc<TestEnv>) {
-    let rendered = run_helm(
-        None,
-        &[
-            "template",
-            "x",
-            chart().to_str().unwrap(),
-            "--show-only",
-            "templates/crd.yaml",
-        ],
-    );
+    let rendered = template(&[], Some("templates/crd.yaml"));
     let doc: serde_json::Value =
         serde_yaml_ng::from_str(rendered.trim_start_matches("---").trim()).unwrap();
     let generated: serde_json::Value =
@@ -394,14 +376,23 @@ async fn a_missing_rbac_rule_fails_with_a_readable_error(env: Arc<TestEnv>) {
     );
 }
 
-/// The kinds `helm template` renders with `sets`, in order, and the whole output.
-fn rendered_kinds(sets: &[&str]) -> (Vec<String>, String) {
+/// `helm template x CHART --set SETS... [--show-only TEMPLATE]` (release `x`, namespace
+/// `default`).
+fn template(sets: &[&str], show_only: Option<&str>) -> String {
     let chart = chart();
     let mut args = vec!["template", "x", chart.to_str().unwrap()];
     for s in sets {
         args.extend(["--set", s]);
     }
-    let out = run_helm(None, &args);
+    if let Some(t) = show_only {
+        args.extend(["--show-only", t]);
+    }
+    run_helm(None, &args)
+}
+
+/// The kinds `helm template` renders with `sets`, in order, and the whole output.
+fn rendered_kinds(sets: &[&str]) -> (Vec<String>, String) {
+    let out = template(sets, None);
     let kinds = out
         .lines()
         .filter_map(|l| l.strip_prefix("kind: "))
@@ -500,7 +491,7 @@ async fn the_chart_follows_the_conventions_of_other_charts(_env: Arc<TestEnv>) {
 /// The chart's agent ClusterRole, bound in a namespace to a ServiceAccount, is all an agent
 /// needs: it registers, is elected, runs its workload, and on SIGTERM releases and withdraws.
 async fn the_charts_agent_role_is_all_an_agent_needs(env: Arc<TestEnv>) {
-    use crate::support::agent::{Agent, agent_args, read_log, starts};
+    use crate::support::agent::{Agent, agent_args, wait_started};
     use k8s_openapi::api::core::v1::ServiceAccount;
     use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
     use kube::api::PostParams;
@@ -509,18 +500,7 @@ async fn the_charts_agent_role_is_all_an_agent_needs(env: Arc<TestEnv>) {
     // The agent role, rendered by the chart under a name of this test's own.
     let name = format!("{}-agent", env.ns);
     let fullname = format!("fullnameOverride={name}");
-    let rendered = run_helm(
-        None,
-        &[
-            "template",
-            "x",
-            chart().to_str().unwrap(),
-            "--set",
-            &fullname,
-            "--show-only",
-            "templates/agent-rbac.yaml",
-        ],
-    );
+    let rendered = template(&[&fullname], Some("templates/agent-rbac.yaml"));
     let roles: Api<ClusterRole> = Api::all(env.client.clone());
     let role_name = format!("{name}-candidate");
     let doc = rendered
@@ -552,13 +532,7 @@ async fn the_charts_agent_role_is_all_an_agent_needs(env: Arc<TestEnv>) {
     let args = agent_args(&env.ns, "a1", "rbac", "1.30.0", &log);
     let mut agent = Agent::spawn_args(&kubeconfig, "a1", &args, &log);
     wait_for_holder(&env, "rbac", "a1", DEADLINE).await;
-    eventually("the agent's workload", DEADLINE, || async {
-        starts(&read_log(&log))
-            .iter()
-            .any(|s| s.0 == "a1")
-            .then_some(())
-    })
-    .await;
+    wait_started(&log, "a1").await;
     kill(Pid::from_raw(agent.pid()), Signal::SIGTERM).unwrap();
     assert_eq!(agent.wait_exit(DEADLINE).await, Some(0));
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = env.api();
@@ -591,17 +565,9 @@ async fn every_alert_has_a_promtool_test(_env: Arc<TestEnv>) {
         String::from_utf8_lossy(&built.stderr)
     );
     let promtool = String::from_utf8(built.stdout).unwrap().trim().to_string();
-    let rendered = run_helm(
-        None,
-        &[
-            "template",
-            "x",
-            chart().to_str().unwrap(),
-            "--set",
-            "prometheusRule.enabled=true",
-            "--show-only",
-            "templates/prometheusrule.yaml",
-        ],
+    let rendered = template(
+        &["prometheusRule.enabled=true"],
+        Some("templates/prometheusrule.yaml"),
     );
     let doc: serde_json::Value = serde_yaml_ng::from_str(&rendered).unwrap();
     let mut spec = doc["spec"].clone();
@@ -686,32 +652,14 @@ async fn the_dashboard_loads_and_queries_only_metrics_the_operator_exposes(_env:
     let mut queries = Vec::new();
     exprs(&dashboard, &mut queries);
     assert!(queries.len() > 10, "{queries:?}");
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let table = readme
-        .split("<!-- metrics:begin -->")
-        .nth(1)
-        .and_then(|t| t.split("<!-- metrics:end -->").next())
-        .unwrap();
-    let listed: Vec<(String, String)> = table
-        .lines()
-        .filter_map(|l| {
-            let cells: Vec<&str> = l
-                .trim()
-                .trim_matches('|')
-                .split('|')
-                .map(str::trim)
-                .collect();
-            let name = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
-            Some((name.to_string(), cells.get(1)?.to_string()))
-        })
-        .collect();
+    let listed = crate::support::readme_metrics();
     let known = |m: &str| {
-        listed.iter().any(|(name, kind)| {
-            m == name
-                || (kind == "histogram"
+        listed.iter().any(|l| {
+            m == l.name
+                || (l.kind == "histogram"
                     && ["_bucket", "_sum", "_count"]
                         .iter()
-                        .any(|s| m.strip_suffix(s) == Some(name.as_str())))
+                        .any(|s| m.strip_suffix(s) == Some(l.name.as_str())))
         })
     };
     for q in &queries {
@@ -729,17 +677,9 @@ async fn the_dashboard_loads_and_queries_only_metrics_the_operator_exposes(_env:
         }
     }
     // The ConfigMap carries the file unchanged.
-    let rendered = run_helm(
-        None,
-        &[
-            "template",
-            "x",
-            chart().to_str().unwrap(),
-            "--set",
-            "grafana.dashboards.enabled=true",
-            "--show-only",
-            "templates/grafana-dashboard.yaml",
-        ],
+    let rendered = template(
+        &["grafana.dashboards.enabled=true"],
+        Some("templates/grafana-dashboard.yaml"),
     );
     let cm: serde_json::Value = serde_yaml_ng::from_str(&rendered).unwrap();
     assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");

@@ -30,6 +30,7 @@ crate::tests![operator:
     better_candidate_gets_the_lease_through_handover,
     an_abandoned_handover_falls_back_to_the_best_live_candidate,
     the_readme_lists_every_metric_the_operator_exposes,
+    status_watch_rides_out_an_unreachable_api_server,
     expired_lease_goes_to_a_live_candidate,
     holder_pod_stopped_is_replaced_before_expiry,
     lapsed_holder_pod_still_running_is_evicted,
@@ -130,7 +131,7 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
     create_candidate(&env, "bar1", "swap", "1.20.0", Some("1.20.0"), OEV, None).await;
     wait_for_holder(&env, "swap", "bar1", DEADLINE).await;
     // Record every version of the Lease from here on.
-    let history = record_lease(&env, "swap");
+    let history = record_lease(&env, "swap").await;
     create_candidate(&env, "bar2", "swap", "1.19.0", Some("1.19.0"), OEV, None).await;
     // bar1 is live (renewed every 200 ms), so bar2 gets it only through bar1's release.
     let l = wait_for_holder(&env, "swap", "bar2", DEADLINE).await;
@@ -218,7 +219,7 @@ async fn an_abandoned_handover_falls_back_to_the_best_live_candidate(env: Arc<Te
     wait_for_holder(&env, "fall", "a", DEADLINE).await;
     create_candidate(&env, "c", "fall", "1.20.0", Some("1.20.0"), OEV, None).await;
     crate::support::agent::wait_eligible(&env, "c").await;
-    let history = record_lease(&env, "fall");
+    let history = record_lease(&env, "fall").await;
     create_candidate(&env, "t", "fall", "1.18.0", Some("1.18.0"), OEV, None).await;
     wait_for_holder(&env, "fall", "c", DEADLINE).await;
     let seen = history.lock().unwrap().clone();
@@ -1046,52 +1047,112 @@ async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
             })
             .collect()
     };
-    let readme = std::fs::read_to_string(crate::support::repo_root().join("README.md")).unwrap();
-    let table = readme
-        .split("<!-- metrics:begin -->")
-        .nth(1)
-        .and_then(|t| t.split("<!-- metrics:end -->").next())
-        .expect("the README's metric table");
-    // (family, type, has labels)
-    let listed: Vec<(String, String, bool)> = table
-        .lines()
-        .filter_map(|l| {
-            let cells: Vec<&str> = l
-                .trim()
-                .trim_matches('|')
-                .split('|')
-                .map(str::trim)
-                .collect();
-            let name = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
-            let kind = cells.get(1)?.to_string();
-            // A counter's samples carry `_total`; its family (the TYPE line) does not.
-            let family = match kind.as_str() {
-                "counter" => name.strip_suffix("_total").unwrap_or(name),
-                _ => name,
-            };
-            Some((family.to_string(), kind, !cells.get(2)?.is_empty()))
-        })
-        .collect();
-    assert!(listed.len() > 10, "the table was not parsed: {listed:?}");
+    let listed = crate::support::readme_metrics();
+    let family = |m: &crate::support::ReadmeMetric| (m.family().to_string(), m.kind.clone());
     let must_show: BTreeSet<(String, String)> = listed
         .iter()
-        .filter(|(f, _, labels)| {
-            !labels || !(f.ends_with("_forced_depositions") || f.ends_with("_active_pods"))
+        .filter(|m| {
+            !m.labelled
+                || !(m.name.ends_with("_forced_depositions_total")
+                    || m.name.ends_with("_active_pods"))
         })
-        .map(|(f, k, _)| (f.clone(), k.clone()))
+        .map(family)
         .collect();
     let text = eventually("every listed metric on /metrics", DEADLINE, || async {
         let m = op.http_get("/metrics").await;
         must_show.is_subset(&exposed(&m)).then_some(m)
     })
     .await;
-    let all_listed: BTreeSet<(String, String)> = listed
-        .iter()
-        .map(|(f, k, _)| (f.clone(), k.clone()))
-        .collect();
+    let all_listed: BTreeSet<(String, String)> = listed.iter().map(family).collect();
     let unlisted: Vec<_> = exposed(&text).difference(&all_listed).cloned().collect();
     assert!(
         unlisted.is_empty(),
         "exposed but not in the README: {unlisted:?}"
     );
+}
+
+/// `arbiter status --watch` while its connection to the API server goes dead (a proxy that
+/// black-holes it): it says so and retries, and once the connection is back it prints what
+/// changed meanwhile. (Before: the first failed look ended the watch.)
+async fn status_watch_rides_out_an_unreachable_api_server(env: Arc<TestEnv>) {
+    use crate::support::agent::{Proxy, apiserver};
+    use std::io::BufRead;
+    let _op = Operator::start(&env, &[]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["w1", "w2"]);
+    create_candidate(&env, "w1", "watched", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "watched", "w1", DEADLINE).await;
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut watch = std::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
+        .args(["status", "-n", &env.ns, "--watch", "--kubeconfig"])
+        .arg(proxy.kubeconfig(&env.kubeconfig, dir.path()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Every line printed so far, on stdout and stderr.
+    let lines = Arc::new(std::sync::Mutex::new((
+        Vec::<String>::new(),
+        Vec::<String>::new(),
+    )));
+    let (out, err) = (watch.stdout.take().unwrap(), watch.stderr.take().unwrap());
+    let (o, e) = (lines.clone(), lines.clone());
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            o.lock().unwrap().0.push(l);
+        }
+    });
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            e.lock().unwrap().1.push(l);
+        }
+    });
+    let printed = |prefix: &'static str| {
+        let lines = lines.clone();
+        move || {
+            let lines = lines.clone();
+            async move {
+                lines
+                    .lock()
+                    .unwrap()
+                    .0
+                    .iter()
+                    .any(|l| l.starts_with(prefix))
+                    .then_some(())
+            }
+        }
+    };
+    eventually(
+        "the watch to print the lease",
+        DEADLINE,
+        printed("watched "),
+    )
+    .await;
+    proxy.cut();
+    eventually(
+        "the watch to report the dead connection",
+        Duration::from_secs(90),
+        || async {
+            lines
+                .lock()
+                .unwrap()
+                .1
+                .iter()
+                .any(|l| l.contains("retrying"))
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(watch.try_wait().unwrap().is_none(), "the watch gave up");
+    create_candidate(&env, "w2", "watched2", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "watched2", "w2", DEADLINE).await;
+    proxy.restore();
+    eventually(
+        "the watch to print the lease elected meanwhile",
+        Duration::from_secs(90),
+        printed("watched2 "),
+    )
+    .await;
+    let _ = watch.kill();
+    let _ = watch.wait();
 }

@@ -154,6 +154,19 @@ fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
     .unwrap()
 }
 
+/// Waits until `n` pods selected by `labels` are Ready.
+async fn wait_ready(env: &TestEnv, labels: &str, n: usize) {
+    let pods: Api<Pod> = env.api();
+    eventually(&format!("{n} pods Ready"), DEADLINE, || async {
+        let list = pods
+            .list(&ListParams::default().labels(labels))
+            .await
+            .ok()?;
+        (list.items.iter().filter(|p| ready(p)).count() == n).then_some(())
+    })
+    .await;
+}
+
 /// Waits until exactly one pod is active and every other Ready pod is standby; returns the
 /// active pod.
 async fn one_active(env: &TestEnv, inv: &Invariant, labels: &str) -> Pod {
@@ -198,15 +211,7 @@ async fn deployment_gets_exactly_one_active_pod(env: Arc<TestEnv>) {
         )
         .await
         .unwrap();
-    let pods: Api<Pod> = env.api();
-    eventually("3 pods Ready", DEADLINE, || async {
-        let list = pods
-            .list(&ListParams::default().labels("app=web"))
-            .await
-            .ok()?;
-        (list.items.iter().filter(|p| ready(p)).count() == 3).then_some(())
-    })
-    .await;
+    wait_ready(&env, "app=web", 3).await;
     let active = one_active(&env, &inv, "app=web").await;
     let l = wait_for_holder(&env, "web", &active.name_any(), DEADLINE).await;
     assert_eq!(
@@ -451,14 +456,7 @@ async fn stateful_set_scaling_and_annotation_removal(env: Arc<TestEnv>) {
             })
             .await;
         } else {
-            eventually(&format!("{n} pods Ready"), DEADLINE, || async {
-                let l = pods
-                    .list(&ListParams::default().labels("app=db"))
-                    .await
-                    .ok()?;
-                (l.items.iter().filter(|p| ready(p)).count() == n as usize).then_some(())
-            })
-            .await;
+            wait_ready(&env, "app=db", n as usize).await;
             one_active(&env, &inv, "app=db").await;
         }
     }
@@ -595,14 +593,7 @@ async fn a_lagging_pod_cache_never_makes_two_pods_active(env: Arc<TestEnv>) {
         .await
         .unwrap();
     let pods: Api<Pod> = env.api();
-    eventually("3 pods Ready", DEADLINE, || async {
-        let list = pods
-            .list(&ListParams::default().labels("app=lag"))
-            .await
-            .ok()?;
-        (list.items.iter().filter(|p| ready(p)).count() == 3).then_some(())
-    })
-    .await;
+    wait_ready(&env, "app=lag", 3).await;
     let a = one_active(&env, &inv, "app=lag").await.name_any();
     let others: Vec<String> = pods
         .list(&ListParams::default().labels("app=lag"))

@@ -405,7 +405,8 @@ pub fn decide(
                 sw.holder, sw.term, l.term
             ))
         } else {
-            switchover_target(sw, holder, &ranked)
+            let eligible: Vec<&Ranked> = ranked.iter().map(|(r, _)| r).collect();
+            switchover_target(sw.to.as_deref(), holder, &eligible)
         };
         let action = match target {
             Err(reason) => Action::RefuseSwitchover { reason },
@@ -565,36 +566,37 @@ pub fn decide(
     decision(action)
 }
 
-/// The candidate a planned switchover goes to, or why it cannot be done: the named one (or the
-/// best other one) must be eligible, not the holder, and at the top versions among eligible
-/// candidates (the rules would elect it but for ties).
-fn switchover_target(
-    sw: &Switchover,
+/// The candidate a planned switchover goes to, or why it cannot be done: the named one (`to`),
+/// or else the best other one, must be among the `eligible` candidates, not the holder, and at
+/// the top versions among them (the rules would elect it but for ties). `arbiter handover`
+/// checks with the same function, from the conditions the operator reported.
+pub fn switchover_target(
+    to: Option<&str>,
     holder: &str,
-    ranked: &[(Ranked, Liveness)],
+    eligible: &[&Ranked],
 ) -> Result<String, String> {
-    let top = oldest_emulation::pick_best(ranked.iter().map(|(r, _)| r))
+    let top = oldest_emulation::pick_best(eligible.iter().copied())
         .map(|r| (r.emulation.clone(), r.binary.clone()));
     let at_top = |r: &Ranked| top.as_ref() == Some(&(r.emulation.clone(), r.binary.clone()));
-    match &sw.to {
+    match to {
         Some(to) if to == holder => Err(format!("{to} already holds the lease")),
         Some(to) => {
-            let Some((r, _)) = ranked.iter().find(|(r, _)| r.name == to) else {
+            let Some(r) = eligible.iter().find(|r| r.name == to) else {
                 return Err(format!("{to} is not an eligible candidate of this lease"));
             };
             if !at_top(r) {
                 let (e, b) = top.expect("a ranked candidate");
                 return Err(format!(
-                    "{to} runs emulation {} / binary {}, but the rules elect {e} / {b} (the oldest among eligible candidates)",
+                    "{to} runs emulation {} / binary {}, but the rules elect {e} / {b} (the oldest among eligible candidates): a switchover may pick among equals, never a newer version",
                     r.emulation, r.binary
                 ));
             }
-            Ok(to.clone())
+            Ok(to.to_string())
         }
         None => oldest_emulation::pick_best(
-            ranked
+            eligible
                 .iter()
-                .map(|(r, _)| r)
+                .copied()
                 .filter(|r| r.name != holder && at_top(r)),
         )
         .map(|r| r.name.to_string())

@@ -548,10 +548,7 @@ impl Worker {
             p.adjust(&candidates, &mut inputs);
             rules.max_skew = p.workload.max_skew.or(rules.max_skew);
             let active = p.active_pods();
-            let labels = LeaseLabels {
-                namespace: key.namespace.clone(),
-                lease: key.name.clone(),
-            };
+            let labels = LeaseLabels::of(key);
             self.metrics
                 .active_pods
                 .get_or_create(&labels)
@@ -936,10 +933,7 @@ impl Worker {
                         .observe((now - since).as_secs_f64());
                 }
                 if let Some(since) = t.leaderless_since.take() {
-                    let labels = LeaseLabels {
-                        namespace: key.namespace.clone(),
-                        lease: key.name.clone(),
-                    };
+                    let labels = LeaseLabels::of(key);
                     self.metrics
                         .leaderless_seconds
                         .get_or_create(&labels)

@@ -35,6 +35,25 @@ pub struct HolderLabels {
     pub holder: String,
 }
 
+impl LeaseLabels {
+    pub fn of(key: &LeaseKey) -> LeaseLabels {
+        LeaseLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+        }
+    }
+}
+
+impl HolderLabels {
+    fn of(key: &LeaseKey, holder: &str) -> HolderLabels {
+        HolderLabels {
+            namespace: key.namespace.clone(),
+            lease: key.name.clone(),
+            holder: holder.to_string(),
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub leader_changes: Counter,
@@ -274,10 +293,7 @@ impl Metrics {
     }
 
     pub fn candidates(&self, key: &LeaseKey, n: usize) {
-        let labels = LeaseLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-        };
+        let labels = LeaseLabels::of(key);
         self.candidates_per_lease
             .get_or_create(&labels)
             .set(n as i64);
@@ -290,10 +306,7 @@ impl Metrics {
         leaderless_since: Option<f64>,
         duration: Option<u64>,
     ) {
-        let labels = LeaseLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-        };
+        let labels = LeaseLabels::of(key);
         self.leaderless_since
             .get_or_create(&labels)
             .set(leaderless_since.unwrap_or(0.0));
@@ -304,16 +317,9 @@ impl Metrics {
 
     /// The lease's holder (`None`: nobody) and term.
     pub fn lease_holder(&self, key: &LeaseKey, holder: Option<&str>, term: i32) {
-        let labels = LeaseLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-        };
+        let labels = LeaseLabels::of(key);
         self.lease_term.get_or_create(&labels).set(i64::from(term));
-        let series = |h: &str| HolderLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-            holder: h.to_string(),
-        };
+        let series = |h: &str| HolderLabels::of(key, h);
         let mut holders = self.holders.lock().expect("not poisoned");
         if let Some(old) = holders.get(key)
             && Some(old.as_str()) != holder
@@ -329,10 +335,7 @@ impl Metrics {
 
     /// Drops every per-lease series of `key` (the lease and its candidates are gone).
     pub fn forget(&self, key: &LeaseKey) {
-        let labels = LeaseLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-        };
+        let labels = LeaseLabels::of(key);
         self.leaderless_seconds.remove(&labels);
         self.leaderless_since.remove(&labels);
         self.lease_duration.remove(&labels);
@@ -341,19 +344,12 @@ impl Metrics {
         self.candidates_per_lease.remove(&labels);
         self.active_pods.remove(&labels);
         if let Some(old) = self.holders.lock().expect("not poisoned").remove(key) {
-            self.lease_holder.remove(&HolderLabels {
-                namespace: key.namespace.clone(),
-                lease: key.name.clone(),
-                holder: old,
-            });
+            self.lease_holder.remove(&HolderLabels::of(key, &old));
         }
     }
 
     pub fn forced_exits_pending(&self, key: &LeaseKey, n: usize) {
-        let labels = LeaseLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-        };
+        let labels = LeaseLabels::of(key);
         self.forced_exits_pending
             .get_or_create(&labels)
             .set(n as i64);

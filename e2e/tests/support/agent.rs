@@ -235,6 +235,18 @@ pub fn child_of(log: &[Entry], who: &str) -> Option<i32> {
     })
 }
 
+/// Waits until `who`'s workload has started (logged `start`); returns that start: (identity,
+/// term, pid, time).
+#[allow(dead_code)] // used by some test binaries only
+pub async fn wait_started(log: &Path, who: &str) -> (String, i32, i32, f64) {
+    super::eventually(
+        &format!("{who}'s workload to start"),
+        Duration::from_secs(40),
+        || async { starts(&read_log(log)).into_iter().find(|s| s.0 == who) },
+    )
+    .await
+}
+
 /// Seconds since the epoch, on the same clock the workload's `date` uses.
 pub fn now() -> f64 {
     std::time::SystemTime::now()

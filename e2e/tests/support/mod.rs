@@ -237,3 +237,53 @@ pub async fn service_account_kubeconfig(
     std::fs::write(&out, text.replace(admin_token, &token)).expect("writing a kubeconfig");
     out
 }
+
+/// A row of the README's metric table (between `<!-- metrics:begin -->` and
+/// `<!-- metrics:end -->`): the name users query, its type, whether it has labels.
+#[allow(dead_code)] // used by some test binaries only
+pub struct ReadmeMetric {
+    pub name: String,
+    pub kind: String,
+    pub labelled: bool,
+}
+
+#[allow(dead_code)] // used by some test binaries only
+impl ReadmeMetric {
+    /// The family the `# TYPE` line names: a counter's samples carry `_total`, it does not.
+    pub fn family(&self) -> &str {
+        match self.kind.as_str() {
+            "counter" => self.name.strip_suffix("_total").unwrap_or(&self.name),
+            _ => &self.name,
+        }
+    }
+}
+
+/// The README's metric table.
+#[allow(dead_code)] // used by some test binaries only
+pub fn readme_metrics() -> Vec<ReadmeMetric> {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let table = readme
+        .split("<!-- metrics:begin -->")
+        .nth(1)
+        .and_then(|t| t.split("<!-- metrics:end -->").next())
+        .expect("the README's metric table");
+    let rows: Vec<ReadmeMetric> = table
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            let name = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
+            Some(ReadmeMetric {
+                name: name.to_string(),
+                kind: cells.get(1)?.to_string(),
+                labelled: !cells.get(2)?.is_empty(),
+            })
+        })
+        .collect();
+    assert!(rows.len() > 10, "the README's metric table was not parsed");
+    rows
+}

@@ -278,15 +278,18 @@ pub fn hold_and_release_with(
 /// (holder, preferred holder, term) of each version of a Lease.
 pub type LeaseHistory = Arc<Mutex<Vec<(Option<String>, Option<String>, i32)>>>;
 
-/// Every (holder, preferred holder, term) the Lease goes through, recorded by a watch.
-pub fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
+/// Every (holder, preferred holder, term) the Lease goes through, recorded by a watch. Returns
+/// once the watch has seen the Lease as it is now (which must exist), so that nothing written
+/// after the call is missed; a watch error does not end the recording.
+pub async fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let out = seen.clone();
     let api: Api<Lease> = env.api();
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     tokio::spawn(async move {
         let mut events = watcher(api, cfg).applied_objects().boxed();
-        while let Some(Ok(l)) = events.next().await {
+        while let Some(ev) = events.next().await {
+            let Ok(l) = ev else { continue };
             let entry = (
                 arbiter::lease::holder(&l).map(str::to_string),
                 arbiter::lease::preferred_holder(&l).map(str::to_string),
@@ -298,6 +301,12 @@ pub fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
             }
         }
     });
+    eventually(
+        &format!("the watch to see lease {name}"),
+        Duration::from_secs(30),
+        || async { (!seen.lock().unwrap().is_empty()).then_some(()) },
+    )
+    .await;
     seen
 }
 
