@@ -5,7 +5,7 @@
 # Base images are named by tag; pin them by digest (`image@sha256:...`) in your registry mirror
 # for reproducible builds: this repository's CI has no registry to resolve digests from.
 ARG RUST_IMAGE=rust:1.95-alpine
-ARG RUNTIME_IMAGE=gcr.io/distroless/static-debian12:nonroot
+ARG RUNTIME_IMAGE=scratch
 
 FROM ${RUST_IMAGE} AS build
 RUN apk add --no-cache musl-dev make

@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup promtool test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
+.PHONY: setup promtool image images test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
@@ -35,7 +35,7 @@ unit:
 	$(CARGO) test --doc
 
 ## e2e: builds (or reuses) the control plane, then runs every e2e test against one shared cluster
-e2e: control-plane promtool
+e2e: control-plane promtool images
 	$(CARGO) test --test e2e
 
 control-plane:
@@ -59,6 +59,27 @@ demo: setup control-plane
 ## static: the fully static musl release binary (what the Dockerfile builds)
 static:
 	$(CARGO) build --release --locked --target $(STATIC_TARGET) --bin arbiter
+
+VERSION := $(shell awk -F'"' '/^version/ {print $$2; exit}' Cargo.toml)
+IMAGE := ghcr.io/arbiter-dev/arbiter:$(VERSION)
+BUILD_IMAGE := python3 e2e/images/build_image.py
+
+## image: the arbiter image (target/images/arbiter.tar, tagged $(IMAGE)) without a Docker
+## engine: the Dockerfile's final stage around `make static`'s binary. With ARBITER_E2E_DIR
+## set to a harness cluster started with --node, also loads it into that node's containerd.
+image: static
+	$(BUILD_IMAGE) --dockerfile Dockerfile --build-arg VERSION=$(VERSION) \
+	  --copy /arbiter=target/$(STATIC_TARGET)/release/arbiter --tag $(IMAGE) --out target/images/arbiter.tar
+	@if [ -n "$$ARBITER_E2E_DIR" ] && [ -d "$$ARBITER_E2E_DIR/node" ]; then \
+	  e2e/cluster.sh import "$$ARBITER_E2E_DIR" target/images/arbiter.tar && echo "loaded $(IMAGE) into $$ARBITER_E2E_DIR"; fi
+
+## images: the arbiter image and the e2e tests' agent image (arbiter with busybox, for
+## `arbiter run -- sh -c ...` workloads)
+images: image
+	$(BUILD_IMAGE) --tag arbiter-e2e/agent:$(VERSION) --out target/images/agent.tar \
+	  --add /arbiter=target/$(STATIC_TARGET)/release/arbiter --add /bin/busybox=/bin/busybox \
+	  --link /bin/sh=busybox --link /bin/sleep=busybox --link /bin/date=busybox \
+	  --entrypoint '["/arbiter"]' --user 65532:65532
 
 ## static-arm64: the static arm64 binary, cross-compiled
 static-arm64:

@@ -5,6 +5,10 @@
 #
 #   e2e/cluster.sh build          build (or reuse) the cached binaries; prints their directory
 #   eval "$(e2e/cluster.sh up)"   start a cluster; exports KUBECONFIG and ARBITER_E2E_DIR
+#   e2e/cluster.sh up --node      also a real node (containerd, kubelet, kube-proxy, CNI; see
+#                                 e2e/node.sh): one per machine at a time, tainted
+#                                 arbiter.dev/real-node so only pods that tolerate it land there
+#   e2e/cluster.sh import DIR TAR...  import docker-archive images into DIR's real node
 #   e2e/cluster.sh down [DIR]     stop exactly the processes `up` started, remove DIR
 #   e2e/cluster.sh restart DIR C  restart component C (etcd, kube-apiserver, ...) in place
 #   e2e/cluster.sh env            print the pinned versions and the cache directory
@@ -29,7 +33,10 @@ HELM_VERSION=v3.22.0
 PROMETHEUS_VERSION=v0.316.0
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/arbiter-e2e
 BIN_DIR=$CACHE_ROOT/$K8S_VERSION
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok helm)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd kwok helm)
+
+# shellcheck source=e2e/node.sh
+source "$E2E_DIR/node.sh"
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
@@ -66,7 +73,8 @@ cmd_build() {
   export CGO_ENABLED=0
   local pkg name
   for pkg in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler go.etcd.io/etcd/server/v3; do
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy go.etcd.io/etcd/server/v3; do
     name=${pkg##*/}; [[ $name == v3 ]] && name=etcd
     log "  building $name ($((SECONDS - start))s so far)"
     (cd "$E2E_DIR" && go build "${flags[@]}" -o "$BIN_DIR/$name.tmp" "$pkg") >>"$buildlog" 2>&1 \
@@ -156,12 +164,23 @@ EOF
 }
 
 cmd_up() {
+  local node=0
+  if [[ ${1:-} == --node ]]; then node=1; shift; fi
   local bin; bin=$(cmd_build)
   local t0=$SECONDS
   DIR=${1:-$(mktemp -d "${TMPDIR:-/tmp}/arbiter-e2e.XXXXXX")}
   mkdir -p "$DIR/logs" "$DIR/pki" "$DIR/etcd"
   : >"$DIR/pids"
-  read -r ETCD_PORT ETCD_PEER_PORT API_PORT KCM_PORT SCHED_PORT KWOK_PORT <<<"$(free_ports 6)"
+  read -r ETCD_PORT ETCD_PEER_PORT API_PORT KCM_PORT SCHED_PORT KWOK_PORT KUBELET_PORT \
+    PROXY_HEALTHZ_PORT PROXY_METRICS_PORT <<<"$(free_ports 9)"
+  # Without a node the API server is reachable on loopback only. With one, pods reach it on
+  # the bridge's address, which the `kubernetes` Service's endpoint then names.
+  local api_address=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --endpoint-reconciler-type none)
+  if ((node)); then
+    node_tools_check
+    api_address=(--bind-address 0.0.0.0 --advertise-address "$NODE_GATEWAY"
+      --kubelet-preferred-address-types InternalIP)
+  fi
 
   # PKI: a CA, a serving certificate for 127.0.0.1, and the service-account signing key.
   (
@@ -170,7 +189,8 @@ cmd_up() {
       -subj "/CN=arbiter-e2e-ca" 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr \
       -subj "/CN=kube-apiserver" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' >san.ext
+    printf 'subjectAltName=IP:127.0.0.1,IP:%s,IP:10.96.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' \
+      "$NODE_GATEWAY" >san.ext
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 \
       -extfile san.ext -out apiserver.crt 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
@@ -195,14 +215,14 @@ cmd_up() {
   # shellcheck disable=SC2086 # extra flags are word-split on purpose
   start kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+    "${api_address[@]}" --secure-port "$API_PORT" \
     --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
     --client-ca-file "$DIR/pki/ca.crt" --token-auth-file "$DIR/pki/tokens.csv" \
     --authorization-mode RBAC \
     --service-account-key-file "$DIR/pki/sa.pub" \
     --service-account-signing-key-file "$DIR/pki/sa.key" \
     --service-account-issuer https://kubernetes.default.svc \
-    --service-cluster-ip-range 10.96.0.0/24 --endpoint-reconciler-type none \
+    --service-cluster-ip-range 10.96.0.0/24 \
     --allow-privileged --profiling=false ${ARBITER_E2E_APISERVER_FLAGS:-}
   wait_for "kube-apiserver /readyz" kube-apiserver 90 \
     curl -sf --cacert "$DIR/pki/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
@@ -237,6 +257,9 @@ EOF
   wait_for "the default ServiceAccount" kube-controller-manager 60 \
     "${k[@]}" get serviceaccount default -n default
   for c in kube-controller-manager kube-scheduler kwok; do check_alive "$c"; done
+  if ((node)); then
+    node_up "$bin" "$KUBELET_PORT" "$PROXY_HEALTHZ_PORT" "$PROXY_METRICS_PORT"
+  fi
   log "cluster up in $((SECONDS - t0))s: $DIR"
   echo "export KUBECONFIG=$DIR/kubeconfig"
   echo "export ARBITER_E2E_DIR=$DIR"
@@ -246,6 +269,7 @@ cmd_down() {
   local dir=${1:-${ARBITER_E2E_DIR:-}}
   [[ -n $dir ]] || die "which cluster? pass its directory or set ARBITER_E2E_DIR"
   [[ -f $dir/pids ]] || die "$dir is not a cluster directory (no pids file)"
+  node_down_containers "$dir"
   local name pid pids=()
   while read -r name pid; do
     # Only signal a pid that is still the process we started (its command line names $dir).
@@ -258,6 +282,7 @@ cmd_down() {
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < until)); do sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   done
+  node_down_host "$dir" "$BIN_DIR"
   rm -rf "$dir"
   log "cluster $dir stopped"
 }
@@ -315,9 +340,10 @@ cmd_env() {
 case ${1:-} in
   build) cmd_build >/dev/null; echo "$BIN_DIR" ;;
   up) shift; cmd_up "$@" ;;
+  import) shift; DIR=${1:?cluster directory}; shift; node_import "$@" ;;
   down) shift; cmd_down "$@" ;;
   restart) shift; cmd_restart "$@" ;;
   env) cmd_env ;;
   promtool) cmd_promtool ;;
-  *) echo "usage: $0 build|up [DIR]|down [DIR]|restart DIR COMPONENT|env|promtool" >&2; exit 2 ;;
+  *) echo "usage: $0 build|up [--node] [DIR]|import DIR TAR...|down [DIR]|restart DIR COMPONENT|env|promtool" >&2; exit 2 ;;
 esac

@@ -18,6 +18,20 @@ if ((${#need[@]})); then
   $sudo apt-get install -y -qq gcc-aarch64-linux-gnu >/dev/null 2>&1 \
     || echo "[setup] gcc-aarch64-linux-gnu not installed: the arm64 check will be skipped" >&2
 fi
+# The real node (e2e/node.sh): containerd and runc, the CNI plugins, busybox for test pods,
+# iptables for kube-proxy.
+node_need=()
+for tool in containerd runc ctr iptables ip; do command -v "$tool" >/dev/null || node_need+=("$tool"); done
+[[ -x /usr/lib/cni/bridge ]] || node_need+=(cni)
+[[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx httpd || node_need+=(busybox)
+if ((${#node_need[@]})); then
+  echo "[setup] missing for the real node: ${node_need[*]}; installing from Debian" >&2
+  sudo=""
+  [[ $(id -u) == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins \
+    busybox-static iptables iproute2 >/dev/null
+fi
 for tool in go cargo rustup kubectl; do
   command -v "$tool" >/dev/null || { echo "[setup] $tool is required and not installed" >&2; exit 1; }
 done

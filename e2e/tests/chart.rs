@@ -50,7 +50,7 @@ fn helm() -> PathBuf {
     .clone()
 }
 
-fn chart() -> PathBuf {
+pub(crate) fn chart() -> PathBuf {
     repo_root().join("charts/arbiter")
 }
 
@@ -69,7 +69,7 @@ fn helm_command(args: &[&str]) -> std::process::Command {
     cmd
 }
 
-fn run_helm(kubeconfig: Option<&Path>, args: &[&str]) -> String {
+pub(crate) fn run_helm(kubeconfig: Option<&Path>, args: &[&str]) -> String {
     let mut cmd = helm_command(args);
     let dir = tempfile::tempdir().unwrap();
     // Keep helm's own state out of $HOME.

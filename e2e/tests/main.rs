@@ -8,6 +8,7 @@ mod chart;
 mod control_plane;
 mod crd;
 mod operator;
+mod real_node;
 mod single_active;
 mod support;
 
@@ -45,6 +46,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(agent::tests());
     all.extend(chart::tests());
     all.extend(single_active::tests());
+    all.extend(real_node::tests());
     all
 }
 

@@ -43,7 +43,7 @@ struct Seen {
     promotions: Vec<(String, String, Vec<String>)>,
 }
 
-struct Invariant {
+pub(crate) struct Invariant {
     seen: Arc<Mutex<Seen>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -58,7 +58,7 @@ fn version(p: &Pod) -> String {
     image.rsplit(':').next().unwrap_or_default().to_string()
 }
 
-fn active(p: &Pod) -> bool {
+pub(crate) fn active(p: &Pod) -> bool {
     p.labels().get(ROLE).is_some_and(|r| r == "active")
 }
 
@@ -72,7 +72,7 @@ fn ready(p: &Pod) -> bool {
 
 impl Invariant {
     /// Watches the pods selected by `labels` and records the highest number ever labelled active.
-    fn watch(env: &TestEnv, labels: &str) -> Invariant {
+    pub(crate) fn watch(env: &TestEnv, labels: &str) -> Invariant {
         let api: Api<Pod> = env.api();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let out = seen.clone();
@@ -123,7 +123,7 @@ impl Invariant {
             .collect()
     }
 
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         let s = self.seen.lock().unwrap();
         assert!(
             s.max_active <= 1,
@@ -155,7 +155,7 @@ fn deployment(name: &str, replicas: i32, image: &str) -> Deployment {
 }
 
 /// Waits until `n` pods selected by `labels` are Ready.
-async fn wait_ready(env: &TestEnv, labels: &str, n: usize) {
+pub(crate) async fn wait_ready(env: &TestEnv, labels: &str, n: usize) {
     let pods: Api<Pod> = env.api();
     eventually(&format!("{n} pods Ready"), DEADLINE, || async {
         let list = pods
@@ -169,7 +169,7 @@ async fn wait_ready(env: &TestEnv, labels: &str, n: usize) {
 
 /// Waits until exactly one pod is active and every other Ready pod is standby; returns the
 /// active pod.
-async fn one_active(env: &TestEnv, inv: &Invariant, labels: &str) -> Pod {
+pub(crate) async fn one_active(env: &TestEnv, inv: &Invariant, labels: &str) -> Pod {
     let pods: Api<Pod> = env.api();
     let active = eventually(
         "exactly one active pod, the others standby",

@@ -1,6 +1,7 @@
 //! What every end-to-end test needs: the shared cluster, a namespace of its own, polling.
 
 pub mod agent;
+pub mod node;
 pub mod operator;
 pub mod standin;
 
@@ -38,7 +39,7 @@ impl Cluster {
         }
         let script = repo_root().join("e2e/cluster.sh");
         let out = Command::new(&script)
-            .arg("up")
+            .args(["up", "--node"])
             .stderr(std::process::Stdio::inherit())
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));

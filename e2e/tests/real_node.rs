@@ -1,0 +1,454 @@
+//! On the harness's real node (containerd + kubelet, `e2e/cluster.sh up --node`): the image the
+//! Dockerfile describes, the chart's operator running in the cluster, single-active pods that
+//! are real processes, and `arbiter run` as a pod's entrypoint. What kwok only pretends:
+//! in-cluster config, probes, the downward API, the kubelet's SIGTERM.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbiter::api::OLDEST_EMULATION_VERSION as OEV;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::chart::{chart, run_helm};
+use crate::single_active::{Invariant, one_active, wait_ready};
+use crate::support::agent::{Entry, WORKLOAD, read_log};
+use crate::support::node::{self, AGENT_IMAGE, ARBITER_IMAGE, BUSYBOX_IMAGE};
+use crate::support::operator::{Operator, Responder, create_candidate, wait_for_holder};
+use crate::support::{TestEnv, eventually, repo_root};
+
+crate::tests![real_node:
+    the_image_is_the_dockerfiles_final_stage_and_runs,
+    the_charts_operator_runs_in_the_cluster_and_fails_over,
+    single_active_routes_a_service_to_one_real_pod_and_eviction_moves_it,
+    a_deleted_agent_pods_workload_stops_before_the_next_starts,
+];
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+async fn create<K>(env: &TestEnv, obj: Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let obj: K = serde_json::from_value(obj).unwrap();
+    env.api::<K>()
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {obj:?}: {e}"))
+}
+
+/// Waits for a pod to finish (Succeeded or Failed); returns its phase.
+async fn finished(env: &TestEnv, name: &str) -> String {
+    let pods: Api<Pod> = env.api();
+    eventually(&format!("pod {name} to finish"), DEADLINE, || async {
+        let phase = pods.get(name).await.ok()?.status?.phase?;
+        matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+    })
+    .await
+}
+
+/// The final stage of the Dockerfile, read on its own: (base, USER, ENTRYPOINT, CMD).
+fn dockerfile_final_stage() -> (String, String, Value, Value) {
+    let text = std::fs::read_to_string(repo_root().join("Dockerfile")).unwrap();
+    let arg_default = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("ARG {name}=")))
+            .map(str::to_string)
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let last_from = lines.iter().rposition(|l| l.starts_with("FROM ")).unwrap();
+    let stage = &lines[last_from..];
+    let mut base = stage[0]["FROM ".len()..].trim().to_string();
+    if let Some(arg) = base.strip_prefix("${").and_then(|b| b.strip_suffix('}')) {
+        base = arg_default(arg).unwrap_or_else(|| panic!("ARG {arg} has no default"));
+    }
+    let directive = |d: &str| {
+        stage
+            .iter()
+            .find_map(|l| l.strip_prefix(&format!("{d} ")))
+            .unwrap_or_else(|| panic!("no {d} in the final stage"))
+            .to_string()
+    };
+    let json = |d: &str| serde_json::from_str::<Value>(&directive(d)).unwrap();
+    (base, directive("USER"), json("ENTRYPOINT"), json("CMD"))
+}
+
+/// The image config inside a docker-archive tar.
+fn image_config(tar: &Path) -> Value {
+    let read = |member: &str| {
+        let out = Command::new("tar")
+            .arg("-xOf")
+            .arg(tar)
+            .arg(member)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "tar -xOf {} {member}", tar.display());
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let manifest = read("manifest.json");
+    read(manifest[0]["Config"].as_str().unwrap())
+}
+
+async fn the_image_is_the_dockerfiles_final_stage_and_runs(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    // `make image` builds what the Dockerfile's final stage says, nothing else: same base
+    // (scratch: one layer, the binary), same user, entrypoint and command.
+    let (base, user, entrypoint, cmd) = dockerfile_final_stage();
+    assert_eq!(base, "scratch", "the builder makes scratch images only");
+    let config = image_config(&repo_root().join("target/images/arbiter.tar"));
+    assert_eq!(config["config"]["User"], user);
+    assert_eq!(config["config"]["Entrypoint"], entrypoint);
+    assert_eq!(config["config"]["Cmd"], cmd);
+    assert_eq!(config["rootfs"]["diff_ids"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        config["config"]["Labels"]["org.opencontainers.image.version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    // And it runs, as the non-root user, on the real node.
+    let mut spec = json!({
+        "restartPolicy": "Never",
+        "containers": [{"name": "arbiter", "image": ARBITER_IMAGE, "imagePullPolicy": "Never",
+                        "args": ["--version"]}],
+    });
+    node::place(&mut spec);
+    create::<Pod>(&env, json!({"metadata": {"name": "version"}, "spec": spec})).await;
+    assert_eq!(finished(&env, "version").await, "Succeeded");
+    let pods: Api<Pod> = env.api();
+    let logs = pods.logs("version", &Default::default()).await.unwrap();
+    assert_eq!(logs.trim(), concat!("arbiter ", env!("CARGO_PKG_VERSION")));
+    let pod = pods.get("version").await.unwrap();
+    assert_eq!(pod.spec.unwrap().node_name.as_deref(), Some(node::NAME));
+}
+
+/// The holder identity of the operator's own HA lease, once some pod holds it.
+async fn operator_leader(env: &TestEnv, lease: &str) -> String {
+    let leases: Api<Lease> = env.api();
+    eventually("an operator pod to lead", DEADLINE, || async {
+        leases.get(lease).await.ok()?.spec?.holder_identity
+    })
+    .await
+}
+
+async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    let chart = chart();
+    let watch = format!("operator.watchNamespace={}", env.ns);
+    // Cluster-scoped objects (ClusterRoles) carry the release name: one per run.
+    let release = format!("live{}", std::process::id());
+    let instance = format!("app.kubernetes.io/instance={release}");
+    let ha_lease = format!("{release}-arbiter");
+    run_helm(
+        Some(&env.kubeconfig),
+        &[
+            "install",
+            &release,
+            chart.to_str().unwrap(),
+            "-n",
+            &env.ns,
+            "--set",
+            "crds.install=false",
+            "--set",
+            &watch,
+            // The image `make image` built, under the chart's default name, pulled from nowhere.
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "nodeSelector.type=real",
+            "--set",
+            "tolerations[0].key=arbiter.dev/real-node",
+            "--set",
+            "tolerations[0].operator=Exists",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    );
+    let pods: Api<Pod> = env.api();
+    let running = pods
+        .list(&ListParams::default().labels(&instance))
+        .await
+        .unwrap();
+    assert_eq!(running.items.len(), 2);
+    for p in &running.items {
+        let spec = p.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some(node::NAME));
+        assert_eq!(spec.containers[0].image.as_deref(), Some(ARBITER_IMAGE));
+        let status = p.status.as_ref().unwrap();
+        assert!(
+            status.container_statuses.as_ref().unwrap()[0].ready,
+            "{} not Ready: {status:?}",
+            p.name_any()
+        );
+    }
+    // One pod leads, through in-cluster config and the chart's ServiceAccount, and elects.
+    let leader = operator_leader(&env, &ha_lease).await;
+    let leader_pod = running
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .find(|p| leader.starts_with(p.as_str()))
+        .unwrap_or_else(|| panic!("the leader {leader} is none of the chart's pods"));
+    let _r = Responder::start(env.client.clone(), &env.ns, &["c1", "c2"]);
+    create_candidate(&env, "c1", "core", "1.31.0", Some("1.31.0"), OEV, None).await;
+    wait_for_holder(&env, "core", "c1", DEADLINE).await;
+
+    // The leading pod is deleted: the kubelet's SIGTERM makes it release, the standby leads
+    // and goes on electing (an older candidate takes over the lease).
+    pods.delete(&leader_pod, &DeleteParams::default())
+        .await
+        .unwrap();
+    let leases: Api<Lease> = env.api();
+    let next = eventually("the standby pod to lead", DEADLINE, || async {
+        let holder = leases.get(&ha_lease).await.ok()?.spec?.holder_identity?;
+        (!holder.is_empty() && !holder.starts_with(leader_pod.as_str())).then_some(holder)
+    })
+    .await;
+    assert!(
+        running
+            .items
+            .iter()
+            .any(|p| p.name_any() != leader_pod && next.starts_with(p.name_any().as_str())),
+        "{next} is not the standby pod"
+    );
+    create_candidate(&env, "c2", "core", "1.30.0", Some("1.30.0"), OEV, None).await;
+    wait_for_holder(&env, "core", "c2", DEADLINE).await;
+    run_helm(
+        Some(&env.kubeconfig),
+        &[
+            "uninstall",
+            &release,
+            "-n",
+            &env.ns,
+            "--wait",
+            "--timeout",
+            "60s",
+        ],
+    );
+}
+
+/// `curl` the Service's ClusterIP from the host (kube-proxy's rules route it).
+fn fetch(ip: &str) -> Option<String> {
+    let out = Command::new("curl")
+        .args(["-sf", "--max-time", "3", &format!("http://{ip}/")])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+async fn single_active_routes_a_service_to_one_real_pod_and_eviction_moves_it(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=web");
+    // Each pod serves its own name; SIGTERM stops the server and the pod.
+    let script = "mkdir -p /tmp/www && echo $HOSTNAME > /tmp/www/index.html && \
+                  httpd -f -p 8080 -h /tmp/www & trap 'kill $!; exit 0' TERM; wait";
+    let mut pod_spec = json!({
+        "terminationGracePeriodSeconds": 60,
+        "containers": [{
+            "name": "web", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", script],
+            "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+        }],
+    });
+    node::place(&mut pod_spec);
+    create::<Deployment>(
+        &env,
+        json!({
+            "metadata": {"name": "web", "annotations": {"arbiter.dev/single-active": "true"}},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web", "app.kubernetes.io/version": "1.0.0"}},
+                    "spec": pod_spec,
+                },
+            },
+        }),
+    )
+    .await;
+    let svc: Service = create(
+        &env,
+        json!({
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web", "arbiter.dev/role": "active"},
+                     "ports": [{"port": 80, "targetPort": 8080}]},
+        }),
+    )
+    .await;
+    let ip = svc.spec.unwrap().cluster_ip.unwrap();
+    wait_ready(&env, "app=web", 3).await;
+    let first = one_active(&env, &inv, "app=web").await;
+    // The Service routes to the active pod, and only to it.
+    eventually(
+        "the Service to answer from the active pod",
+        DEADLINE,
+        || async { (fetch(&ip)? == first.name_any()).then_some(()) },
+    )
+    .await;
+    for _ in 0..5 {
+        assert_eq!(fetch(&ip).as_deref(), Some(first.name_any().as_str()));
+    }
+
+    // Evicted: the kubelet's SIGTERM stops it (well inside its 60 s grace), another pod
+    // becomes active and the Service follows.
+    let pods: Api<Pod> = env.api();
+    pods.evict(&first.name_any(), &EvictParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the evicted pod to stop and go",
+        Duration::from_secs(30),
+        || async {
+            pods.get_opt(&first.name_any())
+                .await
+                .ok()?
+                .is_none_or(|p| p.uid() != first.uid())
+                .then_some(())
+        },
+    )
+    .await;
+    let second = one_active(&env, &inv, "app=web").await;
+    assert_ne!(second.uid(), first.uid());
+    eventually(
+        "the Service to answer from the new active pod",
+        DEADLINE,
+        || async { (fetch(&ip)? == second.name_any()).then_some(()) },
+    )
+    .await;
+    inv.check();
+}
+
+/// A ServiceAccount `agent` with what an agent needs (the chart's candidate ClusterRole's
+/// rules, as a Role).
+async fn agent_service_account(env: &TestEnv) {
+    create::<ServiceAccount>(env, json!({"metadata": {"name": "agent"}})).await;
+    create::<Role>(
+        env,
+        json!({
+            "metadata": {"name": "agent"},
+            "rules": [
+                {"apiGroups": ["arbiter.dev"], "resources": ["leasecandidates"],
+                 "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "verbs": ["get", "list", "watch", "update"]},
+            ],
+        }),
+    )
+    .await;
+    create::<RoleBinding>(
+        env,
+        json!({
+            "metadata": {"name": "agent"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
+            "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": env.ns}],
+        }),
+    )
+    .await;
+}
+
+/// A pod whose entrypoint is `arbiter run`, its identity from the downward API; the workload
+/// logs to `/shared/log`, a host directory.
+fn agent_pod(name: &str, version: &str, shared: &Path) -> Value {
+    // busybox's date has no %N: whole seconds; the order of lines is what the test reads. The
+    // kubelet reads `$$` in args as an escaped `$`.
+    let workload = WORKLOAD.replace("%s.%N", "%s").replace("$$", "$$$$");
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let mut spec = json!({
+        "serviceAccountName": "agent",
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "containers": [{
+            "name": "agent", "image": AGENT_IMAGE, "imagePullPolicy": "Never",
+            "args": ["run", "--lease", "job", "--binary-version", version,
+                     "--lease-duration", "10s", "--renew-deadline", "5s", "--retry-period", "1s",
+                     "--kill-grace", "3s",
+                     "--", "/bin/sh", "-c", workload, "workload", "/shared/log"],
+            "env": [
+                {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+                {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+                {"name": "POD_UID", "valueFrom": field("metadata.uid")},
+            ],
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        }],
+        "volumes": [{"name": "shared", "hostPath": {"path": shared.to_str().unwrap(), "type": "Directory"}}],
+    });
+    node::place(&mut spec);
+    json!({"metadata": {"name": name, "labels": {"app": "job"}}, "spec": spec})
+}
+
+async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    let _op = Operator::start(&env, &[]);
+    agent_service_account(&env).await;
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let log = shared.path().join("log");
+    create::<Pod>(&env, agent_pod("job-a", "1.30.0", shared.path())).await;
+    let first = wait_for_holder(&env, "job", "job-a", DEADLINE).await;
+    eventually("job-a's workload to start", DEADLINE, || async {
+        read_log(&log)
+            .iter()
+            .any(|e| matches!(e, Entry::Start { id, .. } if id == "job-a"))
+            .then_some(())
+    })
+    .await;
+    // A second pod of the same version stands by.
+    create::<Pod>(&env, agent_pod("job-b", "1.30.0", shared.path())).await;
+    crate::support::agent::wait_eligible(&env, "job-b").await;
+
+    // The holder's pod is deleted: the kubelet sends SIGTERM to its agent, which stops the
+    // workload and releases; only then does job-b's workload start, in a newer term.
+    let pods: Api<Pod> = env.api();
+    pods.delete("job-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = wait_for_holder(&env, "job", "job-b", DEADLINE).await;
+    let entries = eventually("job-b's workload to start", DEADLINE, || async {
+        let entries = read_log(&log);
+        entries
+            .iter()
+            .any(|e| matches!(e, Entry::Start { id, .. } if id == "job-b"))
+            .then_some(entries)
+    })
+    .await;
+    let position = |f: &dyn Fn(&Entry) -> bool| entries.iter().position(f);
+    let a_stopped = position(&|e| matches!(e, Entry::Stop { id, .. } if id == "job-a"))
+        .unwrap_or_else(|| panic!("job-a's workload never logged its stop: {entries:?}"));
+    let b_started = position(&|e| matches!(e, Entry::Start { id, .. } if id == "job-b")).unwrap();
+    assert!(
+        a_stopped < b_started,
+        "job-b started before job-a's workload stopped: {entries:?}"
+    );
+    let term = |l: &Lease| arbiter::lease::term(l);
+    assert!(term(&second) > term(&first));
+    let b_term = entries.iter().find_map(|e| match e {
+        Entry::Start { id, term, .. } if id == "job-b" => Some(*term),
+        _ => None,
+    });
+    assert_eq!(b_term, Some(term(&second)));
+    // job-a's pod ended because its agent exited, not at the end of its grace period.
+    eventually(
+        "job-a's pod to be gone",
+        Duration::from_secs(25),
+        || async { pods.get_opt("job-a").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+}

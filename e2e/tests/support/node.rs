@@ -1,0 +1,88 @@
+//! The harness's real node (`e2e/cluster.sh up --node`): containerd and a kubelet running real
+//! containers. It is tainted so only pods that ask land there; the images are the ones `make
+//! images` builds, imported into its containerd here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use serde_json::{Value, json};
+
+use super::{TestEnv, repo_root};
+
+/// The real node's name (e2e/node.sh).
+pub const NAME: &str = "arbiter-node";
+/// The image `make image` builds from the Dockerfile's final stage: the chart's default.
+pub const ARBITER_IMAGE: &str = concat!("ghcr.io/arbiter-dev/arbiter:", env!("CARGO_PKG_VERSION"));
+/// arbiter with busybox beside it, for `arbiter run -- sh -c ...` workloads (`make images`).
+pub const AGENT_IMAGE: &str = concat!("docker.io/arbiter-e2e/agent:", env!("CARGO_PKG_VERSION"));
+/// Debian's static busybox (imported by `cluster.sh up --node`).
+pub const BUSYBOX_IMAGE: &str = "docker.io/arbiter-e2e/busybox:1";
+
+/// The scheduling a pod needs to land on the real node, to merge into a pod spec.
+pub fn placement() -> Value {
+    json!({
+        "nodeSelector": {"type": "real"},
+        "tolerations": [{"key": "arbiter.dev/real-node", "operator": "Exists", "effect": "NoSchedule"}],
+    })
+}
+
+/// Merges `placement()` into a pod spec.
+pub fn place(spec: &mut Value) {
+    for (k, v) in placement().as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+}
+
+/// The cluster directory behind a harness kubeconfig (`DIR/kubeconfig`).
+fn cluster_dir(kubeconfig: &Path) -> PathBuf {
+    kubeconfig
+        .parent()
+        .expect("the kubeconfig lives in the cluster directory")
+        .to_path_buf()
+}
+
+/// Makes sure the node is there and holds the images built by `make images`; once per run.
+pub async fn ready(env: &TestEnv) {
+    static IMPORTED: OnceLock<Result<(), String>> = OnceLock::new();
+    let dir = cluster_dir(&env.kubeconfig);
+    let result = IMPORTED.get_or_init(|| {
+        if !dir.join("node").is_dir() {
+            return Err(format!(
+                "the cluster at {} has no real node: start it with `e2e/cluster.sh up --node`",
+                dir.display()
+            ));
+        }
+        let images = repo_root().join("target/images");
+        let tars = ["arbiter.tar", "agent.tar"].map(|t| images.join(t));
+        if let Some(missing) = tars.iter().find(|t| !t.is_file()) {
+            return Err(format!(
+                "{} is missing: run `make images`",
+                missing.display()
+            ));
+        }
+        let status = Command::new(repo_root().join("e2e/cluster.sh"))
+            .arg("import")
+            .arg(&dir)
+            .args(&tars)
+            .status()
+            .map_err(|e| e.to_string())?;
+        status
+            .success()
+            .then_some(())
+            .ok_or_else(|| format!("importing the images failed: {status}"))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let node = nodes.get(NAME).await.expect("the real node is registered");
+    let runtime = node
+        .status
+        .and_then(|s| s.node_info)
+        .map(|i| i.container_runtime_version)
+        .unwrap_or_default();
+    assert!(runtime.starts_with("containerd://"), "{runtime}");
+}
