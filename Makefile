@@ -53,7 +53,7 @@ crds:
 
 ## demo: the chart, the operator and three agents on a local control plane, through a rolling
 ## upgrade and a rollback; stops everything it started
-demo: setup control-plane
+demo: setup control-plane images
 	$(CARGO) test --quiet --test demo
 
 ## static: the fully static musl release binary (what the Dockerfile builds)

@@ -33,7 +33,9 @@ HELM_VERSION=v3.22.0
 PROMETHEUS_VERSION=v0.316.0
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/arbiter-e2e
 BIN_DIR=$CACHE_ROOT/$K8S_VERSION
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd kwok helm)
+# CoreDNS: the real node's cluster DNS (pods resolve Service names, as `helm test` needs).
+COREDNS_VERSION=v1.14.7
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd kwok helm coredns)
 
 # shellcheck source=e2e/node.sh
 source "$E2E_DIR/node.sh"
@@ -43,7 +45,7 @@ die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
 
 # The cache key beyond the Kubernetes version: anything that changes what we build.
 build_stamp() {
-  cat "$E2E_DIR/go.mod" "$E2E_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION version-ldflags=1") \
+  cat "$E2E_DIR/go.mod" "$E2E_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION coredns=$COREDNS_VERSION version-ldflags=1") \
     <(go env GOVERSION) | sha256sum | cut -c1-16
 }
 
@@ -61,7 +63,7 @@ cmd_build() {
   rm -f "$BIN_DIR/.stamp"
   local buildlog=$BIN_DIR/build.log start=$SECONDS
   : >"$buildlog"
-  log "building the control plane (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
+  log "building the control plane (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION, CoreDNS $COREDNS_VERSION)"
   log "first build on 2 cores takes about 15 minutes; log: $buildlog"
   # The version the API server reports (/version): without it a source build says
   # v0.0.0-master, and charts with a kubeVersion constraint (ours) refuse to install.
@@ -81,9 +83,10 @@ cmd_build() {
       || { tail -30 "$buildlog" >&2; die "building $name failed (full log: $buildlog)"; }
     mv "$BIN_DIR/$name.tmp" "$BIN_DIR/$name"
   done
-  # kwok and helm have no replace directives, so `go install module@version` builds them.
+  # kwok, helm and CoreDNS have no replace directives, so `go install module@version` builds them.
   local gobin tool
-  for tool in "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; do
+  for tool in "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
+    "github.com/coredns/coredns@$COREDNS_VERSION"; do
     name=${tool%@*}; name=${name##*/}
     log "  building $name ($((SECONDS - start))s so far)"
     gobin=$(mktemp -d)
@@ -334,7 +337,7 @@ cmd_promtool() {
 }
 
 cmd_env() {
-  echo "kubernetes=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION cache=$BIN_DIR"
+  echo "kubernetes=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION coredns=$COREDNS_VERSION cache=$BIN_DIR"
 }
 
 case ${1:-} in

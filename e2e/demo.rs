@@ -1,10 +1,10 @@
 //! `make demo`: arbiter on a local control plane, end to end, in about a minute.
 //!
-//! Starts the control plane, installs the Helm chart, runs the operator (as a local process with
-//! the chart's ServiceAccount token: kwok runs no containers), starts three agents as stand-in
-//! pods at versions 1.30.0, 1.31.0 and 1.31.0, then walks through a rolling upgrade to 1.32.0
-//! and a rollback to 1.31.0, printing `arbiter status` after each step. Everything it started is
-//! stopped when it ends.
+//! Starts the control plane with a real node (containerd and a kubelet), installs the Helm chart
+//! with the image `make image` built (the operator runs in two pods), starts three pods whose
+//! entrypoint is `arbiter run` at versions 1.30.0, 1.31.0 and 1.31.0, then walks through a
+//! rolling upgrade to 1.32.0 and a rollback to 1.31.0 that replace those pods, printing
+//! `arbiter status` after each step. Everything it started is stopped when it ends.
 
 #[path = "tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -15,12 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
-use support::operator::{Operator, wait_for_holder};
-use support::standin::StandIn;
-use support::{Cluster, TestEnv, client_for, eventually, repo_root};
+use serde_json::json;
+use support::operator::wait_for_holder;
+use support::{Cluster, TestEnv, client_for, eventually, node, repo_root};
 
 const NS: &str = "demo";
 const LEASE: &str = "payments-controller";
@@ -63,22 +64,17 @@ fn helm(kubeconfig: &Path, args: &[&str]) {
 }
 
 struct Replica {
-    pod: StandIn,
     version: &'static str,
 }
 
-async fn start_replica(
-    client: &Client,
-    kubeconfig: &Path,
-    name: &str,
-    version: &'static str,
-    log: &Path,
-) -> Replica {
+/// A pod on the real node running `arbiter run` at `version`; its workload logs to the shared
+/// host directory.
+async fn start_replica(client: &Client, name: &str, version: &'static str) -> Replica {
+    // `$(date +%T)` is left alone by the kubelet (not a `$(VAR)` reference).
     let script = format!(
-        "exec 2>/dev/null; echo \"$(date +%T) $ARBITER_IDENTITY ({version}) started, term $ARBITER_TERM\" >> {log}; \
-         trap 'echo \"$(date +%T) $ARBITER_IDENTITY ({version}) stopped\" >> {log}; exit 0' TERM; \
-         while :; do sleep 0.1; done",
-        log = log.display()
+        "exec 2>/dev/null; echo \"$(date +%T) $ARBITER_IDENTITY ({version}) started, term $ARBITER_TERM\" >> /shared/workload.log; \
+         trap 'echo \"$(date +%T) $ARBITER_IDENTITY ({version}) stopped\" >> /shared/workload.log; exit 0' TERM; \
+         while :; do sleep 0.1; done"
     );
     let args = [
         "run",
@@ -95,33 +91,42 @@ async fn start_replica(
         "--kill-grace",
         "1s",
         "--",
-        "sh",
+        "/bin/sh",
         "-c",
         &script,
     ];
-    let labels = BTreeMap::from([("app".to_string(), "payments".to_string())]);
-    let envs = [
-        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
-        ("RUST_LOG", "error"),
-    ];
-    let pod =
-        StandIn::spawn_with_env(client.clone(), NS, name, labels, 5, ARBITER, &args, &envs).await;
-    Replica { pod, version }
+    let shared = SHARED.get().unwrap();
+    let pod = node::agent_pod(
+        name,
+        json!({"app": "payments"}),
+        "payments",
+        &args,
+        shared.path(),
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .unwrap();
+    Replica { version }
 }
+
+/// The host directory the replicas' workloads log to.
+static SHARED: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
 
 async fn replace(
     client: &Client,
-    kubeconfig: &Path,
     replicas: &mut BTreeMap<String, Replica>,
     name: &str,
     version: &'static str,
-    log: &Path,
 ) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     if let Some(old) = replicas.remove(name) {
         println!("replacing {name} ({} -> {version})", old.version);
+        // The kubelet sends the agent SIGTERM: it stops its workload, releases if it led, exits.
         pods.delete(name, &DeleteParams::default()).await.unwrap();
-        old.pod.wait_exit(Duration::from_secs(30)).await;
         eventually(
             "the old pod to be gone",
             Duration::from_secs(30),
@@ -129,10 +134,7 @@ async fn replace(
         )
         .await;
     }
-    replicas.insert(
-        name.into(),
-        start_replica(client, kubeconfig, name, version, log).await,
-    );
+    replicas.insert(name.into(), start_replica(client, name, version).await);
 }
 
 fn show_log(log: &Path, from: &mut usize) {
@@ -156,37 +158,51 @@ async fn settle(client: &Client, holder: &str) {
 
 fn main() {
     step(
-        "Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)",
+        "Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler) and a real node (containerd, kubelet)",
     );
     println!("(the first run builds Kubernetes from source: about 15 minutes on 2 cores)");
+    let images = repo_root().join("target/images");
+    assert!(
+        images.join("agent.tar").is_file(),
+        "run `make images` first (`make demo` does)"
+    );
     let cluster = Cluster::start_or_reuse();
     let kubeconfig = cluster.kubeconfig.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = client_for(&kubeconfig).await;
 
-        step("helm install arbiter charts/arbiter -n arbiter-system --create-namespace");
-        helm(&kubeconfig, &["install", "arbiter", "charts/arbiter", "-n", "arbiter-system", "--create-namespace", "--wait", "--timeout", "60s"]);
+        node::ready(&TestEnv { client: client.clone(), ns: NS.into(), kubeconfig: kubeconfig.clone() }).await;
 
-        step("Running the operator with the chart's ServiceAccount (kwok runs no containers)");
-        let dir = tempfile::tempdir().unwrap();
-        let sa_kubeconfig = support::service_account_kubeconfig(&client, &kubeconfig, "arbiter-system", "arbiter", dir.path()).await;
-        let _operator = Operator::start_args(
-            &sa_kubeconfig,
-            &["--namespace", "arbiter-system", "--leader-election-lease", "arbiter", "--lease-duration", "6s", "--metrics-address", "127.0.0.1:0"],
-        );
+        step("helm install arbiter charts/arbiter -n arbiter-system --create-namespace  (on the real node)");
+        helm(&kubeconfig, &["install", "arbiter", "charts/arbiter", "-n", "arbiter-system", "--create-namespace",
+            "--set", "image.pullPolicy=Never", "--set", "nodeSelector.type=real",
+            "--set", "tolerations[0].key=arbiter.dev/real-node", "--set", "tolerations[0].operator=Exists",
+            "--set", "operator.leaseDuration=6s", "--wait", "--timeout", "120s"]);
+        Command::new("kubectl").args(["get", "pods", "-n", "arbiter-system", "-o", "wide"]).env("KUBECONFIG", &kubeconfig).status().unwrap();
+        println!("-> two operator pods from the image `make image` built; one leads, one stands by.");
 
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let mut ns = Namespace::default();
         ns.metadata.name = Some(NS.into());
         namespaces.create(&PostParams::default(), &ns).await.unwrap();
-        let log = dir.path().join("workload.log");
+        // The replicas' identity: a ServiceAccount bound to the chart's agent ClusterRole.
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "payments"}})).unwrap();
+        Api::<ServiceAccount>::namespaced(client.clone(), NS).create(&PostParams::default(), &sa).await.unwrap();
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": "payments-arbiter-candidate"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "arbiter-candidate"},
+            "subjects": [{"kind": "ServiceAccount", "name": "payments", "namespace": NS}],
+        })).unwrap();
+        Api::<RoleBinding>::namespaced(client.clone(), NS).create(&PostParams::default(), &binding).await.unwrap();
+        SHARED.set(node::shared_dir()).ok();
+        let log = SHARED.get().unwrap().path().join("workload.log");
         let mut seen = 0;
 
-        step("Three replicas under `arbiter run`: payments-0 at 1.30.0, payments-1 and payments-2 at 1.31.0");
+        step("Three pods running `arbiter run`: payments-0 at 1.30.0, payments-1 and payments-2 at 1.31.0");
         let mut replicas = BTreeMap::new();
         for (name, version) in [("payments-0", "1.30.0"), ("payments-1", "1.31.0"), ("payments-2", "1.31.0")] {
-            replicas.insert(name.to_string(), start_replica(&client, &kubeconfig, name, version, &log).await);
+            replicas.insert(name.to_string(), start_replica(&client, name, version).await);
         }
         settle(&client, "payments-0").await;
         status(&kubeconfig);
@@ -195,13 +211,13 @@ fn main() {
 
         step("Rolling upgrade to 1.32.0, one replica at a time");
         for (name, holder) in [("payments-2", "payments-0"), ("payments-1", "payments-0")] {
-            replace(&client, &kubeconfig, &mut replicas, name, "1.32.0", &log).await;
+            replace(&client, &mut replicas, name, "1.32.0").await;
             settle(&client, holder).await;
             status(&kubeconfig);
             show_log(&log, &mut seen);
         }
         println!("-> while a 1.30.0 replica runs, no 1.32.0 replica leads.");
-        replace(&client, &kubeconfig, &mut replicas, "payments-0", "1.32.0", &log).await;
+        replace(&client, &mut replicas, "payments-0", "1.32.0").await;
         let api: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), NS);
         let holder = eventually("a 1.32.0 holder", Duration::from_secs(60), || async {
             let l = api.get(LEASE).await.ok()?;
@@ -215,13 +231,19 @@ fn main() {
 
         step("Rollback to 1.31.0: the first 1.31.0 replica takes over by handover");
         let standby = replicas.keys().find(|n| **n != holder).unwrap().clone();
-        replace(&client, &kubeconfig, &mut replicas, &standby, "1.31.0", &log).await;
+        replace(&client, &mut replicas, &standby, "1.31.0").await;
         settle(&client, &standby).await;
         status(&kubeconfig);
         show_log(&log, &mut seen);
         println!("-> the older version leads again at once: the 1.32.0 holder handed over (no lease expiry).");
 
         step("Cleaning up");
+        Api::<Namespace>::all(client.clone()).delete(NS, &DeleteParams::default()).await.unwrap();
+        eventually("the replicas' pods to stop", Duration::from_secs(60), || async {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+            pods.list(&Default::default()).await.ok()?.items.is_empty().then_some(())
+        })
+        .await;
         drop(replicas);
         helm(&kubeconfig, &["uninstall", "arbiter", "-n", "arbiter-system"]);
     });

@@ -38,8 +38,8 @@ node_build_images() {
   python3 "$E2E_DIR/images/build_image.py" --tag "$PAUSE_IMAGE" --out "$out/pause.tar" \
     --add /pause="$out/pause/pause" --entrypoint '["/pause"]' --user 65535:65535
   local links=() applet
-  for applet in sh sleep httpd wget cat echo kill ls date test true false mkdir rm; do
-    links+=(--link "/bin/$applet=busybox")
+  for applet in $(/bin/busybox --list); do
+    [[ $applet == busybox ]] || links+=(--link "/bin/$applet=busybox")
   done
   python3 "$E2E_DIR/images/build_image.py" --tag "$BUSYBOX_IMAGE" --out "$out/busybox.tar" \
     --add /bin/busybox=/bin/busybox "${links[@]}" --entrypoint '["/bin/sh"]'
@@ -140,6 +140,7 @@ port: $kubelet_port
 readOnlyPort: 0
 healthzPort: 0
 clusterDomain: cluster.local
+clusterDNS: [$NODE_GATEWAY]
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -171,10 +172,26 @@ conntrack: {maxPerCore: 0}
 EOF
   start kube-proxy "$bin/kube-proxy" --config "$n/kube-proxy.yaml" -v 2
 
+  # Cluster DNS for pods: CoreDNS on the bridge's address, answering for cluster.local only
+  # (nothing is forwarded: the machine has no resolver to forward to).
+  cat >"$n/Corefile" <<EOF
+.:53 {
+    bind $NODE_GATEWAY
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $DIR/kubeconfig arbiter-e2e
+        pods insecure
+    }
+    cache 5
+}
+EOF
+  start coredns "$bin/coredns" -conf "$n/Corefile"
+
   local k=(kubectl --kubeconfig "$DIR/kubeconfig")
   wait_for "node $NODE_NAME to be Ready" kubelet 120 \
     "${k[@]}" wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
   check_alive kube-proxy
+  check_alive coredns
 }
 
 # Stop what the node runs, then the node: every container (so no workload outlives the

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use crate::chart::{chart, run_helm};
 use crate::single_active::{Invariant, one_active, wait_ready};
 use crate::support::agent::{Entry, WORKLOAD, read_log};
-use crate::support::node::{self, AGENT_IMAGE, ARBITER_IMAGE, BUSYBOX_IMAGE};
+use crate::support::node::{self, ARBITER_IMAGE, BUSYBOX_IMAGE};
 use crate::support::operator::{Operator, Responder, create_candidate, wait_for_holder};
 use crate::support::{TestEnv, eventually, repo_root};
 
@@ -170,6 +170,9 @@ async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv
             "tolerations[0].key=arbiter.dev/real-node",
             "--set",
             "tolerations[0].operator=Exists",
+            // `helm test`'s pod: busybox, from the node's own images.
+            "--set",
+            &format!("test.image={BUSYBOX_IMAGE}"),
             "--wait",
             "--timeout",
             "120s",
@@ -200,6 +203,11 @@ async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv
         .map(|p| p.name_any())
         .find(|p| leader.starts_with(p.as_str()))
         .unwrap_or_else(|| panic!("the leader {leader} is none of the chart's pods"));
+    // `helm test`: a pod resolves the metrics Service by name (cluster DNS) and gets /readyz.
+    run_helm(
+        Some(&env.kubeconfig),
+        &["test", &release, "-n", &env.ns, "--timeout", "60s"],
+    );
     let _r = Responder::start(env.client.clone(), &env.ns, &["c1", "c2"]);
     create_candidate(&env, "c1", "core", "1.31.0", Some("1.31.0"), OEV, None).await;
     wait_for_holder(&env, "core", "c1", DEADLINE).await;
@@ -360,46 +368,41 @@ async fn agent_service_account(env: &TestEnv) {
     .await;
 }
 
-/// A pod whose entrypoint is `arbiter run`, its identity from the downward API; the workload
-/// logs to `/shared/log`, a host directory.
+/// A pod whose entrypoint is `arbiter run`; the workload logs to `/shared/log`, a host
+/// directory.
 fn agent_pod(name: &str, version: &str, shared: &Path) -> Value {
     // busybox's date has no %N: whole seconds; the order of lines is what the test reads. The
     // kubelet reads `$$` in args as an escaped `$`.
     let workload = WORKLOAD.replace("%s.%N", "%s").replace("$$", "$$$$");
-    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
-    let mut spec = json!({
-        "serviceAccountName": "agent",
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 30,
-        "containers": [{
-            "name": "agent", "image": AGENT_IMAGE, "imagePullPolicy": "Never",
-            "args": ["run", "--lease", "job", "--binary-version", version,
-                     "--lease-duration", "10s", "--renew-deadline", "5s", "--retry-period", "1s",
-                     "--kill-grace", "3s",
-                     "--", "/bin/sh", "-c", workload, "workload", "/shared/log"],
-            "env": [
-                {"name": "POD_NAME", "valueFrom": field("metadata.name")},
-                {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
-                {"name": "POD_UID", "valueFrom": field("metadata.uid")},
-            ],
-            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
-        }],
-        "volumes": [{"name": "shared", "hostPath": {"path": shared.to_str().unwrap(), "type": "Directory"}}],
-    });
-    node::place(&mut spec);
-    json!({"metadata": {"name": name, "labels": {"app": "job"}}, "spec": spec})
+    let args = [
+        "run",
+        "--lease",
+        "job",
+        "--binary-version",
+        version,
+        "--lease-duration",
+        "10s",
+        "--renew-deadline",
+        "5s",
+        "--retry-period",
+        "1s",
+        "--kill-grace",
+        "3s",
+        "--",
+        "/bin/sh",
+        "-c",
+        &workload,
+        "workload",
+        "/shared/log",
+    ];
+    node::agent_pod(name, json!({"app": "job"}), "agent", &args, shared)
 }
 
 async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<TestEnv>) {
     node::ready(&env).await;
     let _op = Operator::start(&env, &[]);
     agent_service_account(&env).await;
-    let shared = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        shared.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    let shared = node::shared_dir();
     let log = shared.path().join("log");
     create::<Pod>(&env, agent_pod("job-a", "1.30.0", shared.path())).await;
     let first = wait_for_holder(&env, "job", "job-a", DEADLINE).await;

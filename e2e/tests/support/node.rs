@@ -86,3 +86,39 @@ pub async fn ready(env: &TestEnv) {
         .unwrap_or_default();
     assert!(runtime.starts_with("containerd://"), "{runtime}");
 }
+
+/// A pod on the real node whose entrypoint is `arbiter ARGS...` (the agent image), with its
+/// identity from the downward API (POD_NAME, POD_NAMESPACE, POD_UID), running as
+/// ServiceAccount `sa`, with the host directory `shared` mounted at `/shared`.
+pub fn agent_pod(name: &str, labels: Value, sa: &str, args: &[&str], shared: &Path) -> Value {
+    let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
+    let mut spec = json!({
+        "serviceAccountName": sa,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "containers": [{
+            "name": "agent", "image": AGENT_IMAGE, "imagePullPolicy": "Never",
+            "args": args,
+            "env": [
+                {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+                {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+                {"name": "POD_UID", "valueFrom": field("metadata.uid")},
+            ],
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        }],
+        "volumes": [{"name": "shared", "hostPath": {"path": shared.to_str().unwrap(), "type": "Directory"}}],
+    });
+    place(&mut spec);
+    json!({"metadata": {"name": name, "labels": labels}, "spec": spec})
+}
+
+/// A host directory pods on the node can write to (they run as a non-root user).
+pub fn shared_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    dir
+}
