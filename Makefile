@@ -78,7 +78,7 @@ image: static
 images: image
 	$(BUILD_IMAGE) --tag arbiter-e2e/agent:$(VERSION) --out target/images/agent.tar \
 	  --add /arbiter=target/$(STATIC_TARGET)/release/arbiter --add /bin/busybox=/bin/busybox \
-	  --link /bin/sh=busybox --link /bin/sleep=busybox --link /bin/date=busybox \
+	  --link /bin/sh=busybox --link /bin/sleep=busybox --link /bin/date=busybox --link /bin/timeout=busybox \
 	  --entrypoint '["/arbiter"]' --user 65532:65532
 
 ## static-arm64: the static arm64 binary, cross-compiled

@@ -152,6 +152,12 @@ async fn settle(client: &Client, holder: &str) {
         kubeconfig: PathBuf::new(),
     };
     wait_for_holder(&env, LEASE, holder, Duration::from_secs(60)).await;
+    // Every replica has registered (a replaced pod's agent takes a moment to start).
+    let candidates: Api<arbiter::api::LeaseCandidate> = Api::namespaced(client.clone(), NS);
+    eventually("three candidates", Duration::from_secs(60), || async {
+        (candidates.list(&Default::default()).await.ok()?.items.len() == 3).then_some(())
+    })
+    .await;
     // Let the workload log catch up with the new holder.
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
