@@ -172,7 +172,7 @@ fn main() {
         images.join("agent.tar").is_file(),
         "run `make images` first (`make demo` does)"
     );
-    let cluster = Cluster::start_or_reuse();
+    let cluster = Cluster::start_or_reuse_with_node();
     let kubeconfig = cluster.kubeconfig.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {

@@ -55,7 +55,7 @@ fn main() {
     // The tests mostly wait on the API server, so run more of them than there are cores.
     args.test_threads.get_or_insert(6);
     let listing = args.list;
-    let cluster = (!listing).then(Cluster::start_or_reuse);
+    let cluster = (!listing).then(Cluster::start_or_reuse_with_node);
     let kubeconfig: Option<Arc<PathBuf>> = cluster.as_ref().map(|c| Arc::new(c.kubeconfig.clone()));
 
     if let Some(path) = &kubeconfig {

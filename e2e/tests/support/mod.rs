@@ -30,7 +30,17 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster without the real node (chaos, bench).
     pub fn start_or_reuse() -> Cluster {
+        Self::start(false)
+    }
+
+    /// A cluster with the real node (`cluster.sh up --node`): the e2e suite and the demo.
+    pub fn start_or_reuse_with_node() -> Cluster {
+        Self::start(true)
+    }
+
+    fn start(node: bool) -> Cluster {
         if let Some(path) = std::env::var_os("ARBITER_E2E_KUBECONFIG") {
             return Cluster {
                 kubeconfig: path.into(),
@@ -39,7 +49,8 @@ impl Cluster {
         }
         let script = repo_root().join("e2e/cluster.sh");
         let out = Command::new(&script)
-            .args(["up", "--node"])
+            .arg("up")
+            .args(node.then_some("--node"))
             .stderr(std::process::Stdio::inherit())
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
