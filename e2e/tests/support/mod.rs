@@ -31,6 +31,7 @@ pub struct Cluster {
 
 impl Cluster {
     /// A cluster without the real node (chaos, bench).
+    #[allow(dead_code)] // used by the chaos and bench binaries only
     pub fn start_or_reuse() -> Cluster {
         Self::start(false)
     }
