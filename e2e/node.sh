@@ -216,7 +216,24 @@ node_down_host() {
   while read -r m; do umount -l "$m" 2>/dev/null || true; done \
     < <(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r)
   if [[ $(cat "$NODE_OWNER" 2>/dev/null) == "$dir" ]]; then
+    node_remove_kube_chains
     ip link del "$NODE_BRIDGE" 2>/dev/null || true
     rm -f "$NODE_OWNER"
   fi
+}
+
+# What `kube-proxy --cleanup` leaves: the kubelet's own chains (KUBE-FIREWALL,
+# KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT) and the rules jumping to them.
+node_remove_kube_chains() {
+  local table rule chain
+  for table in filter nat mangle; do
+    while read -r rule; do
+      # shellcheck disable=SC2086 # the saved rule's words are iptables arguments
+      iptables -t "$table" ${rule/-A /-D } 2>/dev/null || true
+    done < <(iptables-save -t "$table" 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' || true)
+    while read -r chain; do
+      iptables -t "$table" -F "$chain" 2>/dev/null || true
+      iptables -t "$table" -X "$chain" 2>/dev/null || true
+    done < <(iptables-save -t "$table" 2>/dev/null | awk '/^:KUBE-/ {print substr($1, 2)}')
+  done
 }
