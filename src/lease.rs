@@ -23,6 +23,15 @@ pub const STRATEGY_ANNOTATION: &str = "arbiter.dev/strategy";
 pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 /// The holding agent's process incarnation (a random id per start).
 pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
+
+/// What a candidate process writes to its container's termination log when it starts (see
+/// [`crate::candidate::Candidate::termination_log`]). When the container ends, the kubelet
+/// copies the file into the pod's status (`state.terminated.message`, then
+/// `lastState.terminated.message` once it restarts): proof, tied to this very process, that it
+/// and everything in its container are gone.
+pub fn termination_message(incarnation: &str) -> String {
+    format!("arbiter incarnation {incarnation}")
+}
 /// Who last released the lease (set with `holderIdentity: ""`, cleared on assignment).
 pub const RELEASED_BY_ANNOTATION: &str = "arbiter.dev/released-by";
 /// On a Lease: a planned switchover asked for by `arbiter handover` (the target candidate, or

@@ -168,9 +168,12 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
             .find(|l| l.starts_with(name))
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
     };
+    // Two leader changes: the first holder (no term before it) and the handover (a release).
     let metrics = eventually("two leader changes in the metrics", DEADLINE, || async {
         let m = op.http_get("/metrics").await;
-        (value(&m, "arbiter_leader_changes_total") == Some(2.0)).then_some(m)
+        (value(&m, r#"arbiter_leader_changes_total{reason="new"}"#) == Some(1.0)
+            && value(&m, r#"arbiter_leader_changes_total{reason="released"}"#) == Some(1.0))
+        .then_some(m)
     })
     .await;
     assert_eq!(

@@ -29,6 +29,7 @@ crate::tests![real_node:
     the_charts_operator_runs_in_the_cluster_and_fails_over,
     single_active_routes_a_service_to_one_real_pod_and_eviction_moves_it,
     a_deleted_agent_pods_workload_stops_before_the_next_starts,
+    a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -371,19 +372,22 @@ async fn agent_service_account(env: &TestEnv) {
 /// A pod whose entrypoint is `arbiter run`; the workload logs to `/shared/log`, a host
 /// directory.
 fn agent_pod(name: &str, version: &str, shared: &Path) -> Value {
+    agent_pod_with(
+        name,
+        version,
+        shared,
+        &["--lease-duration", "10s", "--renew-deadline", "5s"],
+    )
+}
+
+/// [`agent_pod`] with other timings.
+fn agent_pod_with(name: &str, version: &str, shared: &Path, timings: &[&str]) -> Value {
     // busybox's date has no %N: whole seconds; the order of lines is what the test reads. The
     // kubelet reads `$$` in args as an escaped `$`.
     let workload = WORKLOAD.replace("%s.%N", "%s").replace("$$", "$$$$");
-    let args = [
-        "run",
-        "--lease",
-        "job",
-        "--binary-version",
-        version,
-        "--lease-duration",
-        "10s",
-        "--renew-deadline",
-        "5s",
+    let mut args = vec!["run", "--lease", "job", "--binary-version", version];
+    args.extend_from_slice(timings);
+    args.extend_from_slice(&[
         "--retry-period",
         "1s",
         "--kill-grace",
@@ -391,10 +395,8 @@ fn agent_pod(name: &str, version: &str, shared: &Path) -> Value {
         "--",
         "/bin/sh",
         "-c",
-        &workload,
-        "workload",
-        "/shared/log",
-    ];
+    ]);
+    args.extend_from_slice(&[&workload, "workload", "/shared/log"]);
     node::agent_pod(name, json!({"app": "job"}), "agent", &args, shared)
 }
 
@@ -452,6 +454,114 @@ async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<Tes
         "job-a's pod to be gone",
         Duration::from_secs(25),
         || async { pods.get_opt("job-a").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+}
+
+/// The running container's id (`containerd://...`) of a pod's only container.
+async fn container_id(env: &TestEnv, pod: &str) -> String {
+    let pods: Api<Pod> = env.api();
+    eventually(&format!("{pod}'s container to run"), DEADLINE, || async {
+        let p = pods.get(pod).await.ok()?;
+        let c = p.status?.container_statuses?.into_iter().next()?;
+        c.state?.running?;
+        c.container_id
+    })
+    .await
+}
+
+async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry(
+    env: Arc<TestEnv>,
+) {
+    node::ready(&env).await;
+    let op = Operator::start(&env, &[]);
+    agent_service_account(&env).await;
+    let shared = node::shared_dir();
+    let log = shared.path().join("log");
+    // A minute's lease: a new term within 40 s of the crash cannot come from expiry.
+    let timings = ["--lease-duration", "60s", "--renew-deadline", "20s"];
+    for (name, version) in [("job-a", "1.30.0"), ("job-b", "1.31.0")] {
+        let mut pod = agent_pod_with(name, version, shared.path(), &timings);
+        pod["spec"]["restartPolicy"] = json!("Always");
+        create::<Pod>(&env, pod).await;
+    }
+    let first = wait_for_holder(&env, "job", "job-a", DEADLINE).await;
+    let started = |who: &'static str, term: i32| {
+        let log = log.clone();
+        async move {
+            read_log(&log)
+                .iter()
+                .any(|e| matches!(e, Entry::Start { id, term: t, .. } if id == who && *t == term))
+                .then_some(())
+        }
+    };
+    let term1 = arbiter::lease::term(&first);
+    eventually("job-a's workload to start", DEADLINE, || {
+        started("job-a", term1)
+    })
+    .await;
+    crate::support::agent::wait_eligible(&env, "job-b").await;
+
+    // SIGKILL job-a's agent (its container's first process): the container ends, the kubelet
+    // restarts it and reports the end with the message the agent wrote when it started.
+    let id = container_id(&env, "job-a").await;
+    let doomed = node::container_pids(&env, &id);
+    assert!(doomed.len() >= 2, "the agent and its workload: {doomed:?}");
+    let killed = std::time::Instant::now();
+    let status = Command::new("kill")
+        .args(["-KILL", &doomed[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let leases: Api<Lease> = env.api();
+    let next = eventually("a new term", Duration::from_secs(40), || async {
+        let l = leases.get("job").await.ok()?;
+        (arbiter::lease::term(&l) > term1 && arbiter::lease::holder(&l).is_some()).then_some(l)
+    })
+    .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(45),
+        "the new term came from the container's restart, not expiry"
+    );
+    // Nothing of the old container still ran when the next term was given.
+    let survivors: Vec<i32> = doomed
+        .iter()
+        .copied()
+        .filter(|p| crate::support::agent::alive(*p))
+        .collect();
+    assert!(survivors.is_empty(), "still running: {survivors:?}");
+    // The restarted agent (job-a, still the oldest version) leads again in a new term.
+    assert_eq!(arbiter::lease::holder(&next), Some("job-a"));
+    let term2 = arbiter::lease::term(&next);
+    eventually("job-a's workload to start again", DEADLINE, || {
+        started("job-a", term2)
+    })
+    .await;
+    let pods: Api<Pod> = env.api();
+    let restarted = pods.get("job-a").await.unwrap();
+    let c = &restarted.status.unwrap().container_statuses.unwrap()[0];
+    assert!(c.restart_count >= 1);
+    let message = c
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.message.clone())
+        .unwrap_or_default();
+    assert!(message.starts_with("arbiter incarnation "), "{message:?}");
+    // Counted as such.
+    eventually(
+        "the leader change counted as a container restart",
+        DEADLINE,
+        || async {
+            op.http_get("/metrics")
+                .await
+                .lines()
+                .any(|l| {
+                    l.starts_with(r#"arbiter_leader_changes_total{reason="container_restarted"} "#)
+                })
+                .then_some(())
+        },
     )
     .await;
 }

@@ -74,6 +74,11 @@ pub struct Settings {
     /// The Pod's uid, to make the candidate owned by (and deleted with) the Pod.
     #[arg(long, env = "POD_UID", hide_env_values = true)]
     pub pod_uid: Option<String>,
+    /// The container's termination log: the agent records its incarnation there when it
+    /// starts, so that the arbiter hands the lease on as soon as the kubelet reports the
+    /// container ended (instead of at expiry). Written only if the file exists; "" to disable.
+    #[arg(long, default_value = "/dev/termination-log")]
+    pub termination_log: std::path::PathBuf,
     /// The command to run while leading.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
@@ -135,6 +140,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     }
     if let Some(uid) = &settings.pod_uid {
         builder = builder.pod(&settings.identity, uid);
+    }
+    if !settings.termination_log.as_os_str().is_empty() {
+        builder = builder.termination_log(&settings.termination_log);
     }
     reaper::start_if_init();
     let shutdown = shutdown_signal();

@@ -487,6 +487,30 @@ impl Worker {
             p.pod_stopped |= withdrew;
             p
         });
+        // The process that took the holder's term (the incarnation its renew recorded) ended
+        // with its container: the kubelet reported the termination message it wrote.
+        let process_ended = observed.is_some_and(|(l, _)| {
+            let Some(holder) = lease::holder(l) else {
+                return false;
+            };
+            let incarnation = match self.held.incarnation(key) {
+                Some((h, i)) if h == holder => Some(i),
+                _ => l.annotations().get(INCARNATION_ANNOTATION).map(String::as_str),
+            };
+            let pod = holder_candidate.and_then(|c| self.pod_of(c));
+            matches!((incarnation, pod), (Some(i), Some(pod)) if super::stopped::incarnation_ended(&pod, i))
+        });
+        // Why the holder's term ended, for the leader-change metric if a new one is assigned.
+        let mut term_ended = previous
+            .as_ref()
+            .map(|p| {
+                if p.pod_stopped {
+                    "pod_stopped"
+                } else {
+                    "expired"
+                }
+            })
+            .unwrap_or("new");
         let lease_view = observed.map(|(l, unchanged_for)| {
             let holder = lease::holder(l).map(str::to_string);
             let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
@@ -499,15 +523,25 @@ impl Worker {
                     Some((longest, None)) => (longest.max(written), false),
                     None => (written, self.holder_pod_stopped(l)),
                 };
-            let pod_stopped = pod_stopped
-                || (withdrew && self.held.incarnation(key).map(|(h, _)| h) == holder.as_deref());
+            let withdrew =
+                withdrew && self.held.incarnation(key).map(|(h, _)| h) == holder.as_deref();
+            let released_by = lease::released_by(l);
+            term_ended = match () {
+                _ if holder.is_none() && released_by.is_some() => "released",
+                _ if holder.is_none() => term_ended,
+                _ if withdrew => "released",
+                _ if pod_stopped => "pod_stopped",
+                _ if process_ended => "container_restarted",
+                _ => "expired",
+            };
+            let pod_stopped = pod_stopped || withdrew || process_ended;
             decide::Lease {
                 holder,
                 preferred_holder: lease::preferred_holder(l).map(str::to_string),
                 strategy: lease::strategy(l).map(str::to_string),
                 duration,
                 unchanged_for,
-                released_by: lease::released_by(l).map(str::to_string),
+                released_by: released_by.map(str::to_string),
                 holder_pod_stopped: pod_stopped,
                 acquired: l
                     .spec
@@ -705,6 +739,7 @@ impl Worker {
             term,
             &duplicates,
             &overruns,
+            term_ended,
         )
         .await;
 
@@ -1148,6 +1183,7 @@ async fn report(
     term: i32,
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
+    term_ended: &str,
 ) {
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
@@ -1276,7 +1312,12 @@ async fn report(
                 ..
             }
     ) {
-        metrics.leader_changes.inc();
+        metrics
+            .leader_changes
+            .get_or_create(&super::metrics::ReasonLabels {
+                reason: term_ended.to_string(),
+            })
+            .inc();
     }
 }
 

@@ -23,6 +23,13 @@ pub struct LeaseLabels {
     pub lease: String,
 }
 
+/// Why the previous holder's term ended, for a leader change: `new` (no holder before),
+/// `released`, `pod_stopped`, `container_restarted`, `expired`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     pub method: String,
@@ -56,7 +63,8 @@ impl HolderLabels {
 
 pub struct Metrics {
     registry: Registry,
-    pub leader_changes: Counter,
+    /// Holders assigned, by why the previous term ended.
+    pub leader_changes: Family<ReasonLabels, Counter>,
     pub handovers: Counter,
     pub handovers_abandoned: Counter,
     pub strategy_conflicts: Counter,
@@ -153,7 +161,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("arbiter");
         let m = Metrics {
-            leader_changes: Counter::default(),
+            leader_changes: Family::default(),
             handovers: Counter::default(),
             handovers_abandoned: Counter::default(),
             strategy_conflicts: Counter::default(),
@@ -179,16 +187,11 @@ impl Metrics {
             progress: Progress::new(),
             registry: Registry::default(),
         };
-        let counters: [(&str, &str, &Counter); 9] = [
+        let counters: [(&str, &str, &Counter); 8] = [
             (
                 "double_holders",
                 "Double holders seen: more than one pod of a lease labelled active, or an agent's workload that outlived its term because the whole candidate was paused (must stay 0)",
                 &m.double_holders,
-            ),
-            (
-                "leader_changes",
-                "Holders assigned (elections)",
-                &m.leader_changes,
             ),
             (
                 "handovers_requested",
@@ -229,6 +232,11 @@ impl Metrics {
         for (name, help, counter) in counters {
             registry.register(name, help, counter.clone());
         }
+        registry.register(
+            "leader_changes",
+            "Holders assigned (elections), by why the previous term ended: new, released, pod_stopped, container_restarted, expired",
+            m.leader_changes.clone(),
+        );
         registry.register(
             "forced_depositions",
             "Deposed holders' pods forced out, by method",

@@ -99,6 +99,35 @@ pub fn failed_by_gc(pod: &Pod) -> bool {
         .any(|c| c.type_ == "DisruptionTarget" && c.reason.as_deref() == Some("DeletionByPodGC"))
 }
 
+/// The process that recorded `incarnation` in its container's termination log (see
+/// [`crate::lease::termination_message`]) has ended, with everything in its container: the
+/// kubelet reports a container terminated with that message, now or as its state before a
+/// restart (`lastState`). The runtime kills a container's every process when it ends, so this
+/// proves the holder's workload stopped too. Weaker reports are not proof: a container running
+/// but not ready, a missing status, a terminated container with another message (an earlier
+/// or later process, or a workload that wrote its own). Nor is anything on a pod the garbage
+/// collector failed.
+pub fn incarnation_ended(pod: &Pod, incarnation: &str) -> bool {
+    if incarnation.is_empty() || failed_by_gc(pod) {
+        return false;
+    }
+    let message = crate::lease::termination_message(incarnation);
+    let status = pod.status.as_ref();
+    let main = status
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    let init = status
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    main.iter().chain(init).any(|c| {
+        [c.state.as_ref(), c.last_state.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.terminated.as_ref())
+            .any(|t| t.message.as_deref().map(str::trim) == Some(message.as_str()))
+    })
+}
+
 /// Terminal, or every container reported terminated.
 fn containers_stopped(pod: &Pod) -> bool {
     if terminal(pod) {
@@ -204,6 +233,97 @@ mod tests {
         evicted.status.as_mut().unwrap().conditions = Some(condition);
         stopped.observe(&evicted, false);
         assert!(stopped.contains("ns", "evicted"));
+    }
+
+    /// A container status whose process recorded `incarnation` (or another message): running,
+    /// terminated, or restarted after it (then the message is in `lastState`).
+    fn container(state: &str, message: &str) -> ContainerStatus {
+        let terminated = ContainerStateTerminated {
+            exit_code: 137,
+            message: Some(message.into()),
+            ..ContainerStateTerminated::default()
+        };
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..ContainerState::default()
+        };
+        let ended = ContainerState {
+            terminated: Some(terminated),
+            ..ContainerState::default()
+        };
+        match state {
+            "running" => ContainerStatus {
+                state: Some(running),
+                ..ContainerStatus::default()
+            },
+            "terminated" => ContainerStatus {
+                state: Some(ended),
+                ..ContainerStatus::default()
+            },
+            "restarted" => ContainerStatus {
+                state: Some(running),
+                last_state: Some(ended),
+                restart_count: 1,
+                ..ContainerStatus::default()
+            },
+            _ => unreachable!(),
+        }
+    }
+
+    fn with(statuses: Vec<ContainerStatus>, init: Vec<ContainerStatus>) -> Pod {
+        let mut p = pod("p", "Running", &[]);
+        let s = p.status.as_mut().unwrap();
+        s.container_statuses = Some(statuses);
+        s.init_container_statuses = Some(init);
+        p
+    }
+
+    #[test]
+    fn a_terminated_container_that_names_the_incarnation_proves_it_ended() {
+        let mine = crate::lease::termination_message("a1");
+        let other = crate::lease::termination_message("a0");
+        // Proof: the container ended (and maybe restarted) with this incarnation's message; in a
+        // sidecar (restartable init container) too. Trailing whitespace is the kubelet's.
+        for p in [
+            with(vec![container("terminated", &mine)], vec![]),
+            with(vec![container("restarted", &mine)], vec![]),
+            with(
+                vec![container("running", ""), container("restarted", &mine)],
+                vec![],
+            ),
+            with(vec![], vec![container("restarted", &mine)]),
+            with(vec![container("terminated", &format!("{mine}\n"))], vec![]),
+        ] {
+            assert!(incarnation_ended(&p, "a1"), "{p:?}");
+        }
+        // Not proof: running; an earlier process's message (a stale status from before this
+        // process started); a workload's own message; no status at all; an empty incarnation.
+        for p in [
+            with(vec![container("running", "")], vec![]),
+            with(vec![container("restarted", &other)], vec![]),
+            with(vec![container("terminated", "my app's last words")], vec![]),
+            with(vec![], vec![]),
+            pod("p", "Running", &[]),
+        ] {
+            assert!(!incarnation_ended(&p, "a1"), "{p:?}");
+        }
+        assert!(!incarnation_ended(
+            &with(
+                vec![container("terminated", "arbiter incarnation ")],
+                vec![]
+            ),
+            ""
+        ));
+        // Not from a pod the garbage collector failed.
+        let mut gc = with(vec![container("restarted", &mine)], vec![]);
+        gc.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some("DeletionByPodGC".into()),
+                ..Default::default()
+            }]);
+        assert!(!incarnation_ended(&gc, "a1"));
     }
 
     #[test]

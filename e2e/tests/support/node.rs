@@ -122,3 +122,25 @@ pub fn shared_dir() -> tempfile::TempDir {
     .unwrap();
     dir
 }
+
+/// The host pids of every process in a container (`containerd://ID` from the pod's status).
+pub fn container_pids(env: &TestEnv, container_id: &str) -> Vec<i32> {
+    let id = container_id.trim_start_matches("containerd://");
+    let sock = cluster_dir(&env.kubeconfig).join("node/containerd.sock");
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&sock)
+        .args(["-n", "k8s.io", "tasks", "ps", id])
+        .output()
+        .expect("running ctr");
+    assert!(
+        out.status.success(),
+        "ctr tasks ps {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
