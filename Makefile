@@ -26,7 +26,7 @@ test: setup
 lint:
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) clippy --test demo --test chaos -- -D warnings
+	$(CARGO) clippy --test demo --test chaos --test bench -- -D warnings
 	cd e2e && go vet ./lecandidate
 
 ## unit: pure logic, table and property tests, the CRD drift check, doc tests
@@ -121,5 +121,5 @@ chaos-short: control-plane
 ## coordinated leader election, then one operator at scale; prints tables (docs/benchmarks.md)
 RUNS ?= 20
 LEASES ?= 1000,10000
-bench: control-plane
+bench: control-plane images
 	$(CARGO) test --release --test bench -- --runs $(RUNS) --leases $(LEASES)

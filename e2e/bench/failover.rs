@@ -59,6 +59,9 @@ pub enum Scenario {
     /// SIGKILL of the holder's pod, which then goes Failed and is deleted (as a kubelet reports
     /// a dead container); arbiter reassigns on the pod's end instead of waiting for expiry.
     CrashPodGone,
+    /// Real pods on the harness's real node: SIGKILL of the holder's agent (its container's
+    /// first process); the kubelet restarts the container and reports how it ended.
+    CrashContainerRestarts,
 }
 
 impl Scenario {
@@ -68,13 +71,14 @@ impl Scenario {
             Scenario::Preempt => "better candidate joins (rollback)",
             Scenario::Crash => "crash, lease must expire",
             Scenario::CrashPodGone => "crash, pod reported gone",
+            Scenario::CrashContainerRestarts => "crash, container restarts",
         }
     }
 }
 
 /// What each system can do. client-go has no notion of a better candidate, and only arbiter
 /// looks at pods.
-pub const CASES: [(System, Scenario); 9] = [
+pub const CASES: [(System, Scenario); 10] = [
     (System::Arbiter, Scenario::Graceful),
     (System::ClientGo, Scenario::Graceful),
     (System::Upstream, Scenario::Graceful),
@@ -84,6 +88,7 @@ pub const CASES: [(System, Scenario); 9] = [
     (System::ClientGo, Scenario::Crash),
     (System::Upstream, Scenario::Crash),
     (System::Arbiter, Scenario::CrashPodGone),
+    (System::Arbiter, Scenario::CrashContainerRestarts),
 ];
 
 /// Builds `e2e/lecandidate` (the client-go baseline) into `target/bench/`.
@@ -109,10 +114,12 @@ pub struct Env {
     pub dir: PathBuf,
 }
 
-/// One candidate process: a plain process in its own session, or a stand-in pod.
+/// One candidate process: a plain process in its own session, a stand-in pod, or a pod on
+/// the real node (by name; it is deleted with the sample's other objects).
 enum Proc {
     Plain(Child),
     Pod(StandIn),
+    Real,
 }
 
 impl Proc {
@@ -120,6 +127,7 @@ impl Proc {
         match self {
             Proc::Plain(c) => c.id() as i32,
             Proc::Pod(s) => s.pid,
+            Proc::Real => unreachable!("a real pod is killed through its container"),
         }
     }
 }
@@ -132,6 +140,62 @@ impl Drop for Proc {
             let _ = c.wait();
         }
     }
+}
+
+/// The workload of agents in real pods: busybox's `date` has no `%N`, so the time is the
+/// kernel's uptime (one clock for the pods and the host; see [`uptime`]).
+const POD_WORKLOAD: &str = r#"read up _ < /proc/uptime; echo "start $ARBITER_IDENTITY $up" >> "$1"
+trap 'read up _ < /proc/uptime; echo "stop $ARBITER_IDENTITY $up" >> "$1"; exit 0' TERM
+while :; do sleep 0.05; done"#;
+
+/// Seconds since boot, the clock [`POD_WORKLOAD`] writes.
+fn uptime() -> f64 {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or_default()
+}
+
+/// An `arbiter run` pod on the real node (default timings, restarted when it ends), logging to
+/// the sample's directory.
+async fn spawn_real(env: &Env, lease: &str, id: &str, version: &str, log: &Path) -> Proc {
+    let dir = log.parent().unwrap();
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let args = [
+        "run",
+        "--lease",
+        lease,
+        "--binary-version",
+        version,
+        "--",
+        "/bin/sh",
+        "-c",
+        POD_WORKLOAD,
+        "workload",
+        "/shared/workload.log",
+    ];
+    let mut pod = support::node::agent_pod(id, serde_json::json!({}), "agent", &args, dir);
+    pod["spec"]["restartPolicy"] = serde_json::json!("Always");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(env.client.clone(), System::Arbiter.namespace());
+    pods.create(&Default::default(), &serde_json::from_value(pod).unwrap())
+        .await
+        .expect("creating an agent pod");
+    Proc::Real
+}
+
+/// The host pid of a real pod's agent: its container's first process.
+async fn real_agent_pid(env: &Env, pod: &str) -> Option<i32> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(env.client.clone(), System::Arbiter.namespace());
+    let p = pods.get(pod).await.ok()?;
+    let id = p
+        .status?
+        .container_statuses?
+        .first()?
+        .container_id
+        .clone()?;
+    support::node::container_init_pid(&env.kubeconfig, &id)
 }
 
 /// The workload of arbiter agents: the same `start`/`stop` lines `lecandidate` writes.
@@ -197,6 +261,9 @@ async fn spawn(
     version: &str,
     log: &Path,
 ) -> Proc {
+    if scenario == Scenario::CrashContainerRestarts {
+        return spawn_real(env, lease, id, version, log).await;
+    }
     let cmd = command_for(env, system, lease, id, version, log);
     let stderr_path = log.with_file_name(format!("{id}.stderr"));
     if scenario == Scenario::CrashPodGone {
@@ -326,6 +393,9 @@ async fn measure(
     log: &Path,
     procs: &mut BTreeMap<String, Proc>,
 ) -> Result<Sample, String> {
+    // Pods on the real node log on the uptime clock.
+    let real = scenario == Scenario::CrashContainerRestarts;
+    let clock = if real { uptime } else { now };
     // Steady state: a holder whose workload has been running for 5 s.
     let holder = poll(Duration::from_secs(120), || {
         let l = read_log(log);
@@ -333,11 +403,20 @@ async fn measure(
         let stopped = l
             .iter()
             .any(|e| e.0 == "stop" && e.1 == last.1 && e.2 >= last.2);
-        (now() - last.2 > 5.0 && !stopped).then(|| last.1.clone())
+        (clock() - last.2 > 5.0 && !stopped).then(|| last.1.clone())
     })
     .await
     .ok_or("no stable holder within 120 s")?;
-    let fault = now();
+    let agent = if real {
+        Some(
+            real_agent_pid(env, &holder)
+                .await
+                .ok_or("the holder's container has no task")?,
+        )
+    } else {
+        None
+    };
+    let fault = clock();
     match scenario {
         Scenario::Graceful => {
             let _ = kill(Pid::from_raw(procs[&holder].pid()), Signal::SIGTERM);
@@ -354,11 +433,15 @@ async fn measure(
                 Api::namespaced(env.client.clone(), system.namespace());
             let _ = pods.delete(&holder, &DeleteParams::default()).await;
         }
+        Scenario::CrashContainerRestarts => {
+            let _ = kill(Pid::from_raw(agent.unwrap()), Signal::SIGKILL);
+        }
     }
+    // After a container restart the same candidate, restarted, may lead again.
     let next = poll(Duration::from_secs(120), || {
         read_log(log)
             .into_iter()
-            .find(|e| e.0 == "start" && e.1 != holder && e.2 > fault)
+            .find(|e| e.0 == "start" && (e.1 != holder || real) && e.2 > fault)
     })
     .await
     .ok_or("no new holder within 120 s of the fault")?;
@@ -369,7 +452,7 @@ async fn measure(
         .map(|e| e.2);
     let old_end = match scenario {
         // A killed holder is gone at the fault.
-        Scenario::Crash | Scenario::CrashPodGone => fault,
+        Scenario::Crash | Scenario::CrashPodGone | Scenario::CrashContainerRestarts => fault,
         _ => stopped.ok_or("the old holder never reported its stop")?,
     };
     Ok(Sample {
@@ -388,7 +471,9 @@ async fn cleanup(env: &Env, system: System, lease: &str) {
     let ours: Api<arbiter::api::LeaseCandidate> = Api::namespaced(env.client.clone(), ns);
     let upstream: Api<k8s_openapi::api::coordination::v1beta1::LeaseCandidate> =
         Api::namespaced(env.client.clone(), ns);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), ns);
     for i in 0..4 {
+        let _ = pods.delete(&format!("{lease}-c{i}"), &dp).await;
         let _ = ours.delete(&format!("{lease}-c{i}"), &dp).await;
         let _ = upstream.delete(&format!("{lease}-c{i}"), &dp).await;
     }

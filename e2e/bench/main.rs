@@ -62,7 +62,8 @@ fn main() {
         std::env::remove_var("ARBITER_E2E_KUBECONFIG");
     }
     println!("bench on {}", stats::machine());
-    let cluster = Cluster::start_or_reuse();
+    // With the real node: the "crash, container restarts" case runs real pods.
+    let cluster = Cluster::start_or_reuse_with_node();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         if only.as_deref().is_none_or(|o| o == "failover") {
@@ -87,6 +88,13 @@ async fn failover_bench(cluster: &Cluster, runs: usize) {
         ns.metadata.name = Some(system.namespace().into());
         let _ = namespaces.create(&PostParams::default(), &ns).await;
     }
+    support::node::ready(&support::TestEnv {
+        client: client.clone(),
+        ns: System::Arbiter.namespace().into(),
+        kubeconfig: cluster.kubeconfig.clone(),
+    })
+    .await;
+    support::node::agent_service_account(&client, System::Arbiter.namespace()).await;
     let dir = tempfile::tempdir().unwrap();
     let env = failover::Env {
         client,
@@ -160,6 +168,7 @@ fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> f64) 
         Scenario::Preempt,
         Scenario::Crash,
         Scenario::CrashPodGone,
+        Scenario::CrashContainerRestarts,
     ] {
         let Some((ours, overlaps)) = summary(scenario, System::Arbiter) else {
             continue;
@@ -174,7 +183,10 @@ fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> f64) 
             ours.max
         );
         // Pod-gone has no baseline of its own: the baselines can only wait for expiry.
-        let base = if scenario == Scenario::CrashPodGone {
+        let base = if matches!(
+            scenario,
+            Scenario::CrashPodGone | Scenario::CrashContainerRestarts
+        ) {
             Scenario::Crash
         } else {
             scenario

@@ -11,8 +11,7 @@ use std::time::Duration;
 use arbiter::api::OLDEST_EMULATION_VERSION as OEV;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -341,34 +340,6 @@ async fn single_active_routes_a_service_to_one_real_pod_and_eviction_moves_it(en
     inv.check();
 }
 
-/// A ServiceAccount `agent` with what an agent needs (the chart's candidate ClusterRole's
-/// rules, as a Role).
-async fn agent_service_account(env: &TestEnv) {
-    create::<ServiceAccount>(env, json!({"metadata": {"name": "agent"}})).await;
-    create::<Role>(
-        env,
-        json!({
-            "metadata": {"name": "agent"},
-            "rules": [
-                {"apiGroups": ["arbiter.dev"], "resources": ["leasecandidates"],
-                 "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                 "verbs": ["get", "list", "watch", "update"]},
-            ],
-        }),
-    )
-    .await;
-    create::<RoleBinding>(
-        env,
-        json!({
-            "metadata": {"name": "agent"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
-            "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": env.ns}],
-        }),
-    )
-    .await;
-}
-
 /// A pod whose entrypoint is `arbiter run`; the workload logs to `/shared/log`, a host
 /// directory.
 fn agent_pod(name: &str, version: &str, shared: &Path) -> Value {
@@ -403,7 +374,7 @@ fn agent_pod_with(name: &str, version: &str, shared: &Path, timings: &[&str]) ->
 async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<TestEnv>) {
     node::ready(&env).await;
     let _op = Operator::start(&env, &[]);
-    agent_service_account(&env).await;
+    node::agent_service_account(&env.client, &env.ns).await;
     let shared = node::shared_dir();
     let log = shared.path().join("log");
     create::<Pod>(&env, agent_pod("job-a", "1.30.0", shared.path())).await;
@@ -475,7 +446,7 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
 ) {
     node::ready(&env).await;
     let op = Operator::start(&env, &[]);
-    agent_service_account(&env).await;
+    node::agent_service_account(&env.client, &env.ns).await;
     let shared = node::shared_dir();
     let log = shared.path().join("log");
     // A minute's lease: a new term within 40 s of the crash cannot come from expiry.
@@ -507,9 +478,11 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
     let id = container_id(&env, "job-a").await;
     let doomed = node::container_pids(&env, &id);
     assert!(doomed.len() >= 2, "the agent and its workload: {doomed:?}");
+    let agent = node::container_init_pid(&env.kubeconfig, &id).expect("the container's task");
+    assert!(doomed.contains(&agent));
     let killed = std::time::Instant::now();
     let status = Command::new("kill")
-        .args(["-KILL", &doomed[0].to_string()])
+        .args(["-KILL", &agent.to_string()])
         .status()
         .unwrap();
     assert!(status.success());

@@ -123,6 +123,22 @@ pub fn shared_dir() -> tempfile::TempDir {
     dir
 }
 
+/// The host pid of a container's first process (`containerd://ID` from the pod's status).
+pub fn container_init_pid(kubeconfig: &Path, container_id: &str) -> Option<i32> {
+    let id = container_id.trim_start_matches("containerd://");
+    let sock = cluster_dir(kubeconfig).join("node/containerd.sock");
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&sock)
+        .args(["-n", "k8s.io", "tasks", "ls"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first() == Some(&id)).then(|| f.get(1)?.parse().ok())?
+    })
+}
+
 /// The host pids of every process in a container (`containerd://ID` from the pod's status).
 pub fn container_pids(env: &TestEnv, container_id: &str) -> Vec<i32> {
     let id = container_id.trim_start_matches("containerd://");
@@ -143,4 +159,43 @@ pub fn container_pids(env: &TestEnv, container_id: &str) -> Vec<i32> {
         .skip(1)
         .filter_map(|l| l.split_whitespace().next()?.parse().ok())
         .collect()
+}
+
+/// A ServiceAccount `agent` in `ns` with what an agent needs (the chart's candidate
+/// ClusterRole's rules, as a Role).
+pub async fn agent_service_account(client: &kube::Client, ns: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::PostParams;
+    let pp = PostParams::default();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "agent"}})).unwrap();
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "rules": [
+            {"apiGroups": ["arbiter.dev"], "resources": ["leasecandidates"],
+             "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch", "update"]},
+        ],
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent"},
+        "subjects": [{"kind": "ServiceAccount", "name": "agent", "namespace": ns}],
+    }))
+    .unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create(&pp, &sa)
+        .await
+        .expect("creating the agent ServiceAccount");
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&pp, &role)
+        .await
+        .expect("creating the agent Role");
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&pp, &binding)
+        .await
+        .expect("creating the agent RoleBinding");
 }
