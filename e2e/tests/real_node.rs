@@ -29,6 +29,7 @@ crate::tests![real_node:
     single_active_routes_a_service_to_one_real_pod_and_eviction_moves_it,
     a_deleted_agent_pods_workload_stops_before_the_next_starts,
     a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry,
+    a_container_sharing_its_pid_namespace_waits_for_expiry,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -537,4 +538,68 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
         },
     )
     .await;
+}
+
+async fn a_container_sharing_its_pid_namespace_waits_for_expiry(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    let op = Operator::start(&env, &[]);
+    node::agent_service_account(&env.client, &env.ns).await;
+    let shared = node::shared_dir();
+    // The pod's containers share one PID namespace: a container's end does not prove that
+    // everything it started ended, so the agent writes no termination message.
+    let mut pod = agent_pod("job-a", "1.30.0", shared.path());
+    pod["spec"]["restartPolicy"] = json!("Always");
+    pod["spec"]["shareProcessNamespace"] = json!(true);
+    create::<Pod>(&env, pod).await;
+    let first = wait_for_holder(&env, "job", "job-a", DEADLINE).await;
+    let leases: Api<Lease> = env.api();
+    // The agent took the term (its renew wrote the incarnation), then is killed.
+    eventually("job-a to take its term", DEADLINE, || async {
+        let l = leases.get("job").await.ok()?;
+        l.annotations()
+            .contains_key(arbiter::lease::INCARNATION_ANNOTATION)
+            .then_some(())
+    })
+    .await;
+    let id = container_id(&env, "job-a").await;
+    let agent = node::container_init_pid(&env.kubeconfig, &id).expect("the container's task");
+    let pid1 = std::fs::read_to_string(format!("/proc/{agent}/cmdline")).unwrap_or_default();
+    assert!(pid1.starts_with("/arbiter"), "{pid1:?}");
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &agent.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The container restarts with no message of the agent's; the next term comes from expiry.
+    let pods: Api<Pod> = env.api();
+    let last = eventually("job-a's container to restart", DEADLINE, || async {
+        let p = pods.get("job-a").await.ok()?;
+        let c = p.status?.container_statuses?.into_iter().next()?;
+        (c.restart_count >= 1).then_some(c.last_state?.terminated?)
+    })
+    .await;
+    assert!(
+        !last
+            .message
+            .unwrap_or_default()
+            .contains("arbiter incarnation"),
+        "the agent recorded its incarnation in a shared PID namespace"
+    );
+    let next = eventually("a new term", DEADLINE, || async {
+        let l = leases.get("job").await.ok()?;
+        (arbiter::lease::term(&l) > arbiter::lease::term(&first)).then_some(l)
+    })
+    .await;
+    assert_eq!(arbiter::lease::holder(&next), Some("job-a"));
+    let metrics = op.http_get("/metrics").await;
+    assert!(
+        metrics.contains(r#"arbiter_leader_changes_total{reason="expired"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(r#"reason="container_restarted""#),
+        "{metrics}"
+    );
 }

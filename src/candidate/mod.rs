@@ -368,9 +368,25 @@ impl Handle {
     }
 }
 
-/// Writes `incarnation` to the container's termination log, if there is one (never creates it).
+/// Writes `incarnation` to the container's termination log, if there is one (a regular file:
+/// never created here), and only if this process is in its container's own PID namespace.
+/// Then the container's end proves this process and all it started are gone: the kernel ends
+/// every process of a PID namespace with its first one, and reports that first one's exit only
+/// after. In a PID namespace shared with the pod (`shareProcessNamespace`) or the host
+/// (`hostPID`), processes may outlive the container's report: nothing is written, and the
+/// arbiter waits for the lease to expire.
 fn record_incarnation(path: &std::path::Path, incarnation: &str) {
     use std::io::Write;
+    if !own_pid_namespace() {
+        tracing::info!(
+            "the container shares its PID namespace: a crash of this container will be handed on only once the lease expires"
+        );
+        return;
+    }
+    if !path.metadata().is_ok_and(|m| m.is_file()) {
+        tracing::debug!(path = %path.display(), "no termination log: not in a pod");
+        return;
+    }
     let file = std::fs::OpenOptions::new()
         .write(true)
         .truncate(true)
@@ -390,4 +406,12 @@ fn record_incarnation(path: &std::path::Path, incarnation: &str) {
             "cannot write the termination log: a crash of this container will be handed on only once the lease expires"
         ),
     }
+}
+
+/// Whether this process's PID namespace is its container's own: its first process (pid 1)
+/// is in this process's cgroup. In a namespace shared with the pod, pid 1 is the sandbox's
+/// pause process (another cgroup); with the host's, the host's init.
+fn own_pid_namespace() -> bool {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    matches!((read("/proc/1/cgroup"), read("/proc/self/cgroup")), (Some(a), Some(b)) if a == b)
 }

@@ -449,11 +449,15 @@ impl Worker {
                     .map(String::as_str)
             }),
             released_by: lease::released_by(l),
+            // Only as an agent wrote it (arbiter's field manager), not a hand edit.
             incarnation: l
                 .annotations()
                 .get(INCARNATION_ANNOTATION)
                 .map(String::as_str)
-                .filter(|i| !i.is_empty()),
+                .filter(|i| {
+                    !i.is_empty() && lease::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
+                }),
+            term: lease::term(l),
         });
         let leader = candidates.iter().find_map(|c| {
             let leads = c.status.as_ref().is_some_and(|s| {
@@ -493,9 +497,10 @@ impl Worker {
             let Some(holder) = lease::holder(l) else {
                 return false;
             };
+            // As remembered: learned once per term, from a record an agent wrote.
             let incarnation = match self.held.incarnation(key) {
                 Some((h, i)) if h == holder => Some(i),
-                _ => l.annotations().get(INCARNATION_ANNOTATION).map(String::as_str),
+                _ => None,
             };
             let pod = holder_candidate.and_then(|c| self.pod_of(c));
             matches!((incarnation, pod), (Some(i), Some(pod)) if super::stopped::incarnation_ended(&pod, i))
@@ -689,7 +694,7 @@ impl Worker {
                 .get(HOLDER_POD_ANNOTATION)
                 .map(String::as_str);
             self.held
-                .assigned(key, h, duration, pod_uid, Instant::now());
+                .assigned(key, h, lease::term(w), duration, pod_uid, Instant::now());
         }
         if candidates.is_empty() && lease_view.is_none() && written.is_none() {
             // Nothing left of this lease: its series go (a deleted lease is not leaderless).

@@ -29,8 +29,13 @@ struct Term {
     /// The holder's pod, as recorded when the arbiter assigned it (or first saw it).
     pod_uid: Option<String>,
     /// The holder's process (`arbiter.dev/incarnation` on the records naming it): its
-    /// withdrawal, marked with this incarnation, proves the term's work stopped.
+    /// withdrawal, marked with this incarnation, or its container ending with this incarnation's
+    /// termination message, proves the term's work stopped. The first one seen in the term
+    /// counts: the agent that took a term never changes it, so a later value is an edit.
     incarnation: Option<String>,
+    /// The term (`leaseTransitions`) this memory is of: an incarnation is learned only from a
+    /// record of that term (a stale record of the term before must not lend it its process).
+    term: i32,
 }
 
 /// The candidate whose `Leader` condition the arbiter last set to True: the memory a replica
@@ -52,8 +57,10 @@ pub struct Seen<'a> {
     pub pod_uid: Option<&'a str>,
     /// `arbiter.dev/released-by` when the Lease has no holder.
     pub released_by: Option<&'a str>,
-    /// The holder's incarnation recorded on the Lease.
+    /// The holder's incarnation recorded on the Lease (by arbiter's field manager).
     pub incarnation: Option<&'a str>,
+    /// The Lease's term (`leaseTransitions`).
+    pub term: i32,
 }
 
 #[derive(Default)]
@@ -84,6 +91,7 @@ impl Held {
                 duration: fallback_duration.max(leader.declared),
                 pod_uid: leader.pod_uid.clone(),
                 incarnation: None,
+                term: 0,
             };
             terms.insert(key.clone(), term);
         };
@@ -101,7 +109,8 @@ impl Held {
                 Some(t) if t.holder == h => {
                     t.last_seen = t.last_seen.max(l.since);
                     t.duration = t.duration.max(l.duration);
-                    if let Some(i) = l.incarnation {
+                    if let (None, Some(i), true) = (&t.incarnation, l.incarnation, l.term == t.term)
+                    {
                         t.incarnation = Some(i.to_string());
                     }
                 }
@@ -122,6 +131,7 @@ impl Held {
                         duration,
                         pod_uid: l.pod_uid.map(str::to_string),
                         incarnation: l.incarnation.map(str::to_string),
+                        term: l.term,
                     };
                     self.terms.insert(key.clone(), term);
                 }
@@ -138,11 +148,12 @@ impl Held {
         }
     }
 
-    /// Records the arbiter's own assignment of `holder`.
+    /// Records the arbiter's own assignment of `holder` at `term`.
     pub fn assigned(
         &mut self,
         key: &LeaseKey,
         holder: &str,
+        term: i32,
         duration: Duration,
         pod_uid: Option<&str>,
         now: Instant,
@@ -153,6 +164,7 @@ impl Held {
             duration,
             pod_uid: pod_uid.map(str::to_string),
             incarnation: None,
+            term,
         };
         self.terms.insert(key.clone(), term);
     }
@@ -260,7 +272,39 @@ mod tests {
             pod_uid: None,
             released_by: None,
             incarnation: None,
+            term: 1,
         }
+    }
+
+    #[test]
+    fn the_terms_incarnation_is_learned_once_from_a_record_of_that_term() {
+        let t0 = Instant::now();
+        let mut held = Held::default();
+        let none = |_: &str| false;
+        held.assigned(&key(), "a", 2, D, Some("uid-a"), t0);
+        // A stale record of term 1 (the same holder, run by its earlier process) lends nothing.
+        let stale = Seen {
+            incarnation: Some("a1"),
+            ..seen(Some("a"), t0, D)
+        };
+        held.observe(&key(), Some(&stale), None, D, t0, none);
+        assert_eq!(held.incarnation(&key()), None);
+        // The agent's renew of term 2 records its process.
+        let renewed = Seen {
+            incarnation: Some("a2"),
+            term: 2,
+            ..seen(Some("a"), t0, D)
+        };
+        held.observe(&key(), Some(&renewed), None, D, t0, none);
+        assert_eq!(held.incarnation(&key()), Some(("a", "a2")));
+        // Another value later in the term is an edit: not believed.
+        let edited = Seen {
+            incarnation: Some("a1"),
+            term: 2,
+            ..seen(Some("a"), t0, D)
+        };
+        held.observe(&key(), Some(&edited), None, D, t0, none);
+        assert_eq!(held.incarnation(&key()), Some(("a", "a2")));
     }
 
     #[test]
@@ -268,7 +312,7 @@ mod tests {
         let t0 = Instant::now();
         let mut held = Held::default();
         let none = |_: &str| false;
-        held.assigned(&key(), "a", D, Some("uid-a"), t0);
+        held.assigned(&key(), "a", 1, D, Some("uid-a"), t0);
         // a renews (a new record, first seen at t0 + 5 s) and writes a 20 s duration.
         let renewed = seen(
             Some("a"),
@@ -327,7 +371,7 @@ mod tests {
     fn the_recorded_pod_is_what_proves_a_stop_not_the_annotation() {
         let t0 = Instant::now();
         let mut held = Held::default();
-        held.assigned(&key(), "a", D, Some("uid-a"), t0);
+        held.assigned(&key(), "a", 1, D, Some("uid-a"), t0);
         let forged = Seen {
             pod_uid: Some("uid-dead"),
             ..seen(Some("a"), t0, D)
@@ -398,7 +442,7 @@ mod tests {
     fn the_holders_own_release_ends_the_term() {
         let t0 = Instant::now();
         let mut held = Held::default();
-        held.assigned(&key(), "a", D, None, t0);
+        held.assigned(&key(), "a", 1, D, None, t0);
         let released = Seen {
             released_by: Some("a"),
             ..seen(None, t0, D)
