@@ -79,6 +79,7 @@ images: image
 	$(BUILD_IMAGE) --tag arbiter-e2e/agent:$(VERSION) --out target/images/agent.tar \
 	  --add /arbiter=target/$(STATIC_TARGET)/release/arbiter --add /bin/busybox=/bin/busybox \
 	  --link /bin/sh=busybox --link /bin/sleep=busybox --link /bin/date=busybox --link /bin/timeout=busybox \
+	  --link /bin/nc=busybox \
 	  --entrypoint '["/arbiter"]' --user 65532:65532
 
 ## static-arm64: the static arm64 binary, cross-compiled
@@ -110,11 +111,11 @@ render-manifests:
 ## chaos: randomized fault trials counting violations (TRIALS=200 SEED=<clock> by default)
 TRIALS ?= 200
 SEED ?=
-chaos: control-plane
+chaos: control-plane images
 	$(CARGO) test --release --test chaos -- --trials $(TRIALS) $(if $(SEED),--seed $(SEED))
 
 ## chaos-short: the same with 3 trials, part of `make test`
-chaos-short: control-plane
+chaos-short: control-plane images
 	$(CARGO) test --test chaos -- --trials 3 --seed 1
 
 ## bench: handover/failover side by side with client-go leader election and upstream

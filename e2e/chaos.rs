@@ -7,8 +7,10 @@
 //! then SIGCONT, SIGSTOP of its agent alone (its guard and workload run on), a hand edit of
 //! the Lease (deleted, holder cleared, or duration lowered to 1 s), a network cut or a 2 s
 //! delay between it and the API server (a TCP proxy),
-//! SIGKILL of the active operator (restarted), an operator failover (SIGTERM), or a restart of
-//! kube-apiserver or etcd. Agents that exit are restarted, as a kubelet would.
+//! SIGKILL of the active operator (restarted), an operator failover (SIGTERM), a restart of
+//! kube-apiserver or etcd, or SIGKILL of the agent of a fourth candidate that runs as a real pod
+//! on the harness's real node (made the holder first by a planned switchover): its container
+//! ends and the kubelet restarts it. Agents that exit are restarted, as a kubelet would.
 //!
 //! Violations (the run exits non-zero on any): writes received from an older term after a newer
 //! term's writes, except from a process that was paused (overlapping workloads); stale-term
@@ -55,7 +57,8 @@ type Writes = Arc<Mutex<Vec<(f64, String, i32, bool)>>>;
 
 /// The fenced resource: accepts `WRITE <identity> <term>` lines only with the highest term seen.
 async fn fenced_resource(start: Instant) -> (u16, Writes) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // On every address: the pod candidate reaches it through the real node's bridge.
+    let listener = TcpListener::bind("0.0.0.0:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let writes: Writes = Arc::default();
     let highest = Arc::new(Mutex::new(0));
@@ -179,9 +182,12 @@ enum Fault {
     FailoverOperator,
     RestartApiserver,
     RestartEtcd,
+    /// SIGKILL of the agent of the candidate running as a real pod (its container's first
+    /// process); the kubelet restarts the container and reports how it ended.
+    KillHolderContainer,
 }
 
-const FAULTS: [Fault; 11] = [
+const FAULTS: [Fault; 12] = [
     Fault::KillHolder,
     Fault::PauseHolder,
     Fault::StallAgent,
@@ -193,7 +199,11 @@ const FAULTS: [Fault; 11] = [
     Fault::FailoverOperator,
     Fault::RestartApiserver,
     Fault::RestartEtcd,
+    Fault::KillHolderContainer,
 ];
+
+/// The candidate that runs as a pod on the real node.
+const POD_AGENT: &str = "agent-pod";
 
 /// Restarts a control-plane component in place (`e2e/cluster.sh restart`).
 async fn restart(kubeconfig: &Path, component: &str) {
@@ -252,7 +262,7 @@ fn main() {
             .as_secs()
     });
     println!("chaos: {trials} trials, seed {seed}");
-    let cluster = Cluster::start_or_reuse();
+    let cluster = Cluster::start_or_reuse_with_node();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let failures = rt.block_on(run(&cluster.kubeconfig, trials, seed));
     drop(rt);
@@ -323,6 +333,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         slot.start(port, dir.as_path());
         agents.push(slot);
     }
+    start_pod_agent(kubeconfig, &client, port).await;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), NS);
     let mut rng = Rng(seed);
@@ -331,6 +342,10 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
     let mut slow_recoveries = 0;
 
     for trial in 0..trials {
+        let fault = FAULTS[(rng.next() % FAULTS.len() as u64) as usize];
+        // The pod's fault needs the pod to hold the lease: a planned switchover to it first
+        // (asked again if it did not happen within 20 s).
+        let mut switchover_asked: Option<Instant> = None;
         // Steady state: a holder whose workload is writing, and an active operator (a fault
         // injected while the operators are still failing over from the previous one would be
         // two faults, with a bound of their own).
@@ -383,11 +398,16 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             });
             let operator_active = operator_active && operator_settled;
             if let (Some(h), true, true) = (h, writing, operator_active) {
-                break (h, t);
+                if fault != Fault::KillHolderContainer || h == POD_AGENT {
+                    break (h, t);
+                }
+                if switchover_asked.is_none_or(|t| t.elapsed() > Duration::from_secs(20)) {
+                    switchover_asked = Some(Instant::now());
+                    hand_over_to_pod(kubeconfig).await;
+                }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        let fault = FAULTS[(rng.next() % FAULTS.len() as u64) as usize];
         let slot = agents.iter().position(|a| a.identity == holder);
         let t0 = start.elapsed().as_secs_f64();
         match (fault, slot) {
@@ -448,6 +468,12 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             }
             (Fault::RestartApiserver, _) => restart(kubeconfig, "kube-apiserver").await,
             (Fault::RestartEtcd, _) => restart(kubeconfig, "etcd").await,
+            (Fault::KillHolderContainer, None) => {
+                let Some(pid) = pod_agent_pid(kubeconfig, &client).await else {
+                    continue;
+                };
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
             (Fault::FailoverOperator, _) => {
                 let mut victim = operators.remove(0).1;
                 let _ = kill(Pid::from_raw(victim.pid()), Signal::SIGTERM);
@@ -573,4 +599,79 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         if violations == 0 { 0 } else { 1 }
     );
     violations
+}
+
+/// The fourth candidate, `agent-pod`: `arbiter run` as the entrypoint of a pod on the real node
+/// (the agent image, in-cluster config, restarted by the kubelet), writing to the fenced
+/// resource through the node's bridge.
+async fn start_pod_agent(kubeconfig: &Path, client: &kube::Client, port: u16) {
+    support::node::ready(&support::TestEnv {
+        client: client.clone(),
+        ns: NS.into(),
+        kubeconfig: kubeconfig.to_path_buf(),
+    })
+    .await;
+    support::node::agent_service_account(client, NS).await;
+    let workload = format!(
+        "trap 'exit 0' TERM; while :; do echo \"WRITE $ARBITER_IDENTITY $ARBITER_TERM\"; sleep 0.05; done \
+         | nc 10.217.0.1 {port}"
+    );
+    let mut args = vec!["run", "--lease", LEASE, "--binary-version", "1.30.0"];
+    args.extend(TIMINGS);
+    args.extend(["--", "/bin/sh", "-c", &workload]);
+    let shared = tempfile::tempdir().unwrap();
+    let mut pod = support::node::agent_pod(
+        POD_AGENT,
+        serde_json::json!({}),
+        "agent",
+        &args,
+        shared.path(),
+    );
+    pod["spec"]["restartPolicy"] = serde_json::json!("Always");
+    pod["spec"]["volumes"][0] = serde_json::json!({"name": "shared", "emptyDir": {}});
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).unwrap(),
+    )
+    .await
+    .expect("creating the pod candidate");
+}
+
+/// Asks for a planned switchover to the pod candidate (`arbiter handover`); a refusal (the pod
+/// is not eligible just now) leaves the lease where it is, and the trial waits.
+async fn hand_over_to_pod(kubeconfig: &Path) {
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
+        .args([
+            "handover",
+            LEASE,
+            "--to",
+            POD_AGENT,
+            "-n",
+            NS,
+            "--timeout",
+            "30s",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+    if !matches!(status, Ok(s) if s.success()) {
+        eprintln!("chaos: the switchover to {POD_AGENT} did not happen ({status:?}); waiting");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The host pid of the pod candidate's agent (its container's first process).
+async fn pod_agent_pid(kubeconfig: &Path, client: &kube::Client) -> Option<i32> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    let p = pods.get(POD_AGENT).await.ok()?;
+    let id = p
+        .status?
+        .container_statuses?
+        .first()?
+        .container_id
+        .clone()?;
+    support::node::container_init_pid(kubeconfig, &id)
 }

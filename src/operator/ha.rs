@@ -10,6 +10,11 @@
 //! dead connection never extends what this replica believes. Each successful acquire or renew
 //! opens the write [`Gate`] until that deadline; the gate closes by itself when it passes, even
 //! before [`Elector::keep`] returns.
+//!
+//! A renew is one compare-and-swap UPDATE from the object this replica last wrote: if nobody
+//! else wrote the Lease since, that is all it costs (one request per retry period). Only when
+//! it conflicts (someone wrote it), or the last write's outcome is unknown, does the replica
+//! read the Lease again and check it still holds it.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +37,8 @@ pub struct Elector {
     identity: String,
     timings: Timings,
     gate: Gate,
+    /// The Lease as this replica last wrote it (`None`: read it first).
+    last: std::sync::Mutex<Option<Lease>>,
 }
 
 /// Why a renew did not succeed.
@@ -63,7 +70,12 @@ impl Elector {
             identity: identity.into(),
             timings,
             gate,
+            last: std::sync::Mutex::new(None),
         }
+    }
+
+    fn remember(&self, written: Option<Lease>) {
+        *self.last.lock().unwrap() = written;
     }
 
     /// Waits until this replica holds the Lease; returns when the write that took it was sent
@@ -124,7 +136,7 @@ impl Elector {
             let mut l = Lease::default();
             l.metadata.name = Some(self.name.clone());
             l.spec = Some(self.record(1));
-            self.store.create(&l).await?;
+            self.remember(Some(self.store.create(&l).await?));
             tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease (created)");
             return Ok(true);
         };
@@ -141,7 +153,7 @@ impl Elector {
         l.spec = Some(self.record(lease::term(&current) + 1));
         // The last release is history: a later hand edit clearing the holder must not pass for it.
         lease::set_annotation(&mut l, lease::RELEASED_BY_ANNOTATION, None);
-        self.store.replace(&l).await?;
+        self.remember(Some(self.store.replace(&l).await?));
         tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease");
         Ok(true)
     }
@@ -194,13 +206,21 @@ impl Elector {
 
     async fn renew(&self) -> Result<(), Renew> {
         let failed = |e: anyhow::Error| Renew::Failed(e);
-        let Some(mut l) = self
-            .store
-            .get(&self.name)
-            .await
-            .map_err(|e| failed(e.into()))?
-        else {
-            return Err(Renew::Lost("it was deleted".into()));
+        // From the last write: nobody else wrote since, or the compare-and-swap says so.
+        let cached = self.last.lock().unwrap().take();
+        let mut l = match cached {
+            Some(l) => l,
+            None => {
+                let Some(l) = self
+                    .store
+                    .get(&self.name)
+                    .await
+                    .map_err(|e| failed(e.into()))?
+                else {
+                    return Err(Renew::Lost("it was deleted".into()));
+                };
+                l
+            }
         };
         if lease::holder(&l) != Some(self.identity.as_str()) {
             return Err(Renew::Lost(format!(
@@ -214,8 +234,12 @@ impl Elector {
         spec.lease_duration_seconds =
             Some(crate::flags::lease_seconds(self.timings.lease_duration));
         match self.store.replace(&l).await {
-            Ok(_) => Ok(()),
-            // Someone wrote the Lease since it was read: look again next time.
+            Ok(written) => {
+                self.remember(Some(written));
+                Ok(())
+            }
+            // Someone wrote the Lease since (or it is gone), or the outcome is unknown: read it
+            // again next time (the cache stays empty).
             Err(e) => Err(failed(e.into())),
         }
     }
