@@ -143,9 +143,9 @@ pub fn watch_all(
     let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
     let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
         .default_backoff()
-        // The operator never reads a pod's managed fields: not cached (they are often the
-        // largest part of a pod).
-        .modify(|pod| pod.metadata.managed_fields = None)
+        // Only what the operator reads is cached (managed fields, annotations, volumes, env
+        // and probes are most of a pod).
+        .modify(super::slim::keep_what_is_read)
         .reflect(pw)
         .map(move |ev| {
             let ev = ev?;

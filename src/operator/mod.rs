@@ -14,6 +14,7 @@ pub mod index;
 pub mod metrics;
 pub mod queue;
 pub mod single_active;
+pub mod slim;
 pub mod status;
 pub mod stopped;
 pub mod terms;

@@ -1,0 +1,125 @@
+//! What the operator keeps of each cached Pod: only the fields it reads. A pod's managed
+//! fields, annotations, volumes, environment, probes and resource requests are most of its
+//! size, and the operator caches every pod it watches; the rest is dropped as the watch
+//! delivers it.
+//!
+//! Read elsewhere, and so kept: name, namespace, uid, labels, owner references, resource
+//! version, deletion timestamp; each container's name and image (a pod's version), init
+//! containers' names and restart policy; the phase, the conditions, and each container status's
+//! state, last state, restart count, container id and readiness.
+
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
+
+/// Drops from `pod` everything the operator does not read.
+pub fn keep_what_is_read(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    if let Some(spec) = pod.spec.take() {
+        let container = |c: Container| Container {
+            name: c.name,
+            image: c.image,
+            restart_policy: c.restart_policy,
+            ..Container::default()
+        };
+        pod.spec = Some(PodSpec {
+            containers: spec.containers.into_iter().map(container).collect(),
+            init_containers: spec
+                .init_containers
+                .map(|v| v.into_iter().map(container).collect()),
+            node_name: spec.node_name,
+            ..PodSpec::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        let container = |c: ContainerStatus| ContainerStatus {
+            name: c.name,
+            state: c.state,
+            last_state: c.last_state,
+            restart_count: c.restart_count,
+            container_id: c.container_id,
+            ready: c.ready,
+            started: c.started,
+            ..ContainerStatus::default()
+        };
+        pod.status = Some(PodStatus {
+            phase: status.phase,
+            conditions: status.conditions,
+            container_statuses: status
+                .container_statuses
+                .map(|v| v.into_iter().map(container).collect()),
+            init_container_statuses: status
+                .init_container_statuses
+                .map(|v| v.into_iter().map(container).collect()),
+            ..PodStatus::default()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod as the API server returns it, with the bulk a real one carries.
+    fn full_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web-1", "namespace": "ns", "uid": "u1", "resourceVersion": "42",
+                "labels": {"app": "web", "app.kubernetes.io/version": "1.2.3", "arbiter.dev/role": "active"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(4000)},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d", "uid": "rs"}],
+                "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}],
+            },
+            "spec": {
+                "nodeName": "node-1",
+                "containers": [{
+                    "name": "web", "image": "example.com/web:1.2.3",
+                    "env": [{"name": "A", "value": "x".repeat(2000)}],
+                    "readinessProbe": {"httpGet": {"path": "/", "port": 8080}},
+                    "resources": {"requests": {"cpu": "100m"}},
+                }],
+                "initContainers": [{"name": "sidecar", "image": "example.com/s:1", "restartPolicy": "Always"}],
+                "volumes": [{"name": "v", "emptyDir": {}}],
+                "tolerations": [{"key": "k", "operator": "Exists"}],
+            },
+            "status": {
+                "phase": "Running", "podIP": "10.0.0.1", "qosClass": "Burstable",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{
+                    "name": "web", "image": "example.com/web:1.2.3", "imageID": "sha256:abc",
+                    "ready": true, "restartCount": 1, "containerID": "containerd://c2",
+                    "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+                    "lastState": {"terminated": {"exitCode": 137, "message": "arbiter incarnation a1"}},
+                }],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn every_answer_the_operator_reads_survives() {
+        let full = full_pod();
+        let mut slim = full.clone();
+        keep_what_is_read(&mut slim);
+        use crate::operator::stopped;
+        assert_eq!(stopped::terminal(&slim), stopped::terminal(&full));
+        assert!(stopped::incarnation_ended(&slim, "a1"));
+        assert_eq!(crate::operator::depose::restarts(&slim), 1);
+        assert!(crate::workloads::pod_ready(&slim));
+        assert_eq!(crate::workloads::pod_version(&slim), crate::workloads::pod_version(&full));
+        assert_eq!(slim.metadata.labels, full.metadata.labels);
+        assert_eq!(slim.metadata.owner_references, full.metadata.owner_references);
+        assert_eq!(slim.metadata.uid, full.metadata.uid);
+        assert_eq!(slim.metadata.resource_version, full.metadata.resource_version);
+        let spec = slim.spec.as_ref().unwrap();
+        assert_eq!(spec.containers[0].image.as_deref(), Some("example.com/web:1.2.3"));
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0].restart_policy.as_deref(),
+            Some("Always")
+        );
+        // ... and it is a fraction of the size.
+        let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+        assert!(size(&slim) * 5 < size(&full), "{} vs {}", size(&slim), size(&full));
+        assert!(slim.metadata.annotations.is_none() && slim.metadata.managed_fields.is_none());
+    }
+}
