@@ -252,33 +252,43 @@ fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
     }
 }
 
-/// The leader's reconcile loop. Returns only if the queue closes.
+/// The leader's reconcile workers, one per queue (`--concurrency`): each owns the leases its
+/// queue routes to it, and the memory of them, so a lease is never reconciled twice at once.
+/// Returns only if a queue closes.
 pub async fn run(
     client: Client,
     caches: Caches,
-    mut queue: Queue,
+    queues: Vec<Queue>,
     settings: Settings,
     metrics: Arc<Metrics>,
 ) {
     let recorder = Recorder::new(client.clone(), settings.reporter());
-    let mut worker = Worker {
-        terms: TermLedger::new(client.clone()),
-        client,
-        caches,
-        recorder,
-        settings,
-        metrics,
-        seen: HashMap::new(),
-        deposer: Deposer::default(),
-        timers: HashMap::new(),
-        reported: HashSet::new(),
-        held: Held::default(),
-    };
+    let workers = queues.into_iter().enumerate().map(|(index, queue)| {
+        let worker = Worker {
+            terms: TermLedger::new(client.clone()),
+            client: client.clone(),
+            caches: caches.clone(),
+            recorder: recorder.clone(),
+            settings: settings.clone(),
+            metrics: metrics.clone(),
+            seen: HashMap::new(),
+            deposer: Deposer::default(),
+            timers: HashMap::new(),
+            reported: HashSet::new(),
+            held: Held::default(),
+        };
+        Box::pin(work(index, worker, queue))
+    });
+    futures::future::select_all(workers).await;
+}
+
+/// One worker's loop: reconciles its queue's leases one at a time.
+async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
     while let Some(key) = queue.next().await {
         let start = Instant::now();
-        worker.metrics.progress.begin();
+        worker.metrics.progress.begin(index);
         let result = worker.reconcile(&key).await;
-        worker.metrics.progress.end();
+        worker.metrics.progress.end(index);
         let requeue = match result {
             Ok(after) => after,
             Err(err) => {

@@ -107,20 +107,23 @@ pub struct Metrics {
     pub progress: Progress,
 }
 
-/// When the reconcile in progress started; `/livez` fails once one has run longer than the
-/// stall bound (every API request has a timeout, so only a stuck worker gets there).
+/// When each worker's reconcile in progress started; `/livez` fails once one has run longer
+/// than the stall bound (every API request has a timeout, so only a stuck worker gets there).
 pub struct Progress {
     base: std::time::Instant,
-    /// Nanoseconds after `base` + 1 when the current reconcile started; 0 when idle.
-    started: AtomicU64,
+    /// Per worker: nanoseconds after `base` + 1 when its current reconcile started; 0 when idle.
+    started: [AtomicU64; MAX_WORKERS],
     stall_after: std::sync::Mutex<std::time::Duration>,
 }
+
+/// The most reconcile workers (`--concurrency`).
+pub const MAX_WORKERS: usize = 64;
 
 impl Progress {
     fn new() -> Progress {
         Progress {
             base: std::time::Instant::now(),
-            started: AtomicU64::new(0),
+            started: std::array::from_fn(|_| AtomicU64::new(0)),
             stall_after: std::sync::Mutex::new(std::time::Duration::from_secs(300)),
         }
     }
@@ -129,29 +132,31 @@ impl Progress {
         *self.stall_after.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
-    pub fn begin(&self) {
+    pub fn begin(&self, worker: usize) {
         let now = self.base.elapsed().as_nanos() as u64 + 1;
-        self.started.store(now, Ordering::SeqCst);
+        self.started[worker % MAX_WORKERS].store(now, Ordering::SeqCst);
     }
 
-    pub fn end(&self) {
-        self.started.store(0, Ordering::SeqCst);
+    pub fn end(&self, worker: usize) {
+        self.started[worker % MAX_WORKERS].store(0, Ordering::SeqCst);
     }
 
-    /// Ok, or why the worker is not live, as of `now`.
+    /// Ok, or why a worker is not live, as of `now`.
     pub fn check(&self, now: std::time::Instant) -> Result<(), String> {
-        let started = self.started.load(Ordering::SeqCst);
-        if started == 0 {
-            return Ok(());
-        }
-        let running = now
-            .saturating_duration_since(self.base)
-            .saturating_sub(std::time::Duration::from_nanos(started - 1));
         let bound = *self.stall_after.lock().unwrap_or_else(|e| e.into_inner());
-        if running > bound {
-            return Err(format!(
-                "a reconcile has been running for {running:?} (bound {bound:?}): the worker is stuck"
-            ));
+        for (worker, slot) in self.started.iter().enumerate() {
+            let started = slot.load(Ordering::SeqCst);
+            if started == 0 {
+                continue;
+            }
+            let running = now
+                .saturating_duration_since(self.base)
+                .saturating_sub(std::time::Duration::from_nanos(started - 1));
+            if running > bound {
+                return Err(format!(
+                    "a reconcile of worker {worker} has been running for {running:?} (bound {bound:?}): the worker is stuck"
+                ));
+            }
         }
         Ok(())
     }
@@ -427,13 +432,13 @@ mod tests {
             p.check(now + Duration::from_secs(3600)).is_ok(),
             "idle is live"
         );
-        p.begin();
+        p.begin(0);
         assert!(p.check(Instant::now() + Duration::from_secs(59)).is_ok());
         let err = p
             .check(Instant::now() + Duration::from_secs(61))
             .unwrap_err();
         assert!(err.contains("stuck"), "{err}");
-        p.end();
+        p.end(0);
         assert!(p.check(Instant::now() + Duration::from_secs(61)).is_ok());
     }
 }

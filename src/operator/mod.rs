@@ -83,6 +83,10 @@ pub struct Settings {
     /// request has a timeout, so a healthy reconcile never gets near it).
     #[arg(long, default_value = "5m", value_parser = crate::flags::positive_duration)]
     pub reconcile_stall: Duration,
+    /// Leases reconciled at once (1 to 64): each lease always by the same worker, never two
+    /// at a time.
+    #[arg(long, default_value = "4", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub concurrency: u16,
     /// Apply the LeaseCandidate CRD at start-up (server-side apply).
     #[arg(long)]
     pub install_crds: bool,
@@ -169,7 +173,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
     let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
-    let (enqueue, queue) = queue::queue();
+    let (enqueue, queues) = queue::queues(usize::from(settings.concurrency));
     let (caches, mut watch_errors) =
         controller::watch_all(client.clone(), settings.watch_namespace.as_deref(), enqueue);
     // Watch errors are retried with backoff inside the stream; log them. The stream ends only if
@@ -221,7 +225,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     tracing::info!(%identity, "acting as the arbiter");
     let result = tokio::select! {
         lost = elector.keep(acquired) => Err(anyhow::Error::new(lost)),
-        _ = controller::run(client.clone(), caches, queue, settings.clone(), metrics.clone()) => Err(anyhow::anyhow!("work queue closed")),
+        _ = controller::run(client.clone(), caches, queues, settings.clone(), metrics.clone()) => Err(anyhow::anyhow!("work queue closed")),
         _ = &mut shutdown => Ok(()),
     };
     if result.is_ok() {

@@ -1,4 +1,6 @@
-//! A work queue of lease keys: deduplicated, with delayed requeues, one worker.
+//! Work queues of lease keys: deduplicated, with delayed requeues, one per worker. A lease
+//! always goes to the same worker (so it is never reconciled twice at once), chosen by the
+//! ConfigMap shard its term marks live in (so no two workers contend for one shard).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -22,13 +24,23 @@ impl std::fmt::Display for LeaseKey {
 
 /// The sending side: anything that notices a change enqueues the affected lease.
 #[derive(Clone)]
-pub struct Enqueue(mpsc::UnboundedSender<LeaseKey>);
+pub struct Enqueue(Vec<mpsc::UnboundedSender<LeaseKey>>);
 
 impl Enqueue {
     pub fn key(&self, key: LeaseKey) {
+        let worker = worker_of(&key, self.0.len());
         // The receiver lives as long as the worker; if it is gone the process is exiting.
-        let _ = self.0.send(key);
+        let _ = self.0[worker].send(key);
     }
+}
+
+/// The worker (of `workers`) that reconciles `key`: by its namespace and term shard.
+pub fn worker_of(key: &LeaseKey, workers: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.namespace.hash(&mut h);
+    super::terms::shard_of(&key.name).hash(&mut h);
+    (h.finish() % workers.max(1) as u64) as usize
 }
 
 /// The receiving side, owned by the worker.
@@ -39,15 +51,27 @@ pub struct Queue {
     delay_keys: HashMap<LeaseKey, delay_queue::Key>,
 }
 
-pub fn queue() -> (Enqueue, Queue) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let q = Queue {
-        rx,
-        ready: BTreeSet::new(),
-        delayed: DelayQueue::new(),
-        delay_keys: HashMap::new(),
-    };
-    (Enqueue(tx), q)
+/// One queue per worker (at least one).
+pub fn queues(workers: usize) -> (Enqueue, Vec<Queue>) {
+    let (senders, queues) = (0..workers.max(1))
+        .map(|_| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let q = Queue {
+                rx,
+                ready: BTreeSet::new(),
+                delayed: DelayQueue::new(),
+                delay_keys: HashMap::new(),
+            };
+            (tx, q)
+        })
+        .unzip();
+    (Enqueue(senders), queues)
+}
+
+#[cfg(test)]
+fn queue() -> (Enqueue, Queue) {
+    let (tx, mut qs) = queues(1);
+    (tx, qs.remove(0))
 }
 
 impl Queue {
@@ -119,5 +143,38 @@ mod tests {
         assert_eq!(q.next().await, Some(key("d")));
         drop(tx);
         assert_eq!(q.next().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_lease_always_goes_to_one_worker_and_the_work_is_spread() {
+        let (tx, mut qs) = queues(4);
+        let keys: Vec<LeaseKey> = (0..200).map(|i| key(&format!("lease-{i}"))).collect();
+        for k in &keys {
+            tx.key(k.clone());
+        }
+        for k in &keys {
+            let w = worker_of(k, 4);
+            assert_eq!(w, worker_of(k, 4), "stable");
+            // Leases that share a term shard share a worker.
+            let twin = keys.iter().find(|o| {
+                o.name != k.name
+                    && super::super::terms::shard_of(&o.name)
+                        == super::super::terms::shard_of(&k.name)
+            });
+            if let Some(t) = twin {
+                assert_eq!(worker_of(t, 4), w);
+            }
+        }
+        let mut per_worker = Vec::new();
+        for q in qs.iter_mut() {
+            let mut n = 0;
+            while let Ok(k) = q.rx.try_recv() {
+                assert_eq!(worker_of(&k, 4), per_worker.len());
+                n += 1;
+            }
+            per_worker.push(n);
+        }
+        assert_eq!(per_worker.iter().sum::<usize>(), 200);
+        assert!(per_worker.iter().all(|&n| n > 20), "{per_worker:?}");
     }
 }

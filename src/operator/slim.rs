@@ -106,20 +106,39 @@ mod tests {
         assert!(stopped::incarnation_ended(&slim, "a1"));
         assert_eq!(crate::operator::depose::restarts(&slim), 1);
         assert!(crate::workloads::pod_ready(&slim));
-        assert_eq!(crate::workloads::pod_version(&slim), crate::workloads::pod_version(&full));
-        assert_eq!(slim.metadata.labels, full.metadata.labels);
-        assert_eq!(slim.metadata.owner_references, full.metadata.owner_references);
-        assert_eq!(slim.metadata.uid, full.metadata.uid);
-        assert_eq!(slim.metadata.resource_version, full.metadata.resource_version);
-        let spec = slim.spec.as_ref().unwrap();
-        assert_eq!(spec.containers[0].image.as_deref(), Some("example.com/web:1.2.3"));
         assert_eq!(
-            spec.init_containers.as_ref().unwrap()[0].restart_policy.as_deref(),
+            crate::workloads::pod_version(&slim),
+            crate::workloads::pod_version(&full)
+        );
+        assert_eq!(slim.metadata.labels, full.metadata.labels);
+        assert_eq!(
+            slim.metadata.owner_references,
+            full.metadata.owner_references
+        );
+        assert_eq!(slim.metadata.uid, full.metadata.uid);
+        assert_eq!(
+            slim.metadata.resource_version,
+            full.metadata.resource_version
+        );
+        let spec = slim.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.containers[0].image.as_deref(),
+            Some("example.com/web:1.2.3")
+        );
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0]
+                .restart_policy
+                .as_deref(),
             Some("Always")
         );
         // ... and it is a fraction of the size.
         let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
-        assert!(size(&slim) * 5 < size(&full), "{} vs {}", size(&slim), size(&full));
+        assert!(
+            size(&slim) * 5 < size(&full),
+            "{} vs {}",
+            size(&slim),
+            size(&full)
+        );
         assert!(slim.metadata.annotations.is_none() && slim.metadata.managed_fields.is_none());
     }
 }
