@@ -42,6 +42,7 @@ crate::tests![operator:
     standby_operator_takes_over_on_sigterm,
     standby_operator_takes_over_after_sigkill,
     a_cut_off_operator_stops_acting_before_the_standby_takes_over,
+    a_briefly_cut_off_operator_resumes_without_a_failover,
     deleting_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_after_a_release_does_not_make_two_arbiters,
@@ -505,9 +506,68 @@ async fn standby_operator_takes_over_after_sigkill(env: Arc<TestEnv>) {
     );
 }
 
+/// The active replica is cut off from the API server past its renew deadline, but not for as
+/// long as the HA lease: it stops writing, then, once it can reach the API server again, finds
+/// nobody wrote its lease meanwhile and resumes, with what it remembers, instead of a standby
+/// starting from nothing. (Before: it exited, and the standby waited out the HA lease and then
+/// a full lease duration before judging any lease expired.)
+async fn a_briefly_cut_off_operator_resumes_without_a_failover(env: Arc<TestEnv>) {
+    use crate::support::agent::{Proxy, apiserver};
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    let proxied = proxy.kubeconfig(&env.kubeconfig, dir.path());
+    // HA lease 10 s, renew deadline 3 s: a cut of 4 s passes the deadline, not the lease.
+    let timings = |id: &'static str| {
+        vec![
+            "--ha-lease-duration",
+            "10s",
+            "--ha-renew-deadline",
+            "3s",
+            "--ha-retry-period",
+            "1s",
+            "--identity",
+            id,
+        ]
+    };
+    let mut a = Operator::start_with(&proxied, &env.ns, &timings("brief-a"));
+    let a_id = eventually("the proxied operator to be active", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| h.starts_with("brief-a-"))
+    })
+    .await;
+    let b = Operator::start(&env, &timings("brief-b"));
+    eventually(
+        "the standby to watch the operator lease",
+        DEADLINE,
+        || async {
+            b.logs()
+                .contains("watching the operator lease")
+                .then_some(())
+        },
+    )
+    .await;
+    proxy.cut();
+    eventually("the cut-off replica to stop writing", DEADLINE, || async {
+        a.logs().contains("stopped writing").then_some(())
+    })
+    .await;
+    proxy.restore();
+    eventually("the cut-off replica to resume", DEADLINE, || async {
+        a.logs().contains("resumed").then_some(())
+    })
+    .await;
+    assert!(!a.exited(), "{}", a.logs());
+    assert_eq!(ha_holder(&env).await.as_deref(), Some(a_id.as_str()));
+    assert!(!b.logs().contains("acting as the arbiter"), "{}", b.logs());
+    // And it arbitrates.
+    let _r = Responder::start(env.client.clone(), &env.ns, &["r1"]);
+    create_candidate(&env, "r1", "resumed", "1.0.0", Some("1.0.0"), OEV, None).await;
+    wait_for_holder(&env, "resumed", "r1", DEADLINE).await;
+}
+
 /// The active replica's connection goes dead (black-holed: requests hang, nothing answers). Its
-/// renew hangs too; it must still give up at its renew deadline, counted from the last renew it
-/// sent, and write nothing after it, before the standby takes over. (Today's main: the renew
+/// renew hangs too; it must still stop writing at its renew deadline, counted from the last
+/// renew it sent, and write nothing after it, before the standby takes over; once it can reach
+/// the API server again it finds the standby's write and exits. (Today's main: the renew
 /// had no timeout, and the cut-off replica went on believing it was the arbiter.)
 async fn a_cut_off_operator_stops_acting_before_the_standby_takes_over(env: Arc<TestEnv>) {
     use crate::support::agent::{Proxy, apiserver};
@@ -542,20 +602,24 @@ async fn a_cut_off_operator_stops_acting_before_the_standby_takes_over(env: Arc<
         ha_holder(&env).await.filter(|h| h.starts_with("cut-b-"))
     })
     .await;
+    // By then the cut-off replica had stopped acting (its write gate closed at its renew
+    // deadline): it only tries to resume, which the standby's write makes impossible.
     assert!(
-        a.exited(),
-        "{b_id} took over while the cut-off {a_id} was still running: two replicas believed they were the arbiter"
+        a.logs().contains("stopped writing"),
+        "{b_id} took over while the cut-off {a_id} still believed it was the arbiter:\n{}",
+        a.logs()
     );
+    proxy.restore();
     assert_eq!(
         a.wait_exit(DEADLINE).await,
         Some(1),
         "lost leadership exits 1"
     );
+    let logs = a.logs();
     assert!(
-        a.logs().contains("lost leadership"),
-        "the cut-off replica says why it stopped"
+        logs.contains("lost leadership") && logs.contains("written by someone else meanwhile"),
+        "the cut-off replica says why it stopped: {logs}"
     );
-    proxy.restore();
     // The new arbiter works; the old one wrote nothing since the cut (not even an Event).
     create_candidate(&env, "w2", "work2", "1.0.0", Some("1.0.0"), OEV, None).await;
     wait_for_holder(&env, "work2", "w2", DEADLINE).await;

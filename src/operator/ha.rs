@@ -15,6 +15,14 @@
 //! else wrote the Lease since, that is all it costs (one request per retry period). Only when
 //! it conflicts (someone wrote it), or the last write's outcome is unknown, does the replica
 //! read the Lease again and check it still holds it.
+//!
+//! **Resuming.** A replica whose renew deadline passed only because it could not reach the API
+//! server (an API server restart, a network blip) has stopped writing, but it need not give up:
+//! [`Elector::resume`] retries a compare-and-swap from the object it last wrote successfully.
+//! That succeeds only if nobody wrote the Lease since, and every replica that takes over writes
+//! it first: so it proves no other replica acted meanwhile, and this one carries on with
+//! everything it remembers, instead of a standby starting from nothing (which must wait a full
+//! lease duration before judging any lease expired). If anyone wrote it, the replica exits.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +47,8 @@ pub struct Elector {
     gate: Gate,
     /// The Lease as this replica last wrote it (`None`: read it first).
     last: std::sync::Mutex<Option<Lease>>,
+    /// The Lease as this replica last wrote it successfully: what [`Elector::resume`] swaps from.
+    written: std::sync::Mutex<Option<Lease>>,
 }
 
 /// Why a renew did not succeed.
@@ -54,6 +64,8 @@ enum Renew {
 pub struct Lost {
     pub name: String,
     pub since: Duration,
+    /// The Lease is gone or names another replica (not only: no renew got through).
+    pub taken: bool,
 }
 
 impl Elector {
@@ -71,10 +83,14 @@ impl Elector {
             timings,
             gate,
             last: std::sync::Mutex::new(None),
+            written: std::sync::Mutex::new(None),
         }
     }
 
     fn remember(&self, written: Option<Lease>) {
+        if let Some(w) = &written {
+            *self.written.lock().unwrap() = Some(w.clone());
+        }
         *self.last.lock().unwrap() = written;
     }
 
@@ -174,6 +190,7 @@ impl Elector {
     /// renew was sent.
     pub async fn keep(&self, acquired: Instant) -> Lost {
         let mut last_ok = acquired;
+        let mut taken = false;
         loop {
             let deadline = tokio::time::Instant::from_std(last_ok + self.timings.renew_deadline);
             tokio::select! {
@@ -190,6 +207,7 @@ impl Elector {
                 Ok(Err(Renew::Lost(why))) => {
                     self.gate.close();
                     tracing::error!(lease = %self.name, %why, "lost the operator lease");
+                    taken = true;
                     break;
                 }
                 Ok(Err(Renew::Failed(e))) => {
@@ -201,6 +219,40 @@ impl Elector {
         Lost {
             name: self.name.clone(),
             since: last_ok.elapsed(),
+            taken,
+        }
+    }
+
+    /// After the renew deadline passed without the Lease being taken: retries, every retry
+    /// period, a compare-and-swap renew from the object this replica last wrote successfully.
+    /// Returns when it went through (when that write was sent: the renew deadline counts from
+    /// there), or `None` as soon as the Lease turns out to have been written by anyone else (or
+    /// deleted): then another replica may have acted, and this one must not.
+    pub async fn resume(&self) -> Option<Instant> {
+        let mut l = self.written.lock().unwrap().clone()?;
+        loop {
+            tokio::time::sleep(self.timings.retry_period).await;
+            let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+            spec.renew_time = Some(lease::now());
+            let sent = Instant::now();
+            let attempt =
+                tokio::time::timeout(self.timings.renew_deadline, self.store.replace(&l)).await;
+            match attempt {
+                Ok(Ok(written)) => {
+                    self.remember(Some(written));
+                    self.gate.open_until(sent + self.timings.renew_deadline);
+                    tracing::info!(lease = %self.name, "resumed: nobody wrote the operator lease meanwhile");
+                    return Some(sent);
+                }
+                Ok(Err(CasError::Conflict(_) | CasError::NotFound(_))) => {
+                    tracing::error!(lease = %self.name, "the operator lease was written by someone else meanwhile: not resuming");
+                    return None;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "resuming: the API server is still unreachable")
+                }
+                Err(_) => tracing::debug!("resuming: the renew timed out"),
+            }
         }
     }
 

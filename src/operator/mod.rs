@@ -223,10 +223,40 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     };
     metrics.active.set(1);
     tracing::info!(%identity, "acting as the arbiter");
-    let result = tokio::select! {
-        lost = elector.keep(acquired) => Err(anyhow::Error::new(lost)),
-        _ = controller::run(client.clone(), caches, queues, settings.clone(), metrics.clone()) => Err(anyhow::anyhow!("work queue closed")),
-        _ = &mut shutdown => Ok(()),
+    let run = controller::run(
+        client.clone(),
+        caches,
+        queues,
+        settings.clone(),
+        metrics.clone(),
+    );
+    tokio::pin!(run);
+    let mut acquired = acquired;
+    let result = loop {
+        tokio::select! {
+            lost = elector.keep(acquired) => {
+                if lost.taken {
+                    break Err(anyhow::Error::new(lost));
+                }
+                // The write gate is closed. Resume if nobody wrote the lease meanwhile (the API
+                // server was only unreachable); else give up, as another replica may act.
+                metrics.active.set(0);
+                tracing::warn!(error = %lost, "stopped writing; resuming if nobody took the operator lease meanwhile");
+                let resumed = tokio::select! {
+                    r = elector.resume() => r,
+                    _ = &mut shutdown => break Ok(()),
+                };
+                match resumed {
+                    Some(at) => {
+                        acquired = at;
+                        metrics.active.set(1);
+                    }
+                    None => break Err(anyhow::Error::new(lost)),
+                }
+            }
+            _ = &mut run => break Err(anyhow::anyhow!("work queue closed")),
+            _ = &mut shutdown => break Ok(()),
+        }
     };
     if result.is_ok() {
         // A clean stop: hand the operator lease to a standby at once.
