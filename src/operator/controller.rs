@@ -61,6 +61,27 @@ pub struct Caches {
     pub by_lease: CandidateIndex,
     /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
     pub stopped_pods: StoppedPods,
+    /// One lock per namespace, held by a worker for a single-active lease's whole reconcile:
+    /// role labels belong to pods, and two workloads (or a workload whose lease name changed)
+    /// may select the same pods, so "demote, then promote" must not interleave across workers.
+    pub single_active_locks: NamespaceLocks,
+}
+
+/// Per-namespace async locks (see [`Caches::single_active_locks`]).
+#[derive(Clone, Default)]
+pub struct NamespaceLocks(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>);
+
+impl NamespaceLocks {
+    pub async fn lock(&self, namespace: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .0
+            .lock()
+            .unwrap()
+            .entry(namespace.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
 }
 
 /// The three watches, as one stream that ends only on error. Each event enqueues the leases it
@@ -96,6 +117,7 @@ pub fn watch_all(
         incarnations: IncarnationLog::default(),
         by_lease: CandidateIndex::default(),
         stopped_pods: stopped_pods.clone(),
+        single_active_locks: NamespaceLocks::default(),
     };
 
     let e = enqueue.clone();
@@ -396,6 +418,12 @@ impl Worker {
             .leases
             .get(&ObjectRef::new(&key.name).within(&key.namespace));
         self.expire_candidates(key, &mut candidates).await;
+        // A single-active lease's reconcile (its role labels) never interleaves with another
+        // of the namespace's, whatever worker runs it.
+        let _serial = match self.caches.workloads.governing(key) {
+            Some(_) => Some(self.caches.single_active_locks.lock(&key.namespace).await),
+            None => None,
+        };
         let prepared = single_active::prepare(
             &self.client,
             &self.caches,

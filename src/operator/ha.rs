@@ -16,6 +16,10 @@
 //! it conflicts (someone wrote it), or the last write's outcome is unknown, does the replica
 //! read the Lease again and check it still holds it.
 //!
+//! A replica that finds no Lease and never saw one (a fresh install, or a Lease deleted under
+//! an active replica) creates it, then waits the renew deadline before it acts: any replica
+//! that was active stops writing by then (its renews fail from the create on).
+//!
 //! **Resuming.** A replica whose renew deadline passed only because it could not reach the API
 //! server (an API server restart, a network blip) has stopped writing, but it need not give up:
 //! [`Elector::resume`] retries a compare-and-swap from the object it last wrote successfully.
@@ -49,6 +53,15 @@ pub struct Elector {
     last: std::sync::Mutex<Option<Lease>>,
     /// The Lease as this replica last wrote it successfully: what [`Elector::resume`] swaps from.
     written: std::sync::Mutex<Option<Lease>>,
+}
+
+/// What an acquire attempt did.
+enum Acquired {
+    NotYet,
+    /// Took an existing Lease (free, released, or silent for a full duration).
+    Took,
+    /// Created the Lease: act only after the renew deadline.
+    Created,
 }
 
 /// Why a renew did not succeed.
@@ -102,11 +115,25 @@ impl Elector {
         loop {
             let sent = Instant::now();
             match self.try_acquire(&mut seen, &mut ever_seen).await {
-                Ok(true) => {
+                Ok(Acquired::Took) => {
                     self.gate.open_until(sent + self.timings.renew_deadline);
                     return sent;
                 }
-                Ok(false) => {}
+                Ok(Acquired::Created) => {
+                    // A Lease this replica never saw may have been deleted under an active
+                    // replica, whose write gate stays open until its last renew + the renew
+                    // deadline (its renews fail from our create on). Act only after that, with a
+                    // renew that proves nobody else wrote since.
+                    tokio::time::sleep(self.timings.renew_deadline).await;
+                    let sent = Instant::now();
+                    if let Ok(Ok(())) =
+                        tokio::time::timeout(self.timings.renew_deadline, self.renew()).await
+                    {
+                        self.gate.open_until(sent + self.timings.renew_deadline);
+                        return sent;
+                    }
+                }
+                Ok(Acquired::NotYet) => {}
                 Err(e) => tracing::debug!(error = %e, "acquire attempt failed"),
             }
             tokio::time::sleep(self.timings.retry_period).await;
@@ -117,7 +144,7 @@ impl Elector {
         &self,
         seen: &mut Option<(String, Instant)>,
         ever_seen: &mut bool,
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<Acquired> {
         let current = self.store.get(&self.name).await?;
         // How long the Lease has looked like this (missing included), on this clock.
         let fingerprint = match &current {
@@ -147,14 +174,14 @@ impl Elector {
             // Deleted while this replica watched (the active one may still be writing): wait a
             // full duration. Never seen at all (a fresh install): take it at once.
             if existed && !quiet(None) {
-                return Ok(false);
+                return Ok(Acquired::NotYet);
             }
             let mut l = Lease::default();
             l.metadata.name = Some(self.name.clone());
             l.spec = Some(self.record(1));
             self.remember(Some(self.store.create(&l).await?));
-            tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease (created)");
-            return Ok(true);
+            tracing::info!(lease = %self.name, identity = %self.identity, "created the operator lease; acting after the renew deadline");
+            return Ok(Acquired::Created);
         };
         let free = match lease::holder(&current) {
             // Released by the active replica itself (on SIGTERM): at once.
@@ -163,7 +190,7 @@ impl Elector {
             _ => quiet(Some(&current)),
         };
         if !free {
-            return Ok(false);
+            return Ok(Acquired::NotYet);
         }
         let mut l = current.clone();
         l.spec = Some(self.record(lease::term(&current) + 1));
@@ -171,7 +198,7 @@ impl Elector {
         lease::set_annotation(&mut l, lease::RELEASED_BY_ANNOTATION, None);
         self.remember(Some(self.store.replace(&l).await?));
         tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease");
-        Ok(true)
+        Ok(Acquired::Took)
     }
 
     fn record(&self, term: i32) -> LeaseSpec {
@@ -258,22 +285,32 @@ impl Elector {
 
     async fn renew(&self) -> Result<(), Renew> {
         let failed = |e: anyhow::Error| Renew::Failed(e);
-        // From the last write: nobody else wrote since, or the compare-and-swap says so.
+        // From the last write: nobody else wrote since, or the compare-and-swap says so, and
+        // then (in this same renew) from the Lease as it is now.
         let cached = self.last.lock().unwrap().take();
-        let mut l = match cached {
-            Some(l) => l,
-            None => {
-                let Some(l) = self
-                    .store
-                    .get(&self.name)
-                    .await
-                    .map_err(|e| failed(e.into()))?
-                else {
-                    return Err(Renew::Lost("it was deleted".into()));
-                };
-                l
+        if let Some(l) = cached {
+            match self.swap(l).await {
+                Err(Renew::Failed(e))
+                    if e.downcast_ref::<CasError>().is_some_and(|c| {
+                        matches!(c, CasError::Conflict(_) | CasError::NotFound(_))
+                    }) => {}
+                other => return other,
             }
+        }
+        let Some(l) = self
+            .store
+            .get(&self.name)
+            .await
+            .map_err(|e| failed(e.into()))?
+        else {
+            return Err(Renew::Lost("it was deleted".into()));
         };
+        self.swap(l).await
+    }
+
+    /// One renew of `l` (as read or last written) by compare-and-swap, if it names this replica.
+    async fn swap(&self, mut l: Lease) -> Result<(), Renew> {
+        let failed = |e: anyhow::Error| Renew::Failed(e);
         if lease::holder(&l) != Some(self.identity.as_str()) {
             return Err(Renew::Lost(format!(
                 "it is now held by {:?}",

@@ -242,8 +242,11 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
                 // server was only unreachable); else give up, as another replica may act.
                 metrics.active.set(0);
                 tracing::warn!(error = %lost, "stopped writing; resuming if nobody took the operator lease meanwhile");
+                // The workers go on meanwhile (their writes are refused at the closed gate), so
+                // requests already in flight still end at their timeout.
                 let resumed = tokio::select! {
                     r = elector.resume() => r,
+                    _ = &mut run => break Err(anyhow::anyhow!("work queue closed")),
                     _ = &mut shutdown => break Ok(()),
                 };
                 match resumed {
