@@ -448,14 +448,16 @@ async fn term_survives_lease_deletion(env: Arc<TestEnv>) {
 }
 
 /// The operator's own HA lease holder, if any.
+/// The replica acting as the arbiter: the HA Lease's holder, once it has renewed since it
+/// acquired (a replica that created the Lease acts only after its renew deadline).
 async fn ha_holder(env: &TestEnv) -> Option<String> {
     let api: Api<Lease> = env.api();
-    api.get_opt("arbiter-operator")
-        .await
-        .ok()?
-        .as_ref()
-        .and_then(lease::holder)
-        .map(str::to_string)
+    let l = api.get_opt("arbiter-operator").await.ok()??;
+    let spec = l.spec.as_ref()?;
+    let (acquired, renewed) = (spec.acquire_time.as_ref()?, spec.renew_time.as_ref()?);
+    (renewed.0 > acquired.0)
+        .then(|| lease::holder(&l).map(str::to_string))
+        .flatten()
 }
 
 async fn two_operators(env: &TestEnv) -> (Operator, Operator, String) {

@@ -226,7 +226,10 @@ async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv
     .await;
     // The standby, or the Deployment's replacement pod if it was quicker: one of the chart's
     // pods, not the deleted one.
-    let now_running = pods.list(&ListParams::default().labels(&instance)).await.unwrap();
+    let now_running = pods
+        .list(&ListParams::default().labels(&instance))
+        .await
+        .unwrap();
     assert!(
         now_running
             .items

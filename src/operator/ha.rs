@@ -201,13 +201,16 @@ impl Elector {
         Ok(Acquired::Took)
     }
 
+    /// A fresh record: acquired and renewed at the same instant (a later renew time says the
+    /// holder has renewed since).
     fn record(&self, term: i32) -> LeaseSpec {
+        let now = lease::now();
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
             lease_duration_seconds: Some(crate::flags::lease_seconds(self.timings.lease_duration)),
             lease_transitions: Some(term),
-            acquire_time: Some(lease::now()),
-            renew_time: Some(lease::now()),
+            acquire_time: Some(now.clone()),
+            renew_time: Some(now),
             ..LeaseSpec::default()
         }
     }
