@@ -203,8 +203,9 @@ const FAULTS: [Fault; 12] = [
     Fault::KillHolderContainer,
 ];
 
-/// The candidate that runs as a pod on the real node.
-const POD_AGENT: &str = "agent-pod";
+/// The candidate that runs as a pod on the real node: the one pod of StatefulSet `agent-pod`
+/// (a pod the operator forces out, after a term it outlived, comes back under the same name).
+const POD_AGENT: &str = "agent-pod-0";
 
 /// Restarts a control-plane component in place (`e2e/cluster.sh restart`).
 async fn restart(kubeconfig: &Path, component: &str) {
@@ -631,22 +632,25 @@ async fn start_pod_agent(kubeconfig: &Path, client: &kube::Client, port: u16) {
     args.extend(TIMINGS);
     args.extend(["--", "/bin/sh", "-c", &workload]);
     let shared = tempfile::tempdir().unwrap();
-    let mut pod = support::node::agent_pod(
-        POD_AGENT,
-        serde_json::json!({}),
-        "agent",
-        &args,
-        shared.path(),
-    );
+    let labels = serde_json::json!({"app": "agent-pod"});
+    let mut pod =
+        support::node::agent_pod(POD_AGENT, labels.clone(), "agent", &args, shared.path());
     pod["spec"]["restartPolicy"] = serde_json::json!("Always");
     pod["spec"]["volumes"][0] = serde_json::json!({"name": "shared", "emptyDir": {}});
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
-    pods.create(
-        &PostParams::default(),
-        &serde_json::from_value(pod).unwrap(),
-    )
-    .await
-    .expect("creating the pod candidate");
+    let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "agent-pod"},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "agent-pod",
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod["spec"]},
+        },
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &set)
+        .await
+        .expect("creating the pod candidate's StatefulSet");
 }
 
 /// Asks for a planned switchover to the pod candidate (`arbiter handover`); a refusal (the pod
