@@ -203,9 +203,9 @@ const FAULTS: [Fault; 12] = [
     Fault::KillHolderContainer,
 ];
 
-/// The candidate that runs as a pod on the real node: the one pod of StatefulSet `agent-pod`
-/// (a pod the operator forces out, after a term it outlived, comes back under the same name).
-const POD_AGENT: &str = "agent-pod-0";
+/// The candidate that runs as a pod on the real node (recreated by the harness if the operator
+/// forces it out, as a controller would).
+const POD_AGENT: &str = "agent-pod";
 
 /// Restarts a control-plane component in place (`e2e/cluster.sh restart`).
 async fn restart(kubeconfig: &Path, component: &str) {
@@ -335,7 +335,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         slot.start(port, dir.as_path());
         agents.push(slot);
     }
-    start_pod_agent(kubeconfig, &client, port).await;
+    let pod_agent = start_pod_agent(kubeconfig, &client, port).await;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), NS);
     let mut rng = Rng(seed);
@@ -365,6 +365,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             for a in agents.iter_mut() {
                 a.keep_alive(port, dir.as_path());
             }
+            ensure_pod_agent(&client, &pod_agent).await;
             // An operator replica that exited (it could not renew its lease) is restarted, as
             // its Deployment would.
             for o in operators.iter_mut() {
@@ -616,7 +617,11 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
 /// The fourth candidate, `agent-pod`: `arbiter run` as the entrypoint of a pod on the real node
 /// (the agent image, in-cluster config, restarted by the kubelet), writing to the fenced
 /// resource through the node's bridge.
-async fn start_pod_agent(kubeconfig: &Path, client: &kube::Client, port: u16) {
+async fn start_pod_agent(
+    kubeconfig: &Path,
+    client: &kube::Client,
+    port: u16,
+) -> k8s_openapi::api::core::v1::Pod {
     support::node::ready(&support::TestEnv {
         client: client.clone(),
         ns: NS.into(),
@@ -632,25 +637,27 @@ async fn start_pod_agent(kubeconfig: &Path, client: &kube::Client, port: u16) {
     args.extend(TIMINGS);
     args.extend(["--", "/bin/sh", "-c", &workload]);
     let shared = tempfile::tempdir().unwrap();
-    let labels = serde_json::json!({"app": "agent-pod"});
-    let mut pod =
-        support::node::agent_pod(POD_AGENT, labels.clone(), "agent", &args, shared.path());
+    let mut pod = support::node::agent_pod(
+        POD_AGENT,
+        serde_json::json!({}),
+        "agent",
+        &args,
+        shared.path(),
+    );
     pod["spec"]["restartPolicy"] = serde_json::json!("Always");
     pod["spec"]["volumes"][0] = serde_json::json!({"name": "shared", "emptyDir": {}});
-    let set: k8s_openapi::api::apps::v1::StatefulSet = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "agent-pod"},
-        "spec": {
-            "replicas": 1,
-            "serviceName": "agent-pod",
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": pod["spec"]},
-        },
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &set)
-        .await
-        .expect("creating the pod candidate's StatefulSet");
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod).unwrap();
+    ensure_pod_agent(client, &pod).await;
+    pod
+}
+
+/// Creates the pod candidate if it is not there (the operator evicts a holder's pod that
+/// outlived its term).
+async fn ensure_pod_agent(client: &kube::Client, pod: &k8s_openapi::api::core::v1::Pod) {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
+    if let Ok(None) = pods.get_opt(POD_AGENT).await {
+        let _ = pods.create(&PostParams::default(), pod).await;
+    }
 }
 
 /// Asks for a planned switchover to the pod candidate (`arbiter handover`); a refusal (the pod

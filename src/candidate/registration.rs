@@ -87,8 +87,10 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
             ),
             Some(_) => {
                 // A new process: an overrun reported by an earlier one is history (its Event
-                // and metric remain).
-                let patch = json!({
+                // and metric remain). It may run in a new pod of the same name (a StatefulSet's
+                // replacement): the candidate goes with this pod from now on.
+                let owners = owner_references(config);
+                let mut patch = json!({
                     "metadata": { "annotations": {
                         INCARNATION_ANNOTATION: incarnation,
                         OVERRAN_ANNOTATION: null,
@@ -102,6 +104,9 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                         "renewTime": renew_time,
                     },
                 });
+                if let Some(owners) = owners {
+                    patch["metadata"]["ownerReferences"] = json!(owners);
+                }
                 api.patch(
                     &config.identity,
                     &PatchParams::default(),
@@ -126,15 +131,7 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                     ]
                     .into(),
                 );
-                if let (Some(pod), Some(uid)) = (&config.pod_name, &config.pod_uid) {
-                    candidate.metadata.owner_references = Some(vec![OwnerReference {
-                        api_version: "v1".into(),
-                        kind: "Pod".into(),
-                        name: pod.clone(),
-                        uid: uid.clone(),
-                        ..OwnerReference::default()
-                    }]);
-                }
+                candidate.metadata.owner_references = owner_references(config);
                 match api.create(&PostParams::default(), &candidate).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -243,4 +240,18 @@ pub async fn withdraw(
         .context("marking the candidate withdrawn")?;
     tracing::info!(candidate = %config.identity, ?overran, "withdrew the candidate (kept, marked withdrawn: the term's work stopped)");
     Ok(())
+}
+
+/// The candidate's owner: the pod it runs in, when known.
+fn owner_references(config: &Config) -> Option<Vec<OwnerReference>> {
+    let (Some(pod), Some(uid)) = (&config.pod_name, &config.pod_uid) else {
+        return None;
+    };
+    Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.clone(),
+        uid: uid.clone(),
+        ..OwnerReference::default()
+    }])
 }

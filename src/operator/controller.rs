@@ -543,6 +543,21 @@ impl Worker {
             let pod = holder_candidate.and_then(|c| self.pod_of(c));
             matches!((incarnation, pod), (Some(i), Some(pod)) if super::stopped::incarnation_ended(&pod, i))
         });
+        // The holder whose process ended is not elected again until a new process of it
+        // registers (its last acknowledgements came from the dead one).
+        if process_ended
+            && let Some(h) = observed.and_then(|(l, _)| lease::holder(l))
+            && let Some((_, dead)) = self.held.incarnation(key)
+            && let Some(i) = candidates.iter().position(|c| {
+                c.name_any() == h
+                    && c.annotations()
+                        .get(INCARNATION_ANNOTATION)
+                        .map(String::as_str)
+                        == Some(dead)
+            })
+        {
+            inputs[i].pod = decide::PodState::Stopped;
+        }
         // Why the holder's term ended, for the leader-change metric if a new one is assigned.
         let mut term_ended = previous
             .as_ref()
@@ -846,7 +861,9 @@ impl Worker {
                 .get(RESTARTS_ANNOTATION)
                 .and_then(|v| v.parse::<i64>().ok());
             tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
-            if recorded == Some(depose::restarts(&pod)) {
+            // Same containers, and not all of them reported ended (one in crash-loop back-off
+            // after its process exited runs nothing: nothing to force out).
+            if recorded == Some(depose::restarts(&pod)) && !depose::nothing_runs(&pod) {
                 self.deposer.add(
                     key,
                     Target::new(

@@ -60,6 +60,24 @@ pub fn restarts(pod: &Pod) -> i64 {
     statuses.iter().map(|s| i64::from(s.restart_count)).sum()
 }
 
+/// The pod reports containers, and none of them (sidecars included) running: its processes
+/// exited (a container waiting in crash-loop back-off, or terminated), whatever its restart
+/// count says.
+pub fn nothing_runs(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    let main = status
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    let init = status
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    !main.is_empty()
+        && main
+            .iter()
+            .chain(init)
+            .all(|c| c.state.as_ref().is_none_or(|s| s.running.is_none()))
+}
+
 /// A deposed holder's pod to force out.
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -366,6 +384,27 @@ mod tests {
         p.metadata.name = Some("web-0".into());
         p.metadata.uid = Some(uid.into());
         p
+    }
+
+    #[test]
+    fn a_pod_whose_containers_all_ended_runs_nothing() {
+        let pod = |states: &[&str]| -> Pod {
+            serde_json::from_value(serde_json::json!({"status": {"containerStatuses": states
+                .iter()
+                .map(|s| match *s {
+                    "running" => serde_json::json!({"name": "c", "ready": true, "restartCount": 1, "image": "i", "imageID": "", "state": {"running": {}}}),
+                    "waiting" => serde_json::json!({"name": "c", "ready": false, "restartCount": 1, "image": "i", "imageID": "", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}),
+                    _ => serde_json::json!({"name": "c", "ready": false, "restartCount": 1, "image": "i", "imageID": "", "state": {"terminated": {"exitCode": 137}}}),
+                })
+                .collect::<Vec<_>>()}}))
+            .unwrap()
+        };
+        assert!(nothing_runs(&pod(&["waiting"])));
+        assert!(nothing_runs(&pod(&["terminated", "waiting"])));
+        assert!(!nothing_runs(&pod(&["running"])));
+        assert!(!nothing_runs(&pod(&["waiting", "running"])));
+        // No statuses reported: nothing is known, so it may run.
+        assert!(!nothing_runs(&pod(&[])));
     }
 
     #[tokio::test]
