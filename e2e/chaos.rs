@@ -482,7 +482,8 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             (Fault::RestartApiserver, _) => restart(kubeconfig, "kube-apiserver").await,
             (Fault::RestartEtcd, _) => restart(kubeconfig, "etcd").await,
             (Fault::KillHolderContainer, None) => {
-                let Some(pid) = pod_agent_pid(kubeconfig, &client).await else {
+                let pid = support::node::first_container_pid(&client, NS, kubeconfig, POD_AGENT);
+                let Some(pid) = pid.await else {
                     continue;
                 };
                 let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -683,17 +684,4 @@ async fn hand_over_to_pod(kubeconfig: &Path) {
         eprintln!("chaos: the switchover to {POD_AGENT} did not happen ({status:?}); waiting");
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-}
-
-/// The host pid of the pod candidate's agent (its container's first process).
-async fn pod_agent_pid(kubeconfig: &Path, client: &kube::Client) -> Option<i32> {
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
-    let p = pods.get(POD_AGENT).await.ok()?;
-    let id = p
-        .status?
-        .container_statuses?
-        .first()?
-        .container_id
-        .clone()?;
-    support::node::container_init_pid(kubeconfig, &id)
 }

@@ -184,20 +184,6 @@ async fn spawn_real(env: &Env, lease: &str, id: &str, version: &str, log: &Path)
     Proc::Real
 }
 
-/// The host pid of a real pod's agent: its container's first process.
-async fn real_agent_pid(env: &Env, pod: &str) -> Option<i32> {
-    let pods: Api<k8s_openapi::api::core::v1::Pod> =
-        Api::namespaced(env.client.clone(), System::Arbiter.namespace());
-    let p = pods.get(pod).await.ok()?;
-    let id = p
-        .status?
-        .container_statuses?
-        .first()?
-        .container_id
-        .clone()?;
-    support::node::container_init_pid(&env.kubeconfig, &id)
-}
-
 /// The workload of arbiter agents: the same `start`/`stop` lines `lecandidate` writes.
 const WORKLOAD: &str = r#"echo "start $ARBITER_IDENTITY $(date +%s.%N)" >> "$1"
 trap 'echo "stop $ARBITER_IDENTITY $(date +%s.%N)" >> "$1"; exit 0' TERM
@@ -408,11 +394,9 @@ async fn measure(
     .await
     .ok_or("no stable holder within 120 s")?;
     let agent = if real {
-        Some(
-            real_agent_pid(env, &holder)
-                .await
-                .ok_or("the holder's container has no task")?,
-        )
+        let ns = System::Arbiter.namespace();
+        let pid = support::node::first_container_pid(&env.client, ns, &env.kubeconfig, &holder);
+        Some(pid.await.ok_or("the holder's container has no task")?)
     } else {
         None
     };

@@ -30,6 +30,7 @@ crate::tests![real_node:
     a_deleted_agent_pods_workload_stops_before_the_next_starts,
     a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry,
     a_container_sharing_its_pid_namespace_waits_for_expiry,
+    a_holder_in_crash_loop_back_off_is_passed_over_at_once,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -436,6 +437,20 @@ async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<Tes
     .await;
 }
 
+/// Agent pods `job-a` (1.30.0) and `job-b` (1.31.0) that the kubelet restarts when their
+/// container ends, with a minute's lease (a new term within 40 s of a crash cannot come from
+/// expiry); returns the Lease once `job-a` holds it.
+async fn restartable_pair(env: &TestEnv, shared: &Path) -> Lease {
+    node::agent_service_account(&env.client, &env.ns).await;
+    let timings = ["--lease-duration", "60s", "--renew-deadline", "20s"];
+    for (name, version) in [("job-a", "1.30.0"), ("job-b", "1.31.0")] {
+        let mut pod = agent_pod_with(name, version, shared, &timings);
+        pod["spec"]["restartPolicy"] = json!("Always");
+        create::<Pod>(env, pod).await;
+    }
+    wait_for_holder(env, "job", "job-a", DEADLINE).await
+}
+
 /// The running container's id (`containerd://...`) of a pod's only container.
 async fn container_id(env: &TestEnv, pod: &str) -> String {
     let pods: Api<Pod> = env.api();
@@ -453,17 +468,9 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
 ) {
     node::ready(&env).await;
     let op = Operator::start(&env, &[]);
-    node::agent_service_account(&env.client, &env.ns).await;
     let shared = node::shared_dir();
     let log = shared.path().join("log");
-    // A minute's lease: a new term within 40 s of the crash cannot come from expiry.
-    let timings = ["--lease-duration", "60s", "--renew-deadline", "20s"];
-    for (name, version) in [("job-a", "1.30.0"), ("job-b", "1.31.0")] {
-        let mut pod = agent_pod_with(name, version, shared.path(), &timings);
-        pod["spec"]["restartPolicy"] = json!("Always");
-        create::<Pod>(&env, pod).await;
-    }
-    let first = wait_for_holder(&env, "job", "job-a", DEADLINE).await;
+    let first = restartable_pair(&env, shared.path()).await;
     let started = |who: &'static str, term: i32| {
         let log = log.clone();
         async move {
@@ -608,4 +615,66 @@ async fn a_container_sharing_its_pid_namespace_waits_for_expiry(env: Arc<TestEnv
         !metrics.contains(r#"reason="container_restarted""#),
         "{metrics}"
     );
+}
+
+/// Kills the agent (its container's first process) of pod `name`.
+async fn kill_agent(env: &TestEnv, name: &str) {
+    container_id(env, name).await;
+    let agent = node::first_container_pid(&env.client, &env.ns, &env.kubeconfig, name)
+        .await
+        .expect("the container's task");
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &agent.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// The holder's container crashes a second time: the kubelet holds its restart back (crash-loop
+/// back-off, 10 s and more), so no process of it can take the lease; the next live candidate
+/// gets it at once, not after the dead one's last acknowledgement ages out or its lease expires.
+/// (Found by the chaos suite: the dead holder was elected again, and the lease waited out a
+/// full term.)
+async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    let _op = Operator::start(&env, &[]);
+    let shared = node::shared_dir();
+    let first = restartable_pair(&env, shared.path()).await;
+    crate::support::agent::wait_eligible(&env, "job-b").await;
+    // The first crash: the container restarts at once and job-a, the oldest version, leads again.
+    kill_agent(&env, "job-a").await;
+    let leases: Api<Lease> = env.api();
+    let term = |l: &Lease| arbiter::lease::term(l);
+    let again = eventually("job-a to lead again", DEADLINE, || async {
+        let l = leases.get("job").await.ok()?;
+        (term(&l) > term(&first) && arbiter::lease::holder(&l) == Some("job-a")).then_some(l)
+    })
+    .await;
+    eventually("job-a to take its new term", DEADLINE, || async {
+        let l = leases.get("job").await.ok()?;
+        (term(&l) == term(&again)
+            && l.annotations()
+                .contains_key(arbiter::lease::INCARNATION_ANNOTATION))
+        .then_some(())
+    })
+    .await;
+    // The second: the kubelet backs off; job-b gets the lease while job-a's container waits.
+    kill_agent(&env, "job-a").await;
+    let next = eventually("another holder", Duration::from_secs(40), || async {
+        let l = leases.get("job").await.ok()?;
+        (term(&l) > term(&again) && arbiter::lease::holder(&l).is_some()).then_some(l)
+    })
+    .await;
+    assert_eq!(arbiter::lease::holder(&next), Some("job-b"));
+    let pods: Api<Pod> = env.api();
+    let a = pods.get("job-a").await.unwrap();
+    let c = &a.status.unwrap().container_statuses.unwrap()[0];
+    let waiting = c
+        .state
+        .as_ref()
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.clone());
+    assert_eq!(waiting.as_deref(), Some("CrashLoopBackOff"), "{c:?}");
 }

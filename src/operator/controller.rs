@@ -863,7 +863,7 @@ impl Worker {
             tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
             // Same containers, and not all of them reported ended (one in crash-loop back-off
             // after its process exited runs nothing: nothing to force out).
-            if recorded == Some(depose::restarts(&pod)) && !depose::nothing_runs(&pod) {
+            if recorded == Some(depose::restarts(&pod)) && !super::stopped::nothing_runs(&pod) {
                 self.deposer.add(
                     key,
                     Target::new(

@@ -60,24 +60,6 @@ pub fn restarts(pod: &Pod) -> i64 {
     statuses.iter().map(|s| i64::from(s.restart_count)).sum()
 }
 
-/// The pod reports containers, and none of them (sidecars included) running: its processes
-/// exited (a container waiting in crash-loop back-off, or terminated), whatever its restart
-/// count says.
-pub fn nothing_runs(pod: &Pod) -> bool {
-    let status = pod.status.as_ref();
-    let main = status
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default();
-    let init = status
-        .and_then(|s| s.init_container_statuses.as_deref())
-        .unwrap_or_default();
-    !main.is_empty()
-        && main
-            .iter()
-            .chain(init)
-            .all(|c| c.state.as_ref().is_none_or(|s| s.running.is_none()))
-}
-
 /// A deposed holder's pod to force out.
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -399,12 +381,17 @@ mod tests {
                 .collect::<Vec<_>>()}}))
             .unwrap()
         };
-        assert!(nothing_runs(&pod(&["waiting"])));
-        assert!(nothing_runs(&pod(&["terminated", "waiting"])));
-        assert!(!nothing_runs(&pod(&["running"])));
-        assert!(!nothing_runs(&pod(&["waiting", "running"])));
+        assert!(super::super::stopped::nothing_runs(&pod(&["waiting"])));
+        assert!(super::super::stopped::nothing_runs(&pod(&[
+            "terminated",
+            "waiting"
+        ])));
+        assert!(!super::super::stopped::nothing_runs(&pod(&["running"])));
+        assert!(!super::super::stopped::nothing_runs(&pod(&[
+            "waiting", "running"
+        ])));
         // No statuses reported: nothing is known, so it may run.
-        assert!(!nothing_runs(&pod(&[])));
+        assert!(!super::super::stopped::nothing_runs(&pod(&[])));
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::ResourceExt;
 
 /// How long a stopped pod is remembered.
@@ -112,14 +112,7 @@ pub fn incarnation_ended(pod: &Pod, incarnation: &str) -> bool {
         return false;
     }
     let message = crate::lease::termination_message(incarnation);
-    let status = pod.status.as_ref();
-    let main = status
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default();
-    let init = status
-        .and_then(|s| s.init_container_statuses.as_deref())
-        .unwrap_or_default();
-    main.iter().chain(init).any(|c| {
+    statuses(pod).any(|c| {
         [c.state.as_ref(), c.last_state.as_ref()]
             .into_iter()
             .flatten()
@@ -128,24 +121,40 @@ pub fn incarnation_ended(pod: &Pod, incarnation: &str) -> bool {
     })
 }
 
+/// Every container status of a pod: its containers', then its init containers' (a sidecar, a
+/// restartable init container, may run beside them).
+pub fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
+    let status = pod.status.as_ref();
+    let main = status.and_then(|s| s.container_statuses.as_deref());
+    let init = status.and_then(|s| s.init_container_statuses.as_deref());
+    main.unwrap_or_default()
+        .iter()
+        .chain(init.unwrap_or_default())
+}
+
+/// The pod reports containers, and none of them (sidecars included) running: its processes
+/// exited (a container waiting in crash-loop back-off, or terminated), whatever its restart
+/// count says.
+pub fn nothing_runs(pod: &Pod) -> bool {
+    let reported = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|v| !v.is_empty());
+    reported && statuses(pod).all(|c| c.state.as_ref().is_none_or(|s| s.running.is_none()))
+}
+
 /// Terminal, or every container reported terminated.
 fn containers_stopped(pod: &Pod) -> bool {
     if terminal(pod) {
         return true;
     }
-    let status = pod.status.as_ref();
-    let main = status
+    let main = pod
+        .status
+        .as_ref()
         .and_then(|s| s.container_statuses.as_deref())
         .unwrap_or_default();
-    // Init containers too: a sidecar (a restartable init container) may still run.
-    let init = status
-        .and_then(|s| s.init_container_statuses.as_deref())
-        .unwrap_or_default();
-    !main.is_empty()
-        && main
-            .iter()
-            .chain(init)
-            .all(|s| s.state.as_ref().is_none_or(|st| st.running.is_none()))
+    nothing_runs(pod)
         && main
             .iter()
             .all(|s| s.state.as_ref().is_some_and(|st| st.terminated.is_some()))

@@ -139,6 +139,20 @@ pub fn container_init_pid(kubeconfig: &Path, container_id: &str) -> Option<i32> 
     })
 }
 
+/// The host pid of the first process of pod `name`'s first container (an agent pod's agent), if
+/// it runs.
+pub async fn first_container_pid(
+    client: &kube::Client,
+    ns: &str,
+    kubeconfig: &Path,
+    name: &str,
+) -> Option<i32> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let status = pods.get(name).await.ok()?.status?;
+    let id = status.container_statuses?.first()?.container_id.clone()?;
+    container_init_pid(kubeconfig, &id)
+}
+
 /// The host pids of every process in a container (`containerd://ID` from the pod's status).
 pub fn container_pids(env: &TestEnv, container_id: &str) -> Vec<i32> {
     let id = container_id.trim_start_matches("containerd://");
