@@ -574,17 +574,7 @@ async fn a_container_sharing_its_pid_namespace_waits_for_expiry(env: Arc<TestEnv
             .then_some(())
     })
     .await;
-    let id = container_id(&env, "job-a").await;
-    let agent = node::container_init_pid(&env.kubeconfig, &id).expect("the container's task");
-    let pid1 = std::fs::read_to_string(format!("/proc/{agent}/cmdline")).unwrap_or_default();
-    assert!(pid1.starts_with("/arbiter"), "{pid1:?}");
-    assert!(
-        Command::new("kill")
-            .args(["-KILL", &agent.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    kill_agent(&env, "job-a").await;
     // The container restarts with no message of the agent's; the next term comes from expiry.
     let pods: Api<Pod> = env.api();
     let last = eventually("job-a's container to restart", DEADLINE, || async {
@@ -623,6 +613,11 @@ async fn kill_agent(env: &TestEnv, name: &str) {
     let agent = node::first_container_pid(&env.client, &env.ns, &env.kubeconfig, name)
         .await
         .expect("the container's task");
+    let cmdline = std::fs::read_to_string(format!("/proc/{agent}/cmdline")).unwrap_or_default();
+    assert!(
+        cmdline.starts_with("/arbiter"),
+        "not the agent: {cmdline:?}"
+    );
     assert!(
         Command::new("kill")
             .args(["-KILL", &agent.to_string()])
