@@ -653,11 +653,29 @@ async fn start_pod_agent(
 }
 
 /// Creates the pod candidate if it is not there (the operator evicts a holder's pod that
-/// outlived its term).
+/// outlived its term), and replaces it when the kubelet holds its restart back (an agent exits
+/// when a fault outlasts its renew deadline; the back-off doubles up to 5 minutes).
 async fn ensure_pod_agent(client: &kube::Client, pod: &k8s_openapi::api::core::v1::Pod) {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NS);
-    if let Ok(None) = pods.get_opt(POD_AGENT).await {
-        let _ = pods.create(&PostParams::default(), pod).await;
+    match pods.get_opt(POD_AGENT).await {
+        Ok(None) => {
+            let _ = pods.create(&PostParams::default(), pod).await;
+        }
+        Ok(Some(p)) => {
+            let backing_off = p
+                .status
+                .and_then(|s| s.container_statuses)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.state?.waiting?.reason)
+                .any(|r| r == "CrashLoopBackOff");
+            if backing_off {
+                let _ = pods
+                    .delete(POD_AGENT, &kube::api::DeleteParams::default())
+                    .await;
+            }
+        }
+        Err(_) => {}
     }
 }
 
