@@ -11,8 +11,11 @@
 //! It starts its own control plane with the `CoordinatedLeaderElection` gate and
 //! `coordination.k8s.io/v1beta1` on (the upstream baseline needs them) and an audit log.
 //!
-//! `cargo test --release --test bench -- [--only failover|scale] [--runs N] [--leases N,N]
-//! [--window SECONDS]`
+//! - **pods**: what `--pods` ordinary pods that are not candidates (default 5000) add to the
+//!   memory of an operator watching every namespace.
+//!
+//! `cargo test --release --test bench -- [--only failover|scale|pods] [--runs N] [--leases N,N]
+//! [--window SECONDS] [--pods N]`; `ARBITER_OPERATOR_BIN` runs another build of the operator.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -68,6 +71,10 @@ fn main() {
     rt.block_on(async {
         if only.as_deref().is_none_or(|o| o == "failover") {
             failover_bench(&cluster, runs).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "pods") {
+            let pods = arg("--pods").and_then(|v| v.parse().ok()).unwrap_or(5000);
+            scale::unrelated_pods(&cluster.kubeconfig, pods).await;
         }
         if only.as_deref().is_none_or(|o| o == "scale") {
             for n in &leases {

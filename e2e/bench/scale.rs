@@ -457,3 +457,109 @@ async fn renew_held(client: Client, ns: String, fleet: Arc<Mutex<Fleet>>) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// Current resident memory (MiB) of a process.
+fn rss_now(pid: i32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")?
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// What pods that are none of its business cost an operator that watches every namespace: its
+/// memory idle, then after `count` ordinary pods (a Deployment on the kwok node, each with the
+/// usual env, probes, resources and a kubectl-applied annotation) have been running a while.
+pub async fn unrelated_pods(kubeconfig: &Path, count: usize) {
+    let client = support::client_for(kubeconfig).await;
+    arbiter::api::apply_crds(client.clone(), Duration::from_secs(30))
+        .await
+        .expect("installing the CRD");
+    let ns = "bench-unrelated-pods";
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(ns.into());
+    let _ = namespaces.create(&PostParams::default(), &namespace).await;
+    println!(
+        "\nunrelated pods: one operator watching every namespace, {count} pods that are not candidates"
+    );
+    let operator = Operator::start_args(
+        kubeconfig,
+        &["--namespace", ns, "--metrics-address", "127.0.0.1:0"],
+    );
+    wait_logged(&operator, "caches synced").await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let idle = rss_now(operator.pid());
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "filler"},
+        "spec": {
+            "replicas": count,
+            "selector": {"matchLabels": {"app": "filler"}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": "filler", "app.kubernetes.io/name": "filler", "app.kubernetes.io/version": "1.0.0"},
+                    "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(1500)},
+                },
+                "spec": {
+                    "nodeSelector": {"type": "kwok"},
+                    "containers": [{
+                        "name": "app", "image": "example.com/app:1.0.0",
+                        "env": (0..8).map(|i| json!({"name": format!("SETTING_{i}"), "value": "some-value-of-a-setting"})).collect::<Vec<_>>(),
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+                        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}},
+                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
+                        "ports": [{"containerPort": 8080, "name": "http"}],
+                    }],
+                },
+            },
+        },
+    }))
+    .unwrap();
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), ns);
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("creating the filler Deployment");
+    let started = Instant::now();
+    loop {
+        let ready = deployments
+            .get("filler")
+            .await
+            .ok()
+            .and_then(|d| d.status?.ready_replicas)
+            .unwrap_or(0);
+        if ready as usize >= count || started.elapsed() > Duration::from_secs(1800) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // Let the operator's watch take in the last updates.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let full = rss_now(operator.pid());
+    println!("| unrelated pods | operator RSS idle | with the pods | per 1,000 pods |");
+    println!("|---|---|---|---|");
+    println!(
+        "| {count} | {idle:.1} MiB | {full:.1} MiB | {:.1} MiB |",
+        (full - idle) * 1000.0 / count as f64
+    );
+    drop(operator);
+    let _ = deployments
+        .delete("filler", &DeleteParams::background())
+        .await;
+    let _ = namespaces.delete(ns, &DeleteParams::background()).await;
+}
+
+async fn wait_logged(operator: &Operator, what: &str) {
+    let until = Instant::now() + Duration::from_secs(120);
+    while !operator.logs().contains(what) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

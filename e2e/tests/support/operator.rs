@@ -60,7 +60,10 @@ impl Operator {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("operator.log");
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_arbiter"))
+        // ARBITER_OPERATOR_BIN: another build of the operator (the bench compares commits).
+        let bin = std::env::var_os("ARBITER_OPERATOR_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_arbiter").into());
+        let child = Command::new(bin)
             .arg("operator")
             .args(args)
             .env("KUBECONFIG", kubeconfig)
