@@ -96,13 +96,16 @@ async fn start_replica(client: &Client, name: &str, version: &'static str) -> Re
         &script,
     ];
     let shared = SHARED.get().unwrap();
-    let pod = node::agent_pod(
+    let mut pod = node::agent_pod(
         name,
         json!({"app": "payments"}),
         "payments",
         &args,
         shared.path(),
     );
+    // As a Deployment's pods: an agent exits after handing over (or losing) its term, and the
+    // kubelet starts it again as a standby.
+    pod["spec"]["restartPolicy"] = json!("Always");
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.create(
         &PostParams::default(),
