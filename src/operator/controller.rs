@@ -1,278 +1,41 @@
-//! The arbiter's controller: caches, the per-lease reconcile, and carrying out decisions.
+//! The arbiter's controller: the per-lease reconcile, and carrying out decisions.
 //!
-//! Watches LeaseCandidates, the Leases it manages (label `arbiter.dev/managed`), and Pods (to
-//! know whether a candidate's pod runs). Every change enqueues the affected `(namespace,
-//! leaseName)`; one worker reconciles keys one at a time: build the pure inputs, call
+//! The caches and watches are in [`super::watch`], reporting in [`super::report`]. Every change
+//! enqueues the affected `(namespace, leaseName)`; each worker reconciles its keys one at a
+//! time: build the pure inputs, call
 //! [`election::decide::decide`], carry out the one action it returns (every Lease write a
 //! compare-and-swap), update candidates' conditions, emit Events.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
 
+use super::Settings;
 use super::depose::{self, Deposer, PENDING_ANNOTATION, RESTARTS_ANNOTATION, Target};
 use super::held::{self, Held};
+use super::index::owner_pod;
+use super::metrics::{LeaseLabels, MethodLabels, Metrics};
+use super::queue::{LeaseKey, Queue};
+use super::report::{publish, report};
+use super::single_active::{self, Prepared};
+use super::terms::TermLedger;
+use super::watch::{Caches, pod_state};
+use crate::api::LeaseCandidate;
+use crate::election::decide::{self, Action};
+use crate::lease::{self, INCARNATION_ANNOTATION, LeaseStore};
 
-/// How many independent writes for one lease (pings, candidates' statuses) are in flight at once.
-const CONCURRENT_WRITES: usize = 8;
+/// How many independent writes for one lease (pings) are in flight at once.
+pub(super) const CONCURRENT_WRITES: usize = 8;
 
 /// On a Lease: the uid of the pod its holder runs in.
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
-use super::annotated::AnnotatedWorkloads;
-use super::identity::IncarnationLog;
-use super::index::{CandidateIndex, key_of, owner_pod};
-use super::metrics::{LeaseLabels, MethodLabels, Metrics};
-use super::queue::{Enqueue, LeaseKey, Queue};
-use super::single_active::{self, Prepared};
-use super::stopped::StoppedPods;
-use super::terms::TermLedger;
-use super::{Settings, status};
-use crate::api::LeaseCandidate;
-use crate::election::decide::{self, Action, Decision, PodState};
-use crate::lease::{self, INCARNATION_ANNOTATION, LeaseStore, MANAGED_LABEL};
-use crate::workloads::{Workload, WorkloadError};
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-
-/// The caches every replica keeps warm, leader or not.
-#[derive(Clone)]
-pub struct Caches {
-    pub candidates: Store<LeaseCandidate>,
-    pub leases: Store<Lease>,
-    pub pods: Store<Pod>,
-    /// Kept for readiness: [`Self::workloads`] is complete once these are.
-    pub deployments: Store<Deployment>,
-    pub stateful_sets: Store<StatefulSet>,
-    /// The single-active workloads, from the Deployment and StatefulSet watches.
-    pub workloads: AnnotatedWorkloads,
-    /// Every candidate's recent incarnation stamps (duplicate identities).
-    pub incarnations: IncarnationLog,
-    /// The candidates of each lease.
-    pub by_lease: CandidateIndex,
-    /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
-    pub stopped_pods: StoppedPods,
-    /// One lock per namespace, held by a worker for a single-active lease's whole reconcile:
-    /// role labels belong to pods, and two workloads (or a workload whose lease name changed)
-    /// may select the same pods, so "demote, then promote" must not interleave across workers.
-    pub single_active_locks: NamespaceLocks,
-}
-
-/// Per-namespace async locks (see [`Caches::single_active_locks`]).
-#[derive(Clone, Default)]
-pub struct NamespaceLocks(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>);
-
-impl NamespaceLocks {
-    pub async fn lock(&self, namespace: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = self
-            .0
-            .lock()
-            .unwrap()
-            .entry(namespace.to_string())
-            .or_default()
-            .clone();
-        lock.lock_owned().await
-    }
-}
-
-/// The three watches, as one stream that ends only on error. Each event enqueues the leases it
-/// may affect.
-pub fn watch_all(
-    client: Client,
-    namespace: Option<&str>,
-    enqueue: Enqueue,
-) -> (Caches, BoxStream<'static, anyhow::Error>) {
-    let (candidates, cw) = reflector::store();
-    let (leases, lw) = reflector::store();
-    let (pods, pw) = reflector::store();
-    let (deployments, dw) = reflector::store();
-    let (stateful_sets, sw) = reflector::store();
-    let stopped_pods = StoppedPods::default();
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
-    let caches = Caches {
-        candidates,
-        leases,
-        pods,
-        deployments,
-        stateful_sets,
-        workloads: AnnotatedWorkloads::default(),
-        incarnations: IncarnationLog::default(),
-        by_lease: CandidateIndex::default(),
-        stopped_pods: stopped_pods.clone(),
-        single_active_locks: NamespaceLocks::default(),
-    };
-
-    let e = enqueue.clone();
-    let log = caches.incarnations.clone();
-    let index = caches.by_lease.clone();
-    let candidate_events = watcher(
-        api::<LeaseCandidate>(&client, namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(cw)
-    .map(move |ev| {
-        let ev = ev?;
-        match &ev {
-            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
-                log.record(c);
-                index.insert(c);
-            }
-            watcher::Event::Delete(c) => {
-                log.forget(c);
-                index.remove(c);
-            }
-            _ => {}
-        }
-        for c in touched(ev) {
-            e.key(key_of(&c));
-        }
-        Ok::<_, anyhow::Error>(())
-    });
-    let e = enqueue.clone();
-    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
-    let lease_events = watcher(api::<Lease>(&client, namespace), managed)
-        .default_backoff()
-        .reflect(lw)
-        .map(move |ev| {
-            for l in touched(ev?) {
-                e.key(LeaseKey {
-                    namespace: l.namespace().unwrap_or_default(),
-                    name: l.name_any(),
-                });
-            }
-            Ok(())
-        });
-    let e = enqueue.clone();
-    let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
-    let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
-        .default_backoff()
-        // Only what the operator reads is cached (managed fields, annotations, volumes, env
-        // and probes are most of a pod).
-        .modify(super::slim::keep_what_is_read)
-        .reflect(pw)
-        .map(move |ev| {
-            let ev = ev?;
-            match &ev {
-                watcher::Event::Delete(pod) => stopped_pods.observe(pod, true),
-                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                    stopped_pods.observe(pod, false)
-                }
-                _ => {}
-            }
-            for pod in touched(ev) {
-                for key in pod_index.leases_of_pod(&pod.uid().unwrap_or_default()) {
-                    e.key(key);
-                }
-                // A single-active workload's pod may have no candidate yet.
-                for key in annotated.selecting(&pod) {
-                    e.key(key);
-                }
-            }
-            Ok(())
-        });
-    // Workloads: the lease an annotated one governs, and the one it governed before if its
-    // annotation was removed or its lease name changed, need reconciling.
-    fn on_workload_event<K: Resource<DynamicType = ()>>(
-        kind: &'static str,
-        parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
-        annotated: AnnotatedWorkloads,
-        e: Enqueue,
-    ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> anyhow::Result<()> {
-        move |ev| {
-            let ev = ev?;
-            let deleted = matches!(ev, watcher::Event::Delete(_));
-            for obj in touched(ev) {
-                for key in annotated.observe(&obj, kind, parse(&obj), deleted) {
-                    e.key(key);
-                }
-            }
-            Ok(())
-        }
-    }
-    let deployment_events = watcher(
-        api::<Deployment>(&client, namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(dw)
-    .map(on_workload_event(
-        "Deployment",
-        Workload::from_deployment,
-        caches.workloads.clone(),
-        enqueue.clone(),
-    ));
-    let stateful_set_events = watcher(
-        api::<StatefulSet>(&client, namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(sw)
-    .map(on_workload_event(
-        "StatefulSet",
-        Workload::from_stateful_set,
-        caches.workloads.clone(),
-        enqueue,
-    ));
-    let errors = futures::stream::select_all([
-        candidate_events.boxed(),
-        lease_events.boxed(),
-        pod_events.boxed(),
-        deployment_events.boxed(),
-        stateful_set_events.boxed(),
-    ])
-    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
-    .boxed();
-    (caches, errors)
-}
-
-fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
-    match ev {
-        watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => {
-            vec![o]
-        }
-        watcher::Event::Init | watcher::Event::InitDone => vec![],
-    }
-}
-
-/// The arbiter's view of a candidate's pod.
-fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
-    let Some((name, uid)) = owner_pod(c) else {
-        return PodState::NoPod;
-    };
-    let ns = c.namespace().unwrap_or_default();
-    match caches.pods.get(&ObjectRef::new(&name).within(&ns)) {
-        Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            match phase {
-                _ if super::stopped::terminal(&pod) => PodState::Stopped,
-                _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
-                Some("Running") => PodState::Running,
-                _ => PodState::NotRunning,
-            }
-        }
-        _ if caches.stopped_pods.contains(&ns, &uid) => PodState::Stopped,
-        _ => PodState::Missing,
-    }
-}
 
 /// The leader's reconcile workers, one per queue (`--concurrency`): each owns the leases its
 /// queue routes to it, and the memory of them, so a lease is never reconciled twice at once.
@@ -330,21 +93,21 @@ async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
 }
 
 /// What one reconcile needs, and what the worker remembers between reconciles.
-struct Worker {
-    client: Client,
-    caches: Caches,
-    recorder: Recorder,
-    settings: Settings,
-    metrics: Arc<Metrics>,
+pub(super) struct Worker {
+    pub(super) client: Client,
+    pub(super) caches: Caches,
+    pub(super) recorder: Recorder,
+    pub(super) settings: Settings,
+    pub(super) metrics: Arc<Metrics>,
     /// Per lease: the record last seen, when this process first saw it, and its holder.
     seen: HashMap<LeaseKey, Seen>,
-    terms: TermLedger,
-    deposer: Deposer,
+    pub(super) terms: TermLedger,
+    pub(super) deposer: Deposer,
     timers: HashMap<LeaseKey, Timers>,
     /// Single-active pods whose unreadable version was reported.
-    reported: HashSet<(String, String)>,
+    pub(super) reported: HashSet<(String, String)>,
     /// Each lease's holder as this process last saw or assigned it.
-    held: Held,
+    pub(super) held: Held,
 }
 
 /// When a lease became leaderless, and when a handover was requested (for metrics).
@@ -399,7 +162,7 @@ impl Worker {
         self.caches.stopped_pods.contains(&ns, uid)
     }
 
-    fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
+    pub(super) fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
         let (name, uid) = owner_pod(candidate)?;
         let pod = self
             .caches
@@ -1050,152 +813,6 @@ impl Worker {
         self.metrics
             .lease_state(key, since, lease.map(|l| l.duration.as_secs()));
     }
-
-    /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
-    async fn act(
-        &mut self,
-        key: &LeaseKey,
-        lease: Option<&Lease>,
-        candidates: &[Arc<LeaseCandidate>],
-        decision: &Decision,
-        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
-    ) -> anyhow::Result<Option<Lease>> {
-        let client = &self.client;
-        let store = LeaseStore::new(client.clone(), &key.namespace);
-        let duration = crate::flags::lease_seconds(self.settings.lease_duration);
-        // The new holder's pod: its restarts (to recognise a lapsed holder that never exited)
-        // and its uid (to recognise its death even after its candidate is gone).
-        let pod_of_holder = |holder: &str| {
-            let c = candidates.iter().find(|c| c.name_any() == holder)?;
-            self.pod_of(c)
-                .map(|p| (depose::restarts(&p), p.uid().unwrap_or_default()))
-        };
-        let written = match (&decision.action, lease) {
-            (Action::CreateLease { holder, strategy }, _) => {
-                let mut l = Lease::default();
-                l.metadata.name = Some(key.name.clone());
-                l.metadata.namespace = Some(key.namespace.clone());
-                l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
-                l.metadata.owner_references = owner.map(|o| vec![o]);
-                l.spec = Some(LeaseSpec {
-                    lease_duration_seconds: Some(duration),
-                    ..LeaseSpec::default()
-                });
-                lease::set_strategy(&mut l, strategy);
-                if let Some(holder) = holder {
-                    let pod = pod_of_holder(holder);
-                    let term = self.terms.next(&key.namespace, &key.name, 0).await?;
-                    assign(&mut l, holder, term, duration, pod);
-                }
-                Some(store.create(&l).await?)
-            }
-            (Action::Assign { holder, .. }, Some(current)) => {
-                let pod = pod_of_holder(holder);
-                let term = self
-                    .terms
-                    .next(&key.namespace, &key.name, lease::term(current))
-                    .await?;
-                let mut l = current.clone();
-                assign(&mut l, holder, term, duration, pod);
-                Some(store.replace(&l).await?)
-            }
-            (Action::RequestHandover { to }, Some(current)) => {
-                let mut l = current.clone();
-                lease::set_preferred_holder(&mut l, Some(to));
-                Some(store.replace(&l).await?)
-            }
-            (Action::RefuseSwitchover { reason }, Some(current)) => {
-                let mut l = current.clone();
-                lease::set_annotation(&mut l, lease::HANDOVER_REQUEST_ANNOTATION, None);
-                lease::set_annotation(&mut l, lease::HANDOVER_REFUSED_ANNOTATION, Some(reason));
-                // A handover it already asked for is called off with it (the ordinary rules
-                // ask again if they want one).
-                lease::set_preferred_holder(&mut l, None);
-                tracing::warn!(lease = %key, %reason, "planned switchover refused");
-                Some(store.replace(&l).await?)
-            }
-            (Action::ClearPreferredHolder, Some(current)) => {
-                let mut l = current.clone();
-                lease::set_preferred_holder(&mut l, None);
-                Some(store.replace(&l).await?)
-            }
-            (Action::SetStrategy { strategy }, Some(current)) => {
-                let mut l = current.clone();
-                lease::set_strategy(&mut l, strategy);
-                Some(store.replace(&l).await?)
-            }
-            (Action::Ping { candidates }, _) => {
-                let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
-                let ping = json!({ "spec": { "pingTime": lease::now() } });
-                let (api, ping) = (&api, &ping);
-                futures::stream::iter(candidates)
-                    .map(|name| async move {
-                        api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
-                            .await
-                    })
-                    .buffer_unordered(CONCURRENT_WRITES)
-                    .try_collect::<Vec<_>>()
-                    .await?;
-                None
-            }
-            _ => None,
-        };
-        if let Some(l) = &written {
-            tracing::info!(lease = %key, action = ?decision.action, holder = ?lease::holder(l), term = lease::term(l), "lease written");
-        }
-        Ok(written)
-    }
-}
-
-impl Worker {
-    /// A handover was asked for (`preferredHolder`) and the lease is now going elsewhere: its
-    /// target did not take it (it stopped answering, withdrew, or is no longer the best). The
-    /// arbiter falls back to the best live candidate; this says so (Event `HandoverAbandoned`,
-    /// counter `arbiter_handovers_abandoned_total`).
-    async fn report_abandoned_handover(
-        &self,
-        key: &LeaseKey,
-        old: &Lease,
-        action: &Action,
-        candidates: &[Arc<LeaseCandidate>],
-    ) {
-        let (Some(target), holder) = (lease::preferred_holder(old), lease::holder(old)) else {
-            return;
-        };
-        if holder == Some(target) {
-            return;
-        }
-        let instead = match action {
-            Action::Assign { holder: h, .. } if h != target => format!("{h} was elected instead"),
-            Action::RequestHandover { to } if to != target => {
-                format!("asking for a handover to {to} instead")
-            }
-            Action::ClearPreferredHolder => {
-                format!("{} keeps it", holder.unwrap_or("nobody"))
-            }
-            _ => return,
-        };
-        self.metrics.handovers_abandoned.inc();
-        let note = format!(
-            "the handover of lease {} to {target} was abandoned: {target} did not take it (no answer, withdrawn, or no longer the best); {instead}",
-            key.name
-        );
-        tracing::warn!(lease = %key, %target, "{note}");
-        // On the candidate that was asked to hand over (the holder, or who released).
-        let subject = holder
-            .or(lease::released_by(old))
-            .and_then(|h| candidates.iter().find(|c| c.name_any() == h))
-            .map(|c| c.object_ref(&()))
-            .unwrap_or_else(|| old.object_ref(&()));
-        publish(
-            &self.recorder,
-            &subject,
-            EventType::Warning,
-            "HandoverAbandoned",
-            note,
-        )
-        .await;
-    }
 }
 
 /// The lease duration a candidate's agent says it writes (zero if it does not say).
@@ -1205,208 +822,4 @@ fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
         .and_then(|d| d.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or_default()
-}
-
-/// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, no
-/// incarnation until the new holder's agent renews, and the holder pod's restart count.
-fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i64, String)>) {
-    let now = lease::now();
-    let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-    spec.holder_identity = Some(holder.to_string());
-    spec.lease_transitions = Some(term);
-    spec.acquire_time = Some(now.clone());
-    spec.renew_time = Some(now);
-    spec.lease_duration_seconds = Some(duration);
-    lease::set_preferred_holder(l, None);
-    lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
-    lease::set_annotation(l, lease::RELEASED_BY_ANNOTATION, None);
-    // A planned switchover ends with the assignment (to its target or, if it went elsewhere,
-    // abandoned: reported as such).
-    lease::set_annotation(l, lease::HANDOVER_REQUEST_ANNOTATION, None);
-    let (restarts, uid) = pod
-        .map(|(r, u)| (Some(r.to_string()), Some(u)))
-        .unwrap_or_default();
-    lease::set_annotation(l, RESTARTS_ANNOTATION, restarts.as_deref());
-    lease::set_annotation(l, HOLDER_POD_ANNOTATION, uid.as_deref());
-}
-
-/// Conditions on candidates, Events and metrics for what was decided and done.
-#[allow(clippy::too_many_arguments)]
-async fn report(
-    client: &Client,
-    recorder: &Recorder,
-    metrics: &Metrics,
-    key: &LeaseKey,
-    candidates: &[Arc<LeaseCandidate>],
-    decision: &Decision,
-    holder: Option<&str>,
-    term: i32,
-    duplicates: &[(String, Vec<String>)],
-    overruns: &[(String, i32)],
-    term_ended: &str,
-) {
-    if holder.is_some() || !candidates.is_empty() {
-        metrics.lease_holder(key, holder, term);
-    }
-    let facts = status::LeaseFacts {
-        lease: &key.name,
-        holder,
-        term,
-        duplicates,
-        overruns,
-    };
-    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
-    let mut updates = Vec::new();
-    for c in candidates {
-        let name = c.name_any();
-        let current = c
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
-        let desired = status::conditions(&name, c.meta().generation, decision, &facts);
-        let Some(conditions) = status::merge(current, desired) else {
-            continue;
-        };
-        // Events on transitions only, so a steady state is quiet.
-        let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
-        let mut events = Vec::new();
-        if became(status::LEADER) {
-            events.push((
-                EventType::Normal,
-                "Elected",
-                format!("elected holder of lease {} at term {term}", key.name),
-            ));
-        }
-        if status::is_true(current, status::LEADER) && !status::is_true(&conditions, status::LEADER)
-        {
-            events.push((
-                EventType::Normal,
-                "Deposed",
-                format!("no longer holds lease {}", key.name),
-            ));
-        }
-        if became(status::DUPLICATE_IDENTITY) {
-            events.push((
-                EventType::Warning,
-                "DuplicateIdentity",
-                message(&conditions, status::DUPLICATE_IDENTITY),
-            ));
-        }
-        if became(status::DOUBLE_HOLDER) {
-            metrics.double_holders.inc();
-            tracing::error!(lease = %key, candidate = %name, "a workload ran past its term: double holder");
-            events.push((
-                EventType::Warning,
-                "DoubleHolder",
-                message(&conditions, status::DOUBLE_HOLDER),
-            ));
-        }
-        if became(status::STRATEGY_CONFLICT) {
-            metrics.strategy_conflicts.inc();
-            events.push((
-                EventType::Warning,
-                "StrategyConflict",
-                message(&conditions, status::STRATEGY_CONFLICT),
-            ));
-        }
-        if became(status::SKEW_VIOLATION) {
-            metrics.skew_violations.inc();
-            events.push((
-                EventType::Warning,
-                "SkewViolation",
-                message(&conditions, status::SKEW_VIOLATION),
-            ));
-        }
-        let patch = json!({ "status": { "conditions": conditions, "observedGeneration": c.meta().generation } });
-        let api = &api;
-        updates.push(async move {
-            if let Err(e) = api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
-            }
-            for (type_, reason, note) in events {
-                publish(recorder, &c.object_ref(&()), type_, reason, note).await;
-            }
-        });
-    }
-    // Candidates' statuses are independent of each other: written side by side.
-    futures::stream::iter(updates)
-        .buffer_unordered(CONCURRENT_WRITES)
-        .collect::<Vec<()>>()
-        .await;
-    if let Action::RefuseSwitchover { reason } = &decision.action
-        && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
-    {
-        let note = format!("planned switchover of lease {} refused: {reason}", key.name);
-        publish(
-            recorder,
-            &h.object_ref(&()),
-            EventType::Warning,
-            "SwitchoverRefused",
-            note,
-        )
-        .await;
-    }
-    if let Action::RequestHandover { to } = &decision.action
-        && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
-    {
-        metrics.handovers.inc();
-        let note = format!("asked to hand lease {} over to {to}", key.name);
-        publish(
-            recorder,
-            &h.object_ref(&()),
-            EventType::Normal,
-            "HandoverRequested",
-            note,
-        )
-        .await;
-    }
-    if matches!(
-        decision.action,
-        Action::Assign { .. }
-            | Action::CreateLease {
-                holder: Some(_),
-                ..
-            }
-    ) {
-        metrics
-            .leader_changes
-            .get_or_create(&super::metrics::ReasonLabels {
-                reason: term_ended.to_string(),
-            })
-            .inc();
-    }
-}
-
-fn message(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    type_: &str,
-) -> String {
-    conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.message.clone())
-        .unwrap_or_default()
-}
-
-pub async fn publish(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, reference).await {
-        tracing::warn!(reason, error = %e, "publishing event failed");
-    }
 }

@@ -4,6 +4,7 @@
 //! ([`ha`]). The acting replica reconciles leases ([`controller`]); if it cannot renew its own
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
+mod act;
 pub mod annotated;
 pub mod controller;
 pub mod depose;
@@ -13,11 +14,13 @@ pub mod identity;
 pub mod index;
 pub mod metrics;
 pub mod queue;
+pub mod report;
 pub mod single_active;
 pub mod slim;
 pub mod status;
 pub mod stopped;
 pub mod terms;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -175,7 +178,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
     let (enqueue, queues) = queue::queues(usize::from(settings.concurrency));
     let (caches, mut watch_errors) =
-        controller::watch_all(client.clone(), settings.watch_namespace.as_deref(), enqueue);
+        watch::watch_all(client.clone(), settings.watch_namespace.as_deref(), enqueue);
     // Watch errors are retried with backoff inside the stream; log them. The stream ends only if
     // the watches do, which must take the process down.
     let watches = tokio::spawn(async move {

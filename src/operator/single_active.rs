@@ -13,8 +13,9 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
-use super::controller::{Caches, publish};
 use super::queue::LeaseKey;
+use super::report::publish;
+use super::watch::Caches;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, PodState};
 use crate::lease::{self, LeaseStore};

@@ -1,0 +1,192 @@
+//! Carrying out a decision: the one Lease write the election asked for (every one a
+//! compare-and-swap), with the term recorded first and the holder's pod noted, and the Event
+//! for a handover that was abandoned.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::controller::{CONCURRENT_WRITES, HOLDER_POD_ANNOTATION, Worker};
+use super::depose::{self, RESTARTS_ANNOTATION};
+use super::queue::LeaseKey;
+use super::report::publish;
+use crate::api::LeaseCandidate;
+use crate::election::decide::{Action, Decision};
+use crate::lease::{self, LeaseStore, MANAGED_LABEL};
+
+impl Worker {
+    /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
+    pub(super) async fn act(
+        &mut self,
+        key: &LeaseKey,
+        lease: Option<&Lease>,
+        candidates: &[Arc<LeaseCandidate>],
+        decision: &Decision,
+        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ) -> anyhow::Result<Option<Lease>> {
+        let client = &self.client;
+        let store = LeaseStore::new(client.clone(), &key.namespace);
+        let duration = crate::flags::lease_seconds(self.settings.lease_duration);
+        // The new holder's pod: its restarts (to recognise a lapsed holder that never exited)
+        // and its uid (to recognise its death even after its candidate is gone).
+        let pod_of_holder = |holder: &str| {
+            let c = candidates.iter().find(|c| c.name_any() == holder)?;
+            self.pod_of(c)
+                .map(|p| (depose::restarts(&p), p.uid().unwrap_or_default()))
+        };
+        let written = match (&decision.action, lease) {
+            (Action::CreateLease { holder, strategy }, _) => {
+                let mut l = Lease::default();
+                l.metadata.name = Some(key.name.clone());
+                l.metadata.namespace = Some(key.namespace.clone());
+                l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
+                l.metadata.owner_references = owner.map(|o| vec![o]);
+                l.spec = Some(LeaseSpec {
+                    lease_duration_seconds: Some(duration),
+                    ..LeaseSpec::default()
+                });
+                lease::set_strategy(&mut l, strategy);
+                if let Some(holder) = holder {
+                    let pod = pod_of_holder(holder);
+                    let term = self.terms.next(&key.namespace, &key.name, 0).await?;
+                    assign(&mut l, holder, term, duration, pod);
+                }
+                Some(store.create(&l).await?)
+            }
+            (Action::Assign { holder, .. }, Some(current)) => {
+                let pod = pod_of_holder(holder);
+                let term = self
+                    .terms
+                    .next(&key.namespace, &key.name, lease::term(current))
+                    .await?;
+                let mut l = current.clone();
+                assign(&mut l, holder, term, duration, pod);
+                Some(store.replace(&l).await?)
+            }
+            (Action::RequestHandover { to }, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_preferred_holder(&mut l, Some(to));
+                Some(store.replace(&l).await?)
+            }
+            (Action::RefuseSwitchover { reason }, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_annotation(&mut l, lease::HANDOVER_REQUEST_ANNOTATION, None);
+                lease::set_annotation(&mut l, lease::HANDOVER_REFUSED_ANNOTATION, Some(reason));
+                // A handover it already asked for is called off with it (the ordinary rules
+                // ask again if they want one).
+                lease::set_preferred_holder(&mut l, None);
+                tracing::warn!(lease = %key, %reason, "planned switchover refused");
+                Some(store.replace(&l).await?)
+            }
+            (Action::ClearPreferredHolder, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_preferred_holder(&mut l, None);
+                Some(store.replace(&l).await?)
+            }
+            (Action::SetStrategy { strategy }, Some(current)) => {
+                let mut l = current.clone();
+                lease::set_strategy(&mut l, strategy);
+                Some(store.replace(&l).await?)
+            }
+            (Action::Ping { candidates }, _) => {
+                let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+                let ping = json!({ "spec": { "pingTime": lease::now() } });
+                let (api, ping) = (&api, &ping);
+                futures::stream::iter(candidates)
+                    .map(|name| async move {
+                        api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
+                            .await
+                    })
+                    .buffer_unordered(CONCURRENT_WRITES)
+                    .try_collect::<Vec<_>>()
+                    .await?;
+                None
+            }
+            _ => None,
+        };
+        if let Some(l) = &written {
+            tracing::info!(lease = %key, action = ?decision.action, holder = ?lease::holder(l), term = lease::term(l), "lease written");
+        }
+        Ok(written)
+    }
+}
+
+impl Worker {
+    /// A handover was asked for (`preferredHolder`) and the lease is now going elsewhere: its
+    /// target did not take it (it stopped answering, withdrew, or is no longer the best). The
+    /// arbiter falls back to the best live candidate; this says so (Event `HandoverAbandoned`,
+    /// counter `arbiter_handovers_abandoned_total`).
+    pub(super) async fn report_abandoned_handover(
+        &self,
+        key: &LeaseKey,
+        old: &Lease,
+        action: &Action,
+        candidates: &[Arc<LeaseCandidate>],
+    ) {
+        let (Some(target), holder) = (lease::preferred_holder(old), lease::holder(old)) else {
+            return;
+        };
+        if holder == Some(target) {
+            return;
+        }
+        let instead = match action {
+            Action::Assign { holder: h, .. } if h != target => format!("{h} was elected instead"),
+            Action::RequestHandover { to } if to != target => {
+                format!("asking for a handover to {to} instead")
+            }
+            Action::ClearPreferredHolder => {
+                format!("{} keeps it", holder.unwrap_or("nobody"))
+            }
+            _ => return,
+        };
+        self.metrics.handovers_abandoned.inc();
+        let note = format!(
+            "the handover of lease {} to {target} was abandoned: {target} did not take it (no answer, withdrawn, or no longer the best); {instead}",
+            key.name
+        );
+        tracing::warn!(lease = %key, %target, "{note}");
+        // On the candidate that was asked to hand over (the holder, or who released).
+        let subject = holder
+            .or(lease::released_by(old))
+            .and_then(|h| candidates.iter().find(|c| c.name_any() == h))
+            .map(|c| c.object_ref(&()))
+            .unwrap_or_else(|| old.object_ref(&()));
+        publish(
+            &self.recorder,
+            &subject,
+            EventType::Warning,
+            "HandoverAbandoned",
+            note,
+        )
+        .await;
+    }
+}
+
+/// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, no
+/// incarnation until the new holder's agent renews, and the holder pod's restart count.
+fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i64, String)>) {
+    let now = lease::now();
+    let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = Some(holder.to_string());
+    spec.lease_transitions = Some(term);
+    spec.acquire_time = Some(now.clone());
+    spec.renew_time = Some(now);
+    spec.lease_duration_seconds = Some(duration);
+    lease::set_preferred_holder(l, None);
+    lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
+    lease::set_annotation(l, lease::RELEASED_BY_ANNOTATION, None);
+    // A planned switchover ends with the assignment (to its target or, if it went elsewhere,
+    // abandoned: reported as such).
+    lease::set_annotation(l, lease::HANDOVER_REQUEST_ANNOTATION, None);
+    let (restarts, uid) = pod
+        .map(|(r, u)| (Some(r.to_string()), Some(u)))
+        .unwrap_or_default();
+    lease::set_annotation(l, RESTARTS_ANNOTATION, restarts.as_deref());
+    lease::set_annotation(l, HOLDER_POD_ANNOTATION, uid.as_deref());
+}

@@ -1,0 +1,200 @@
+//! Reporting what was decided and done: candidates' conditions, Events, and metrics.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::metrics::Metrics;
+use super::queue::LeaseKey;
+use super::status;
+use crate::api::LeaseCandidate;
+use crate::election::decide::{Action, Decision};
+
+/// How many independent writes for one lease (candidates' statuses) are in flight at once.
+const CONCURRENT_WRITES: usize = 8;
+
+/// Conditions on candidates, Events and metrics for what was decided and done.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn report(
+    client: &Client,
+    recorder: &Recorder,
+    metrics: &Metrics,
+    key: &LeaseKey,
+    candidates: &[Arc<LeaseCandidate>],
+    decision: &Decision,
+    holder: Option<&str>,
+    term: i32,
+    duplicates: &[(String, Vec<String>)],
+    overruns: &[(String, i32)],
+    term_ended: &str,
+) {
+    if holder.is_some() || !candidates.is_empty() {
+        metrics.lease_holder(key, holder, term);
+    }
+    let facts = status::LeaseFacts {
+        lease: &key.name,
+        holder,
+        term,
+        duplicates,
+        overruns,
+    };
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+    let mut updates = Vec::new();
+    for c in candidates {
+        let name = c.name_any();
+        let current = c
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let desired = status::conditions(&name, c.meta().generation, decision, &facts);
+        let Some(conditions) = status::merge(current, desired) else {
+            continue;
+        };
+        // Events on transitions only, so a steady state is quiet.
+        let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
+        let mut events = Vec::new();
+        if became(status::LEADER) {
+            events.push((
+                EventType::Normal,
+                "Elected",
+                format!("elected holder of lease {} at term {term}", key.name),
+            ));
+        }
+        if status::is_true(current, status::LEADER) && !status::is_true(&conditions, status::LEADER)
+        {
+            events.push((
+                EventType::Normal,
+                "Deposed",
+                format!("no longer holds lease {}", key.name),
+            ));
+        }
+        if became(status::DUPLICATE_IDENTITY) {
+            events.push((
+                EventType::Warning,
+                "DuplicateIdentity",
+                message(&conditions, status::DUPLICATE_IDENTITY),
+            ));
+        }
+        if became(status::DOUBLE_HOLDER) {
+            metrics.double_holders.inc();
+            tracing::error!(lease = %key, candidate = %name, "a workload ran past its term: double holder");
+            events.push((
+                EventType::Warning,
+                "DoubleHolder",
+                message(&conditions, status::DOUBLE_HOLDER),
+            ));
+        }
+        if became(status::STRATEGY_CONFLICT) {
+            metrics.strategy_conflicts.inc();
+            events.push((
+                EventType::Warning,
+                "StrategyConflict",
+                message(&conditions, status::STRATEGY_CONFLICT),
+            ));
+        }
+        if became(status::SKEW_VIOLATION) {
+            metrics.skew_violations.inc();
+            events.push((
+                EventType::Warning,
+                "SkewViolation",
+                message(&conditions, status::SKEW_VIOLATION),
+            ));
+        }
+        let patch = json!({ "status": { "conditions": conditions, "observedGeneration": c.meta().generation } });
+        let api = &api;
+        updates.push(async move {
+            if let Err(e) = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
+            }
+            for (type_, reason, note) in events {
+                publish(recorder, &c.object_ref(&()), type_, reason, note).await;
+            }
+        });
+    }
+    // Candidates' statuses are independent of each other: written side by side.
+    futures::stream::iter(updates)
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect::<Vec<()>>()
+        .await;
+    if let Action::RefuseSwitchover { reason } = &decision.action
+        && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
+    {
+        let note = format!("planned switchover of lease {} refused: {reason}", key.name);
+        publish(
+            recorder,
+            &h.object_ref(&()),
+            EventType::Warning,
+            "SwitchoverRefused",
+            note,
+        )
+        .await;
+    }
+    if let Action::RequestHandover { to } = &decision.action
+        && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
+    {
+        metrics.handovers.inc();
+        let note = format!("asked to hand lease {} over to {to}", key.name);
+        publish(
+            recorder,
+            &h.object_ref(&()),
+            EventType::Normal,
+            "HandoverRequested",
+            note,
+        )
+        .await;
+    }
+    if matches!(
+        decision.action,
+        Action::Assign { .. }
+            | Action::CreateLease {
+                holder: Some(_),
+                ..
+            }
+    ) {
+        metrics
+            .leader_changes
+            .get_or_create(&super::metrics::ReasonLabels {
+                reason: term_ended.to_string(),
+            })
+            .inc();
+    }
+}
+
+fn message(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> String {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
+pub async fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, reference).await {
+        tracing::warn!(reason, error = %e, "publishing event failed");
+    }
+}

@@ -1,0 +1,257 @@
+//! The operator's caches and the watches that fill them: LeaseCandidates, the Leases it manages
+//! (label `arbiter.dev/managed`), Pods (kept slim: [`super::slim`]), and annotated Deployments
+//! and StatefulSets. Every change enqueues the leases it may affect. Every replica keeps these
+//! warm, leader or not.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+
+use super::annotated::AnnotatedWorkloads;
+use super::identity::IncarnationLog;
+use super::index::{CandidateIndex, key_of, owner_pod};
+use super::queue::{Enqueue, LeaseKey};
+use super::stopped::StoppedPods;
+use crate::api::LeaseCandidate;
+use crate::election::decide::PodState;
+use crate::lease::MANAGED_LABEL;
+use crate::workloads::{Workload, WorkloadError};
+
+/// The caches every replica keeps warm, leader or not.
+#[derive(Clone)]
+pub struct Caches {
+    pub candidates: Store<LeaseCandidate>,
+    pub leases: Store<Lease>,
+    pub pods: Store<Pod>,
+    /// Kept for readiness: [`Self::workloads`] is complete once these are.
+    pub deployments: Store<Deployment>,
+    pub stateful_sets: Store<StatefulSet>,
+    /// The single-active workloads, from the Deployment and StatefulSet watches.
+    pub workloads: AnnotatedWorkloads,
+    /// Every candidate's recent incarnation stamps (duplicate identities).
+    pub incarnations: IncarnationLog,
+    /// The candidates of each lease.
+    pub by_lease: CandidateIndex,
+    /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
+    pub stopped_pods: StoppedPods,
+    /// One lock per namespace, held by a worker for a single-active lease's whole reconcile:
+    /// role labels belong to pods, and two workloads (or a workload whose lease name changed)
+    /// may select the same pods, so "demote, then promote" must not interleave across workers.
+    pub single_active_locks: NamespaceLocks,
+}
+
+/// Per-namespace async locks (see [`Caches::single_active_locks`]).
+#[derive(Clone, Default)]
+pub struct NamespaceLocks(Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>);
+
+impl NamespaceLocks {
+    pub async fn lock(&self, namespace: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .0
+            .lock()
+            .unwrap()
+            .entry(namespace.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+}
+
+/// The three watches, as one stream that ends only on error. Each event enqueues the leases it
+/// may affect.
+pub fn watch_all(
+    client: Client,
+    namespace: Option<&str>,
+    enqueue: Enqueue,
+) -> (Caches, BoxStream<'static, anyhow::Error>) {
+    let (candidates, cw) = reflector::store();
+    let (leases, lw) = reflector::store();
+    let (pods, pw) = reflector::store();
+    let (deployments, dw) = reflector::store();
+    let (stateful_sets, sw) = reflector::store();
+    let stopped_pods = StoppedPods::default();
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let caches = Caches {
+        candidates,
+        leases,
+        pods,
+        deployments,
+        stateful_sets,
+        workloads: AnnotatedWorkloads::default(),
+        incarnations: IncarnationLog::default(),
+        by_lease: CandidateIndex::default(),
+        stopped_pods: stopped_pods.clone(),
+        single_active_locks: NamespaceLocks::default(),
+    };
+
+    let e = enqueue.clone();
+    let log = caches.incarnations.clone();
+    let index = caches.by_lease.clone();
+    let candidate_events = watcher(
+        api::<LeaseCandidate>(&client, namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(cw)
+    .map(move |ev| {
+        let ev = ev?;
+        match &ev {
+            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+                log.record(c);
+                index.insert(c);
+            }
+            watcher::Event::Delete(c) => {
+                log.forget(c);
+                index.remove(c);
+            }
+            _ => {}
+        }
+        for c in touched(ev) {
+            e.key(key_of(&c));
+        }
+        Ok::<_, anyhow::Error>(())
+    });
+    let e = enqueue.clone();
+    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+    let lease_events = watcher(api::<Lease>(&client, namespace), managed)
+        .default_backoff()
+        .reflect(lw)
+        .map(move |ev| {
+            for l in touched(ev?) {
+                e.key(LeaseKey {
+                    namespace: l.namespace().unwrap_or_default(),
+                    name: l.name_any(),
+                });
+            }
+            Ok(())
+        });
+    let e = enqueue.clone();
+    let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
+    let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
+        .default_backoff()
+        // Only what the operator reads is cached (managed fields, annotations, volumes, env
+        // and probes are most of a pod).
+        .modify(super::slim::keep_what_is_read)
+        .reflect(pw)
+        .map(move |ev| {
+            let ev = ev?;
+            match &ev {
+                watcher::Event::Delete(pod) => stopped_pods.observe(pod, true),
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                    stopped_pods.observe(pod, false)
+                }
+                _ => {}
+            }
+            for pod in touched(ev) {
+                for key in pod_index.leases_of_pod(&pod.uid().unwrap_or_default()) {
+                    e.key(key);
+                }
+                // A single-active workload's pod may have no candidate yet.
+                for key in annotated.selecting(&pod) {
+                    e.key(key);
+                }
+            }
+            Ok(())
+        });
+    // Workloads: the lease an annotated one governs, and the one it governed before if its
+    // annotation was removed or its lease name changed, need reconciling.
+    fn on_workload_event<K: Resource<DynamicType = ()>>(
+        kind: &'static str,
+        parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
+        annotated: AnnotatedWorkloads,
+        e: Enqueue,
+    ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> anyhow::Result<()> {
+        move |ev| {
+            let ev = ev?;
+            let deleted = matches!(ev, watcher::Event::Delete(_));
+            for obj in touched(ev) {
+                for key in annotated.observe(&obj, kind, parse(&obj), deleted) {
+                    e.key(key);
+                }
+            }
+            Ok(())
+        }
+    }
+    let deployment_events = watcher(
+        api::<Deployment>(&client, namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(dw)
+    .map(on_workload_event(
+        "Deployment",
+        Workload::from_deployment,
+        caches.workloads.clone(),
+        enqueue.clone(),
+    ));
+    let stateful_set_events = watcher(
+        api::<StatefulSet>(&client, namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(sw)
+    .map(on_workload_event(
+        "StatefulSet",
+        Workload::from_stateful_set,
+        caches.workloads.clone(),
+        enqueue,
+    ));
+    let errors = futures::stream::select_all([
+        candidate_events.boxed(),
+        lease_events.boxed(),
+        pod_events.boxed(),
+        deployment_events.boxed(),
+        stateful_set_events.boxed(),
+    ])
+    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
+    .boxed();
+    (caches, errors)
+}
+
+fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
+    match ev {
+        watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => {
+            vec![o]
+        }
+        watcher::Event::Init | watcher::Event::InitDone => vec![],
+    }
+}
+
+/// The arbiter's view of a candidate's pod.
+pub(super) fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
+    let Some((name, uid)) = owner_pod(c) else {
+        return PodState::NoPod;
+    };
+    let ns = c.namespace().unwrap_or_default();
+    match caches.pods.get(&ObjectRef::new(&name).within(&ns)) {
+        Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            match phase {
+                _ if super::stopped::terminal(&pod) => PodState::Stopped,
+                _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
+                Some("Running") => PodState::Running,
+                _ => PodState::NotRunning,
+            }
+        }
+        _ if caches.stopped_pods.contains(&ns, &uid) => PodState::Stopped,
+        _ => PodState::Missing,
+    }
+}
