@@ -411,12 +411,24 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             });
             let operator_active = operator_active && operator_settled;
             if let (Some(h), true, true) = (h, writing, operator_active) {
-                if fault != Fault::KillHolderContainer || h == POD_AGENT {
+                // The pod's fault needs the pod holding; a fault at a host process (a pause, a
+                // stall, a cut, a delay, a kill) needs a host agent holding.
+                let pod_holds = h == POD_AGENT;
+                let wanted = match fault {
+                    Fault::KillHolderContainer => Some(true),
+                    Fault::KillHolder
+                    | Fault::PauseHolder
+                    | Fault::StallAgent
+                    | Fault::CutHolder
+                    | Fault::DelayHolder => Some(false),
+                    _ => None,
+                };
+                if wanted.is_none_or(|w| w == pod_holds) {
                     break (h, t);
                 }
                 if switchover_asked.is_none_or(|t| t.elapsed() > Duration::from_secs(20)) {
                     switchover_asked = Some(Instant::now());
-                    hand_over_to_pod(kubeconfig).await;
+                    hand_over(kubeconfig, wanted == Some(true)).await;
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -679,27 +691,24 @@ async fn ensure_pod_agent(client: &kube::Client, pod: &k8s_openapi::api::core::v
     }
 }
 
-/// Asks for a planned switchover to the pod candidate (`arbiter handover`); a refusal (the pod
-/// is not eligible just now) leaves the lease where it is, and the trial waits.
-async fn hand_over_to_pod(kubeconfig: &Path) {
+/// Asks for a planned switchover (`arbiter handover`) to the pod candidate, or away from it to
+/// the best other candidate (a host agent); a refusal (the target is not eligible just now)
+/// leaves the lease where it is, and the trial waits.
+async fn hand_over(kubeconfig: &Path, to_pod: bool) {
+    let mut args = vec!["handover", LEASE, "-n", NS, "--timeout", "30s"];
+    if to_pod {
+        args.extend(["--to", POD_AGENT]);
+    }
     let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))
-        .args([
-            "handover",
-            LEASE,
-            "--to",
-            POD_AGENT,
-            "-n",
-            NS,
-            "--timeout",
-            "30s",
-        ])
+        .args(&args)
         .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .await;
     if !matches!(status, Ok(s) if s.success()) {
-        eprintln!("chaos: the switchover to {POD_AGENT} did not happen ({status:?}); waiting");
+        let to = if to_pod { POD_AGENT } else { "a host agent" };
+        eprintln!("chaos: the switchover to {to} did not happen ({status:?}); waiting");
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
