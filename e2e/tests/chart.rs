@@ -155,28 +155,31 @@ async fn crd_template_matches_the_generated_crd(_env: Arc<TestEnv>) {
     );
 }
 
+/// `helm install RELEASE` of the chart into the test's namespace, the operator watching only
+/// that namespace and the CRD left to the suite, with `extra` arguments.
+pub(crate) fn install(env: &TestEnv, release: &str, extra: &[&str]) {
+    let chart = chart();
+    let watch = format!("operator.watchNamespace={}", env.ns);
+    let mut args = vec![
+        "install",
+        release,
+        chart.to_str().unwrap(),
+        "-n",
+        &env.ns,
+        "--set",
+        "crds.install=false",
+        "--set",
+        &watch,
+    ];
+    args.extend_from_slice(extra);
+    run_helm(Some(&env.kubeconfig), &args);
+}
+
 async fn install_upgrade_uninstall(env: Arc<TestEnv>) {
     let chart = chart();
     let chart = chart.to_str().unwrap();
-    let ns_value = format!("operator.watchNamespace={}", env.ns);
     let kc = Some(env.kubeconfig.as_path());
-    run_helm(
-        kc,
-        &[
-            "install",
-            "arb",
-            chart,
-            "-n",
-            &env.ns,
-            "--set",
-            "crds.install=false",
-            "--set",
-            &ns_value,
-            "--wait",
-            "--timeout",
-            "60s",
-        ],
-    );
+    install(&env, "arb", &["--wait", "--timeout", "60s"]);
     let deployments: Api<Deployment> = env.api();
     let d = deployments.get("arb-arbiter").await.unwrap();
     assert_eq!(d.spec.as_ref().unwrap().replicas, Some(2));
@@ -257,22 +260,7 @@ async fn service_account_kubeconfig(env: &TestEnv, sa: &str, dir: &Path) -> Path
 }
 
 async fn operator_works_with_the_charts_service_account(env: Arc<TestEnv>) {
-    let chart = chart();
-    let ns_value = format!("operator.watchNamespace={}", env.ns);
-    run_helm(
-        Some(&env.kubeconfig),
-        &[
-            "install",
-            "rbac",
-            chart.to_str().unwrap(),
-            "-n",
-            &env.ns,
-            "--set",
-            "crds.install=false",
-            "--set",
-            &ns_value,
-        ],
-    );
+    install(&env, "rbac", &[]);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = service_account_kubeconfig(&env, "rbac-arbiter", dir.path()).await;
     // The chart's operator, as a local process with the chart's identity and flags.

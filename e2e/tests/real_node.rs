@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::chart::{chart, run_helm};
+use crate::chart::{install, run_helm};
 use crate::single_active::{Invariant, one_active, wait_ready};
 use crate::support::agent::{Entry, WORKLOAD, read_log};
 use crate::support::node::{self, ARBITER_IMAGE, BUSYBOX_IMAGE};
@@ -145,24 +145,15 @@ async fn operator_leader(env: &TestEnv, lease: &str) -> String {
 
 async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv>) {
     node::ready(&env).await;
-    let chart = chart();
-    let watch = format!("operator.watchNamespace={}", env.ns);
     // Cluster-scoped objects (ClusterRoles) carry the release name: one per run.
     let release = format!("live{}", std::process::id());
     let instance = format!("app.kubernetes.io/instance={release}");
     let ha_lease = format!("{release}-arbiter");
-    run_helm(
-        Some(&env.kubeconfig),
+    let test_image = format!("test.image={BUSYBOX_IMAGE}");
+    install(
+        &env,
+        &release,
         &[
-            "install",
-            &release,
-            chart.to_str().unwrap(),
-            "-n",
-            &env.ns,
-            "--set",
-            "crds.install=false",
-            "--set",
-            &watch,
             // The image `make image` built, under the chart's default name, pulled from nowhere.
             "--set",
             "image.pullPolicy=Never",
@@ -174,7 +165,7 @@ async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv
             "tolerations[0].operator=Exists",
             // `helm test`'s pod: busybox, from the node's own images.
             "--set",
-            &format!("test.image={BUSYBOX_IMAGE}"),
+            &test_image,
             "--wait",
             "--timeout",
             "120s",
@@ -494,7 +485,6 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
     assert!(doomed.len() >= 2, "the agent and its workload: {doomed:?}");
     let agent = node::container_init_pid(&env.kubeconfig, &id).expect("the container's task");
     assert!(doomed.contains(&agent));
-    let killed = std::time::Instant::now();
     let status = Command::new("kill")
         .args(["-KILL", &agent.to_string()])
         .status()
@@ -507,10 +497,7 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
         (arbiter::lease::term(&l) > term1 && arbiter::lease::holder(&l).is_some()).then_some(l)
     })
     .await;
-    assert!(
-        killed.elapsed() < Duration::from_secs(45),
-        "the new term came from the container's restart, not expiry"
-    );
+    // (Within 40 s of the kill, on a 60 s lease renewed at most 1 s before it: not expiry.)
     // Nothing of the old container still ran when the next term was given.
     let survivors: Vec<i32> = doomed
         .iter()

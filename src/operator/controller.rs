@@ -294,45 +294,29 @@ impl Worker {
         });
         // The process that took the holder's term (the incarnation its renew recorded) ended
         // with its container: the kubelet reported the termination message it wrote.
-        let process_ended = observed.is_some_and(|(l, _)| {
-            let Some(holder) = lease::holder(l) else {
-                return false;
-            };
-            // As remembered: learned once per term, from a record an agent wrote.
-            let incarnation = match self.held.incarnation(key) {
-                Some((h, i)) if h == holder => Some(i),
-                _ => None,
-            };
-            let pod = holder_candidate.and_then(|c| self.pod_of(c));
-            matches!((incarnation, pod), (Some(i), Some(pod)) if super::stopped::incarnation_ended(&pod, i))
-        });
-        // The holder whose process ended is not elected again until a new process of it
-        // registers (its last acknowledgements came from the dead one).
-        if process_ended
-            && let Some(h) = observed.and_then(|(l, _)| lease::holder(l))
-            && let Some((_, dead)) = self.held.incarnation(key)
-            && let Some(i) = candidates.iter().position(|c| {
-                c.name_any() == h
-                    && c.annotations()
-                        .get(INCARNATION_ANNOTATION)
-                        .map(String::as_str)
-                        == Some(dead)
-            })
+        // The process that took the holder's term (its incarnation as remembered: learned once
+        // per term, from a record an agent wrote) ended with its container.
+        let ended = observed
+            .and_then(|(l, _)| lease::holder(l))
+            .and_then(|holder| {
+                let (h, incarnation) = self.held.incarnation(key)?;
+                let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
+                (h == holder && super::stopped::incarnation_ended(&pod, incarnation))
+                    .then_some(incarnation)
+            });
+        let process_ended = ended.is_some();
+        // Its candidate is not elected again until a new process of it registers (the last
+        // acknowledgements came from the dead one).
+        if let (Some(dead), Some(c)) = (ended, holder_candidate)
+            && c.annotations()
+                .get(INCARNATION_ANNOTATION)
+                .map(String::as_str)
+                == Some(dead)
+            && let Some(i) = candidates.iter().position(|x| x.name_any() == c.name_any())
         {
             inputs[i].pod = decide::PodState::Stopped;
         }
-        // Why the holder's term ended, for the leader-change metric if a new one is assigned.
-        let mut term_ended = previous
-            .as_ref()
-            .map(|p| {
-                if p.pod_stopped {
-                    "pod_stopped"
-                } else {
-                    "expired"
-                }
-            })
-            .unwrap_or("new");
-        let lease_view = observed.map(|(l, unchanged_for)| {
+        let observed_view = observed.map(|(l, unchanged_for)| {
             let holder = lease::holder(l).map(str::to_string);
             let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
             // While the holder is the one remembered, its term's longest duration and its pod as
@@ -347,16 +331,17 @@ impl Worker {
             let withdrew =
                 withdrew && self.held.incarnation(key).map(|(h, _)| h) == holder.as_deref();
             let released_by = lease::released_by(l);
-            term_ended = match () {
-                _ if holder.is_none() && released_by.is_some() => "released",
-                _ if holder.is_none() => term_ended,
-                _ if withdrew => "released",
-                _ if pod_stopped => "pod_stopped",
-                _ if process_ended => "container_restarted",
-                _ => "expired",
+            // Why the holder's term ended, for the leader-change metric if a new one is
+            // assigned (`None`: the Lease names nobody and nobody released it).
+            let ended_by = match () {
+                _ if holder.is_none() => released_by.map(|_| "released"),
+                _ if withdrew => Some("released"),
+                _ if pod_stopped => Some("pod_stopped"),
+                _ if process_ended => Some("container_restarted"),
+                _ => Some("expired"),
             };
             let pod_stopped = pod_stopped || withdrew || process_ended;
-            decide::Lease {
+            let view = decide::Lease {
                 holder,
                 preferred_holder: lease::preferred_holder(l).map(str::to_string),
                 strategy: lease::strategy(l).map(str::to_string),
@@ -374,8 +359,24 @@ impl Worker {
                     .get(lease::HANDOVER_REQUEST_ANNOTATION)
                     .map(|v| lease::parse_handover_request(v)),
                 term: lease::term(l),
-            }
+            };
+            (view, ended_by)
         });
+        // No Lease, or one naming nobody: the term remembered ended (or there was none).
+        let term_ended = observed_view
+            .as_ref()
+            .and_then(|(_, by)| *by)
+            .or_else(|| {
+                previous.as_ref().map(|p| {
+                    if p.pod_stopped {
+                        "pod_stopped"
+                    } else {
+                        "expired"
+                    }
+                })
+            })
+            .unwrap_or("new");
+        let lease_view = observed_view.map(|(view, _)| view);
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
             let note = format!("released lease {}", key.name);
             publish(

@@ -49,9 +49,8 @@ pub struct Elector {
     identity: String,
     timings: Timings,
     gate: Gate,
-    /// The Lease as this replica last wrote it (`None`: read it first).
-    last: std::sync::Mutex<Option<Lease>>,
-    /// The Lease as this replica last wrote it successfully: what [`Elector::resume`] swaps from.
+    /// The Lease as this replica last wrote it successfully: what a renew, and
+    /// [`Elector::resume`], swap from.
     written: std::sync::Mutex<Option<Lease>>,
 }
 
@@ -95,16 +94,12 @@ impl Elector {
             identity: identity.into(),
             timings,
             gate,
-            last: std::sync::Mutex::new(None),
             written: std::sync::Mutex::new(None),
         }
     }
 
-    fn remember(&self, written: Option<Lease>) {
-        if let Some(w) = &written {
-            *self.written.lock().unwrap() = Some(w.clone());
-        }
-        *self.last.lock().unwrap() = written;
+    fn remember(&self, written: Lease) {
+        *self.written.lock().unwrap() = Some(written);
     }
 
     /// Waits until this replica holds the Lease; returns when the write that took it was sent
@@ -179,7 +174,7 @@ impl Elector {
             let mut l = Lease::default();
             l.metadata.name = Some(self.name.clone());
             l.spec = Some(self.record(1));
-            self.remember(Some(self.store.create(&l).await?));
+            self.remember(self.store.create(&l).await?);
             tracing::info!(lease = %self.name, identity = %self.identity, "created the operator lease; acting after the renew deadline");
             return Ok(Acquired::Created);
         };
@@ -196,7 +191,7 @@ impl Elector {
         l.spec = Some(self.record(lease::term(&current) + 1));
         // The last release is history: a later hand edit clearing the holder must not pass for it.
         lease::set_annotation(&mut l, lease::RELEASED_BY_ANNOTATION, None);
-        self.remember(Some(self.store.replace(&l).await?));
+        self.remember(self.store.replace(&l).await?);
         tracing::info!(lease = %self.name, identity = %self.identity, "acquired operator lease");
         Ok(Acquired::Took)
     }
@@ -269,7 +264,7 @@ impl Elector {
                 tokio::time::timeout(self.timings.renew_deadline, self.store.replace(&l)).await;
             match attempt {
                 Ok(Ok(written)) => {
-                    self.remember(Some(written));
+                    self.remember(written);
                     self.gate.open_until(sent + self.timings.renew_deadline);
                     tracing::info!(lease = %self.name, "resumed: nobody wrote the operator lease meanwhile");
                     return Some(sent);
@@ -290,7 +285,7 @@ impl Elector {
         let failed = |e: anyhow::Error| Renew::Failed(e);
         // From the last write: nobody else wrote since, or the compare-and-swap says so, and
         // then (in this same renew) from the Lease as it is now.
-        let cached = self.last.lock().unwrap().take();
+        let cached = self.written.lock().unwrap().clone();
         if let Some(l) = cached {
             match self.swap(l).await {
                 Err(Renew::Failed(e))
@@ -327,11 +322,11 @@ impl Elector {
             Some(crate::flags::lease_seconds(self.timings.lease_duration));
         match self.store.replace(&l).await {
             Ok(written) => {
-                self.remember(Some(written));
+                self.remember(written);
                 Ok(())
             }
-            // Someone wrote the Lease since (or it is gone), or the outcome is unknown: read it
-            // again next time (the cache stays empty).
+            // Someone wrote the Lease since (or it is gone): the caller reads it again. An
+            // unknown outcome that did land makes the next swap from this object conflict.
             Err(e) => Err(failed(e.into())),
         }
     }

@@ -88,7 +88,7 @@ pub struct Settings {
     pub reconcile_stall: Duration,
     /// Leases reconciled at once (1 to 64): each lease always by the same worker, never two
     /// at a time.
-    #[arg(long, default_value = "4", value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, default_value = "4", value_parser = clap::value_parser!(u16).range(1..=metrics::MAX_WORKERS as i64))]
     pub concurrency: u16,
     /// Apply the LeaseCandidate CRD at start-up (server-side apply).
     #[arg(long)]
