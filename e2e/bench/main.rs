@@ -11,11 +11,14 @@
 //! It starts its own control plane with the `CoordinatedLeaderElection` gate and
 //! `coordination.k8s.io/v1beta1` on (the upstream baseline needs them) and an audit log.
 //!
+//!   With `--unrelated-pods N`, N ordinary pods that are not candidates are created first and
+//!   the operator watches every namespace. It also prints the API writes an election costs.
 //! - **pods**: what `--pods` ordinary pods that are not candidates (default 5000) add to the
 //!   memory of an operator watching every namespace.
 //!
 //! `cargo test --release --test bench -- [--only failover|scale|pods] [--runs N] [--leases N,N]
-//! [--window SECONDS] [--pods N]`; `ARBITER_OPERATOR_BIN` runs another build of the operator.
+//! [--unrelated-pods N] [--window SECONDS] [--pods N]`; `ARBITER_OPERATOR_BIN` runs another
+//! build of the operator.
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -51,6 +54,9 @@ fn main() {
         .collect();
     let only = arg("--only");
     let window = Duration::from_secs(arg("--window").and_then(|v| v.parse().ok()).unwrap_or(180));
+    let unrelated: usize = arg("--unrelated-pods")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let audit = scale::Audit::prepare();
     // SAFETY: no other thread exists yet.
     unsafe {
@@ -78,7 +84,7 @@ fn main() {
         }
         if only.as_deref().is_none_or(|o| o == "scale") {
             for n in &leases {
-                scale::run(&cluster.kubeconfig, &audit, *n, window).await;
+                scale::run(&cluster.kubeconfig, &audit, *n, unrelated, window).await;
             }
         }
     });

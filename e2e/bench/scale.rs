@@ -110,6 +110,36 @@ impl Audit {
     }
 }
 
+/// The write requests in `counts` (create, update, patch, delete), not counting the
+/// operator's own HA lease.
+fn writes(counts: &BTreeMap<String, usize>) -> BTreeMap<String, usize> {
+    counts
+        .iter()
+        .filter(|(k, _)| {
+            !k.ends_with("(own HA lease)")
+                && ["create ", "update ", "patch ", "delete "]
+                    .iter()
+                    .any(|v| k.starts_with(v))
+        })
+        .map(|(k, c)| (k.clone(), *c))
+        .collect()
+}
+
+/// Prints the writes an election cost: `elections` elections made `writes` writes.
+fn print_writes_per_election(what: &str, elections: usize, writes: &BTreeMap<String, usize>) {
+    let total: usize = writes.values().sum();
+    println!(
+        "| API writes per election, {what} | {:.2} ({total} writes, {elections} elections) |",
+        total as f64 / elections.max(1) as f64
+    );
+    for (kind, c) in writes {
+        println!(
+            "|   {kind} | {:.2} per election |",
+            *c as f64 / elections.max(1) as f64
+        );
+    }
+}
+
 /// What the simulated candidates know.
 #[derive(Default)]
 struct Fleet {
@@ -149,7 +179,9 @@ fn usage(pid: i32) -> (f64, f64) {
 }
 
 /// Runs the scale benchmark with `n` leases, counting steady-state requests over `window`.
-pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
+/// `unrelated` pods that are not candidates are created first, in a namespace of their own, and
+/// the operator then watches every namespace.
+pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, unrelated: usize, window: Duration) {
     let client = support::client_for(kubeconfig).await;
     arbiter::api::apply_crds(client.clone(), Duration::from_secs(30))
         .await
@@ -159,10 +191,27 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
     let mut namespace = Namespace::default();
     namespace.metadata.name = Some(ns.clone());
     let _ = namespaces.create(&PostParams::default(), &namespace).await;
-    println!("\nscale: {n} leases x 3 candidates in {ns}");
+    println!("\nscale: {n} leases x 3 candidates in {ns}, {unrelated} unrelated pods");
+    if unrelated > 0 {
+        create_unrelated_pods(&client, unrelated).await;
+    }
 
     let lease_duration = format!("{LEASE_SECONDS}s");
-    let operator = Operator::start_with(kubeconfig, &ns, &["--lease-duration", &lease_duration]);
+    let operator = if unrelated > 0 {
+        Operator::start_args(
+            kubeconfig,
+            &[
+                "--namespace",
+                &ns,
+                "--metrics-address",
+                "127.0.0.1:0",
+                "--lease-duration",
+                &lease_duration,
+            ],
+        )
+    } else {
+        Operator::start_with(kubeconfig, &ns, &["--lease-duration", &lease_duration])
+    };
     let fleet = Arc::new(Mutex::new(Fleet::default()));
     let tasks = [
         tokio::spawn(answer_pings(client.clone(), ns.clone(), fleet.clone())),
@@ -172,6 +221,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
 
     // Registration: 3n candidates, all at one version (no handovers in steady state).
     let started = Instant::now();
+    let started_at = jiff::Timestamp::now();
     let candidates: Api<LeaseCandidate> = Api::namespaced(client.clone(), &ns);
     stream::iter((0..n).flat_map(|l| (0..3).map(move |c| (l, c))))
         .map(|(l, c)| {
@@ -215,6 +265,9 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
         }
         drop(operator);
         let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
+        if unrelated > 0 {
+            delete_unrelated_pods(&client).await;
+        }
         return;
     }
 
@@ -225,9 +278,12 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
     tokio::time::sleep(window).await;
     let to = jiff::Timestamp::now();
     let (cpu_steady, _) = usage(operator.pid());
+    let rss_steady = rss_now(operator.pid());
     // The audit backend writes as requests complete; give it a moment to catch up.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let counts = audit.count(from, to);
+    // Every lease's first election, with its after-effects (statuses, Events) written.
+    let first_elections = writes(&audit.count(started_at, from));
     let total: usize = counts
         .iter()
         .filter(|(k, _)| !k.ends_with("(own HA lease)"))
@@ -242,6 +298,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
 
     // 10% of the holders die at once.
     let failed_at = Instant::now();
+    let failed_at_wall = jiff::Timestamp::now();
     let victims: Vec<(String, String, Instant)> = {
         let mut f = fleet.lock().unwrap();
         let mut held: Vec<(String, String, Instant)> = f
@@ -280,6 +337,9 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
         Some(out)
     })
     .await;
+    // The burst's after-effects (the deposed candidates' statuses, Events).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let burst_writes = writes(&audit.count(failed_at_wall, jiff::Timestamp::now()));
     let (cpu_end, rss_peak) = usage(operator.pid());
 
     println!("| {n} leases x 3 candidates | value |");
@@ -292,6 +352,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
         "| every lease held after | {:.1} s |",
         converged.as_secs_f64()
     );
+    println!("| operator RSS in steady state | {rss_steady:.1} MiB |");
     println!("| operator peak RSS | {rss_peak:.1} MiB |");
     println!("| operator CPU, start to every lease held | {cpu_start:.1} s |");
     println!(
@@ -312,8 +373,10 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
     for (what, c) in &counts {
         println!("|   {what} | {c} |");
     }
+    print_writes_per_election("first election of each lease", n, &first_elections);
     match latencies {
         Some(l) => {
+            print_writes_per_election("re-election of a failed holder", l.len(), &burst_writes);
             let after_expiry: Vec<f64> = l.iter().map(|x| x.0).collect();
             let after_failure: Vec<f64> = l.iter().map(|x| x.1).collect();
             let (a, b) = (
@@ -338,6 +401,9 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, window: Duration) {
     }
     drop(operator);
     let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
+    if unrelated > 0 {
+        delete_unrelated_pods(&client).await;
+    }
 }
 
 async fn wait<T>(
@@ -474,76 +540,118 @@ fn rss_now(pid: i32) -> f64 {
         / 1024.0
 }
 
+/// The namespace of the pods that are none of the operator's business.
+const UNRELATED_NS: &str = "bench-unrelated-pods";
+
+/// Creates `count` ordinary pods that are not candidates in [`UNRELATED_NS`], bound to the kwok
+/// node (each with eight env vars, probes, resources, a port and a 1.5 KB
+/// `last-applied-configuration` annotation, as a kubectl-applied Deployment's pods have).
+/// Created directly rather than through a Deployment: the controller manager's request rate
+/// would take half an hour for 30,000.
+pub async fn create_unrelated_pods(client: &Client, count: usize) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(UNRELATED_NS.into());
+    let _ = namespaces.create(&PostParams::default(), &namespace).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), UNRELATED_NS);
+    let started = Instant::now();
+    stream::iter(0..count)
+        .map(|i| {
+            let pods = pods.clone();
+            async move {
+                let pod = serde_json::from_value(json!({
+                    "metadata": {
+                        "name": format!("filler-{i}"),
+                        "labels": {"app": "filler", "app.kubernetes.io/name": "filler", "app.kubernetes.io/version": "1.0.0", "pod-template-hash": "5d8f7b9c6d"},
+                        "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(1500)},
+                    },
+                    "spec": {
+                        "nodeName": crate::support::standin::NODE,
+                        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+                        "containers": [{
+                            "name": "app", "image": "example.com/app:1.0.0",
+                            "env": (0..8).map(|i| json!({"name": format!("SETTING_{i}"), "value": "some-value-of-a-setting"})).collect::<Vec<_>>(),
+                            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+                            "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}},
+                            "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
+                            "ports": [{"containerPort": 8080, "name": "http"}],
+                        }],
+                    },
+                }))
+                .unwrap();
+                match pods.create(&PostParams::default(), &pod).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .try_collect::<Vec<_>>()
+        .await
+        .expect("creating the unrelated pods");
+    println!(
+        "({count} unrelated pods created in {:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+pub async fn delete_unrelated_pods(client: &Client) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let _ = namespaces
+        .delete(UNRELATED_NS, &DeleteParams::background())
+        .await;
+    // The namespace's pods are gone before the next case counts memory.
+    let until = Instant::now() + Duration::from_secs(1800);
+    while namespaces
+        .get_opt(UNRELATED_NS)
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+        && Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The resident memory of `pid` once it has settled: read every 5 s until two readings 15 s
+/// apart differ by less than 1% (or after 5 minutes).
+async fn settled_rss(pid: i32) -> f64 {
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut readings = vec![rss_now(pid)];
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        readings.push(rss_now(pid));
+        if let [.., a, _, _, b] = readings[..]
+            && (b - a).abs() < 0.01 * a
+        {
+            return b;
+        }
+        if Instant::now() > until {
+            return *readings.last().unwrap();
+        }
+    }
+}
+
 /// What pods that are none of its business cost an operator that watches every namespace: its
-/// memory idle, then after `count` ordinary pods (a Deployment on the kwok node, each with the
-/// usual env, probes, resources and a kubectl-applied annotation) have been running a while.
+/// memory idle, then with `count` ordinary pods on the kwok node.
 pub async fn unrelated_pods(kubeconfig: &Path, count: usize) {
     let client = support::client_for(kubeconfig).await;
     arbiter::api::apply_crds(client.clone(), Duration::from_secs(30))
         .await
         .expect("installing the CRD");
-    let ns = "bench-unrelated-pods";
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let mut namespace = Namespace::default();
-    namespace.metadata.name = Some(ns.into());
-    let _ = namespaces.create(&PostParams::default(), &namespace).await;
     println!(
         "\nunrelated pods: one operator watching every namespace, {count} pods that are not candidates"
     );
     let operator = Operator::start_args(
         kubeconfig,
-        &["--namespace", ns, "--metrics-address", "127.0.0.1:0"],
+        &["--namespace", "default", "--metrics-address", "127.0.0.1:0"],
     );
     wait_logged(&operator, "caches synced").await;
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    let idle = rss_now(operator.pid());
-    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
-        "metadata": {"name": "filler"},
-        "spec": {
-            "replicas": count,
-            "selector": {"matchLabels": {"app": "filler"}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": "filler", "app.kubernetes.io/name": "filler", "app.kubernetes.io/version": "1.0.0"},
-                    "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "x".repeat(1500)},
-                },
-                "spec": {
-                    "nodeSelector": {"type": "kwok"},
-                    "containers": [{
-                        "name": "app", "image": "example.com/app:1.0.0",
-                        "env": (0..8).map(|i| json!({"name": format!("SETTING_{i}"), "value": "some-value-of-a-setting"})).collect::<Vec<_>>(),
-                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
-                        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}},
-                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
-                        "ports": [{"containerPort": 8080, "name": "http"}],
-                    }],
-                },
-            },
-        },
-    }))
-    .unwrap();
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(client.clone(), ns);
-    deployments
-        .create(&PostParams::default(), &deployment)
-        .await
-        .expect("creating the filler Deployment");
-    let started = Instant::now();
-    loop {
-        let ready = deployments
-            .get("filler")
-            .await
-            .ok()
-            .and_then(|d| d.status?.ready_replicas)
-            .unwrap_or(0);
-        if ready as usize >= count || started.elapsed() > Duration::from_secs(1800) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    // Let the operator's watch take in the last updates.
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    let full = rss_now(operator.pid());
+    let idle = settled_rss(operator.pid()).await;
+    create_unrelated_pods(&client, count).await;
+    let full = settled_rss(operator.pid()).await;
     println!("| unrelated pods | operator RSS idle | with the pods | per 1,000 pods |");
     println!("|---|---|---|---|");
     println!(
@@ -551,10 +659,7 @@ pub async fn unrelated_pods(kubeconfig: &Path, count: usize) {
         (full - idle) * 1000.0 / count as f64
     );
     drop(operator);
-    let _ = deployments
-        .delete("filler", &DeleteParams::background())
-        .await;
-    let _ = namespaces.delete(ns, &DeleteParams::background()).await;
+    delete_unrelated_pods(&client).await;
 }
 
 async fn wait_logged(operator: &Operator, what: &str) {

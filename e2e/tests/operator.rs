@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
@@ -33,6 +33,7 @@ crate::tests![operator:
     status_watch_rides_out_an_unreachable_api_server,
     expired_lease_goes_to_a_live_candidate,
     holder_pod_stopped_is_replaced_before_expiry,
+    only_the_pods_it_follows_are_kept,
     lapsed_holder_pod_still_running_is_evicted,
     eviction_blocked_by_pdb_is_reported_and_retried,
     a_blocked_forced_exit_survives_an_operator_failover,
@@ -340,6 +341,108 @@ async fn holder_pod_stopped_is_replaced_before_expiry(env: Arc<TestEnv>) {
     // The holder's pod is confirmed stopped: no need to wait out the 60 s lease.
     wait_for_holder(&env, "dead", "pod-b", Duration::from_secs(20)).await;
     assert!(stopped.elapsed() < Duration::from_secs(20));
+}
+
+/// The pod watch sees every pod and keeps only candidates' pods: ordinary pods are dropped, and
+/// a pod that was running before its candidate registered (its events all went by, dropped) is
+/// fetched, so that it is electable (an unknown pod is not) and its deletion is proof.
+async fn only_the_pods_it_follows_are_kept(env: Arc<TestEnv>) {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    let plain = |i: usize| -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("plain-{i}"), "labels": {"app": "plain"}},
+            "spec": {
+                "nodeName": crate::support::standin::NODE,
+                "containers": [{"name": "app", "image": "example.com/app:1.0.0"}],
+            },
+        }))
+        .unwrap()
+    };
+    for i in 0..3 {
+        pods.create(&PostParams::default(), &plain(i))
+            .await
+            .unwrap();
+    }
+    let sleep = ["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"];
+    let a = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "pod-a",
+        BTreeMap::new(),
+        5,
+        "sh",
+        &sleep,
+    )
+    .await;
+    let op = Operator::start(&env, &["--lease-duration", "60s"]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["pod-a", "pod-b"]);
+    async fn followed(op: &Operator) -> Option<f64> {
+        let m = op.http_get("/metrics").await;
+        m.lines()
+            .find(|l| l.starts_with("arbiter_pods_followed "))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    }
+    eventually("the caches synced, nothing followed", DEADLINE, || async {
+        (op.http_get("/readyz").await.ends_with("ok")).then_some(())
+    })
+    .await;
+    assert_eq!(followed(&op).await, Some(0.0));
+    create_candidate(
+        &env,
+        "pod-a",
+        "kept",
+        "1.19.0",
+        Some("1.19.0"),
+        OEV,
+        Some(owned_by(&a)),
+    )
+    .await;
+    // Elected: its pod, fetched, is known to be Running.
+    wait_for_holder(&env, "kept", "pod-a", DEADLINE).await;
+    assert_eq!(followed(&op).await, Some(1.0));
+    let b = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "pod-b",
+        BTreeMap::new(),
+        5,
+        "sh",
+        &sleep,
+    )
+    .await;
+    create_candidate(
+        &env,
+        "pod-b",
+        "kept",
+        "1.20.0",
+        Some("1.20.0"),
+        OEV,
+        Some(owned_by(&b)),
+    )
+    .await;
+    eventually("pod-b followed", DEADLINE, || async {
+        (followed(&op).await == Some(2.0)).then_some(())
+    })
+    .await;
+    // Ordinary pods changed, then the holder's pod deleted: the watch delivers in order, so
+    // once the deletion has been acted on the ordinary pods' changes were seen (and dropped).
+    for i in 0..3 {
+        let patch = serde_json::json!({"metadata": {"labels": {"touched": "yes"}}});
+        pods.patch(
+            &format!("plain-{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    }
+    pods.delete("pod-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    a.wait_exit(DEADLINE).await;
+    // Its deletion is proof (no wait for the 60 s lease).
+    wait_for_holder(&env, "kept", "pod-b", Duration::from_secs(20)).await;
+    assert_eq!(followed(&op).await, Some(1.0));
 }
 
 async fn third_party_strategy_gets_a_holderless_lease(env: Arc<TestEnv>) {

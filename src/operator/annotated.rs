@@ -112,6 +112,11 @@ impl AnnotatedWorkloads {
 
     /// The leases of the workloads that select `pod` (valid ones only; an invalid selector
     /// selects nothing).
+    /// Whether a valid annotated workload selects `pod`.
+    pub fn selects_any(&self, pod: &Pod) -> bool {
+        !self.selecting(pod).is_empty()
+    }
+
     pub fn selecting(&self, pod: &Pod) -> Vec<LeaseKey> {
         let namespace = pod.namespace().unwrap_or_default();
         let index = self.0.lock().unwrap();

@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
@@ -18,18 +17,19 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 
 use super::Settings;
-use super::depose::{self, Deposer, PENDING_ANNOTATION, RESTARTS_ANNOTATION, Target};
-use super::held::{self, Held};
+use super::depose::{self, Deposer, Target};
+use super::held::Held;
 use super::index::owner_pod;
-use super::metrics::{LeaseLabels, MethodLabels, Metrics};
+use super::metrics::{LeaseLabels, Metrics};
 use super::queue::{LeaseKey, Queue};
 use super::report::{publish, report};
 use super::single_active::{self, Prepared};
 use super::terms::TermLedger;
+use super::view::{Seen, View};
 use super::watch::{Caches, pod_state};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action};
-use crate::lease::{self, INCARNATION_ANNOTATION, LeaseStore};
+use crate::lease;
 
 /// How many independent writes for one lease (pings) are in flight at once.
 pub(super) const CONCURRENT_WRITES: usize = 8;
@@ -100,7 +100,7 @@ pub(super) struct Worker {
     pub(super) settings: Settings,
     pub(super) metrics: Arc<Metrics>,
     /// Per lease: the record last seen, when this process first saw it, and its holder.
-    seen: HashMap<LeaseKey, Seen>,
+    pub(super) seen: HashMap<LeaseKey, Seen>,
     pub(super) terms: TermLedger,
     pub(super) deposer: Deposer,
     timers: HashMap<LeaseKey, Timers>,
@@ -117,57 +117,10 @@ struct Timers {
     handover_requested: Option<Instant>,
 }
 
-struct Seen {
-    fingerprint: String,
-    since: Instant,
-    holder: Option<String>,
-}
-
 impl Worker {
-    /// How long the Lease record has been unchanged, on this process's monotonic clock, and
-    /// the holder it had before if it just released.
-    fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>) {
-        let fingerprint = serde_json::to_string(&lease.spec).unwrap_or_default();
-        let holder = lease::holder(lease).map(str::to_string);
-        let now = Instant::now();
-        let seen = self.seen.entry(key.clone()).or_insert_with(|| Seen {
-            fingerprint: String::new(),
-            since: now,
-            holder: holder.clone(),
-        });
-        let mut released = None;
-        if seen.fingerprint != fingerprint {
-            if !seen.fingerprint.is_empty() && holder.is_none() {
-                released = seen.holder.clone();
-            }
-            *seen = Seen {
-                fingerprint,
-                since: if seen.fingerprint.is_empty() {
-                    seen.since
-                } else {
-                    now
-                },
-                holder,
-            };
-        }
-        (now - seen.since, released)
-    }
-
-    /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped.
-    fn holder_pod_stopped(&self, l: &Lease) -> bool {
-        let Some(uid) = l.annotations().get(HOLDER_POD_ANNOTATION) else {
-            return false;
-        };
-        let ns = l.namespace().unwrap_or_default();
-        self.caches.stopped_pods.contains(&ns, uid)
-    }
-
     pub(super) fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
         let (name, uid) = owner_pod(candidate)?;
-        let pod = self
-            .caches
-            .pods
-            .get(&ObjectRef::new(&name).within(&candidate.namespace()?))?;
+        let pod = self.caches.pods.get(&candidate.namespace()?, &name)?;
         (pod.uid().as_deref() == Some(uid.as_str())).then_some(pod)
     }
 
@@ -198,6 +151,7 @@ impl Worker {
         .await?;
         let plan = match prepared {
             Prepared::CleanedUp | Prepared::Frozen => return Ok(None),
+            Prepared::Loading => return Ok(Some(Duration::from_millis(500))),
             Prepared::Ordinary => None,
             Prepared::Workload(p) => Some(*p),
         };
@@ -220,163 +174,12 @@ impl Worker {
                 withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
             })
             .collect();
-        let mut released = None;
-        let now = Instant::now();
-        let observed = lease.as_deref().map(|l| {
-            let (unchanged_for, r) = self.observe(key, l);
-            released = r;
-            (l, unchanged_for)
-        });
-        // What this process remembers of the holder: no edit of the Lease shortens a term.
-        let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
-        // The holder's own candidate says more than the Lease (which anyone may edit): the pod
-        // it runs in, and the lease duration its agent writes.
-        let holder_candidate = observed
-            .and_then(|(l, _)| lease::holder(l))
-            .and_then(|h| candidates.iter().find(|c| c.name_any() == h));
-        let candidate_pod = holder_candidate
-            .and_then(|c| owner_pod(c))
-            .map(|(_, uid)| uid);
-        let declared = declared_duration(holder_candidate);
-        let seen = observed.map(|(l, unchanged_for)| held::Seen {
-            holder: lease::holder(l),
-            since: now - unchanged_for,
-            duration: lease::duration(l)
-                .unwrap_or(self.settings.lease_duration)
-                .max(declared),
-            pod_uid: candidate_pod.as_deref().or_else(|| {
-                l.annotations()
-                    .get(HOLDER_POD_ANNOTATION)
-                    .map(String::as_str)
-            }),
-            released_by: lease::released_by(l),
-            // Only as an agent wrote it (arbiter's field manager), not a hand edit.
-            incarnation: l
-                .annotations()
-                .get(INCARNATION_ANNOTATION)
-                .map(String::as_str)
-                .filter(|i| {
-                    !i.is_empty() && lease::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
-                }),
-            term: lease::term(l),
-        });
-        let leader = candidates.iter().find_map(|c| {
-            let leads = c.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|x| x.type_ == "Leader" && x.status == "True")
-            });
-            leads.then(|| held::Leader {
-                name: c.name_any(),
-                pod_uid: owner_pod(c).map(|(_, uid)| uid),
-                declared: declared_duration(Some(c)),
-            })
-        });
-        self.held.observe(
-            key,
-            seen.as_ref(),
-            leader.as_ref(),
-            self.settings.lease_duration,
-            now,
-            stopped,
-        );
-        // The remembered holder withdrew its candidate, marked with the incarnation that held
-        // the term: its agent stopped the work and left (it could not release: the Lease was
-        // gone, or no longer named it). That ends the term like a release.
-        let withdrew = self.held.incarnation(key).is_some_and(|(h, incarnation)| {
-            candidates.iter().any(|c| {
-                c.name_any() == h && crate::api::withdrawn_incarnation(c) == Some(incarnation)
-            })
-        });
-        let previous = self.held.previous(key, now, stopped).map(|mut p| {
-            p.pod_stopped |= withdrew;
-            p
-        });
-        // The process that took the holder's term (the incarnation its renew recorded) ended
-        // with its container: the kubelet reported the termination message it wrote.
-        // The process that took the holder's term (its incarnation as remembered: learned once
-        // per term, from a record an agent wrote) ended with its container.
-        let ended = observed
-            .and_then(|(l, _)| lease::holder(l))
-            .and_then(|holder| {
-                let (h, incarnation) = self.held.incarnation(key)?;
-                let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
-                (h == holder && super::stopped::incarnation_ended(&pod, incarnation))
-                    .then_some(incarnation)
-            });
-        let process_ended = ended.is_some();
-        // Its candidate is not elected again until a new process of it registers (the last
-        // acknowledgements came from the dead one).
-        if let (Some(dead), Some(c)) = (ended, holder_candidate)
-            && c.annotations()
-                .get(INCARNATION_ANNOTATION)
-                .map(String::as_str)
-                == Some(dead)
-            && let Some(i) = candidates.iter().position(|x| x.name_any() == c.name_any())
-        {
-            inputs[i].pod = decide::PodState::Stopped;
-        }
-        let observed_view = observed.map(|(l, unchanged_for)| {
-            let holder = lease::holder(l).map(str::to_string);
-            let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
-            // While the holder is the one remembered, its term's longest duration and its pod as
-            // recorded at assignment count, not what the Lease says now.
-            let (duration, pod_stopped) =
-                match holder.as_deref().and_then(|h| self.held.term_of(key, h)) {
-                    Some((longest, Some(uid))) => (longest.max(written), stopped(uid)),
-                    // Assigned without a pod: an annotation added later proves nothing.
-                    Some((longest, None)) => (longest.max(written), false),
-                    None => (written, self.holder_pod_stopped(l)),
-                };
-            let withdrew =
-                withdrew && self.held.incarnation(key).map(|(h, _)| h) == holder.as_deref();
-            let released_by = lease::released_by(l);
-            // Why the holder's term ended, for the leader-change metric if a new one is
-            // assigned (`None`: the Lease names nobody and nobody released it).
-            let ended_by = match () {
-                _ if holder.is_none() => released_by.map(|_| "released"),
-                _ if withdrew => Some("released"),
-                _ if pod_stopped => Some("pod_stopped"),
-                _ if process_ended => Some("container_restarted"),
-                _ => Some("expired"),
-            };
-            let pod_stopped = pod_stopped || withdrew || process_ended;
-            let view = decide::Lease {
-                holder,
-                preferred_holder: lease::preferred_holder(l).map(str::to_string),
-                strategy: lease::strategy(l).map(str::to_string),
-                duration,
-                unchanged_for,
-                released_by: released_by.map(str::to_string),
-                holder_pod_stopped: pod_stopped,
-                acquired: l
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.acquire_time.as_ref())
-                    .map(|t| t.0),
-                switchover: l
-                    .annotations()
-                    .get(lease::HANDOVER_REQUEST_ANNOTATION)
-                    .map(|v| lease::parse_handover_request(v)),
-                term: lease::term(l),
-            };
-            (view, ended_by)
-        });
-        // No Lease, or one naming nobody: the term remembered ended (or there was none).
-        let term_ended = observed_view
-            .as_ref()
-            .and_then(|(_, by)| *by)
-            .or_else(|| {
-                previous.as_ref().map(|p| {
-                    if p.pod_stopped {
-                        "pod_stopped"
-                    } else {
-                        "expired"
-                    }
-                })
-            })
-            .unwrap_or("new");
-        let lease_view = observed_view.map(|(view, _)| view);
+        let View {
+            lease: lease_view,
+            previous,
+            term_ended,
+            released,
+        } = self.view(key, lease.as_deref(), &candidates, &mut inputs);
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
             let note = format!("released lease {}", key.name);
             publish(
@@ -609,98 +412,17 @@ impl Worker {
             self.report_abandoned_handover(key, old, &decision.action, &candidates)
                 .await;
         }
-        // A lapsed holder whose pod kept running with the same containers is forced out.
-        if let (
-            Some(_),
-            Action::Assign {
-                lapsed: Some(h), ..
-            },
-            Some(old),
-        ) = (&written, &decision.action, lease.as_deref())
-            && let Some(c) = candidates.iter().find(|c| c.name_any() == *h)
-            && let Some(pod) = self.pod_of(c)
-        {
-            let recorded = old
-                .annotations()
-                .get(RESTARTS_ANNOTATION)
-                .and_then(|v| v.parse::<i64>().ok());
-            tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
-            // Same containers, and not all of them reported ended (one in crash-loop back-off
-            // after its process exited runs nothing: nothing to force out).
-            if recorded == Some(depose::restarts(&pod)) && !super::stopped::nothing_runs(&pod) {
-                self.deposer.add(
-                    key,
-                    Target::new(
-                        h,
-                        &pod.name_any(),
-                        &pod.uid().unwrap_or_default(),
-                        depose::restarts(&pod),
-                    ),
-                );
-            }
-        }
-        // Forced exits another replica left pending are carried on.
-        let latest = written.as_ref().or(lease.as_deref());
-        let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
-        let ours: HashSet<String> = candidates
-            .iter()
-            .filter_map(|c| owner_pod(c).map(|(_, uid)| uid))
-            .chain(
-                plan.iter()
-                    .flat_map(|p| p.pods.iter().filter_map(|pod| pod.uid())),
+        let retry = self
+            .force_out(
+                key,
+                lease.as_deref(),
+                written.as_ref(),
+                &candidates,
+                &decision,
+                plan.as_ref(),
+                policy,
             )
-            .collect();
-        self.deposer
-            .restore(key, recorded.as_deref(), |t| ours.contains(&t.uid));
-        let pods = self.caches.pods.clone();
-        let ns = key.namespace.clone();
-        let (outcomes, retry) = self
-            .deposer
-            .attempt(&self.client, key, policy, |name| {
-                pods.get(&ObjectRef::new(name).within(&ns))
-                    .map(|p| (*p).clone())
-            })
             .await;
-        // Record what is still pending on the Lease, for whichever replica leads next.
-        let pending = self.deposer.recorded(key);
-        if pending.is_some() || !candidates.is_empty() {
-            let n = pending.as_deref().map_or(0, |p| p.split(',').count());
-            self.metrics.forced_exits_pending(key, n);
-        }
-        if let Some(l) = latest
-            && pending != recorded
-        {
-            let mut l = l.clone();
-            lease::set_annotation(&mut l, PENDING_ANNOTATION, pending.as_deref());
-            if let Err(e) = LeaseStore::new(self.client.clone(), &key.namespace)
-                .replace(&l)
-                .await
-            {
-                tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
-            }
-        }
-        for (target, outcome) in outcomes {
-            tracing::info!(lease = %key, pod = %target.pod, outcome = ?outcome, "forced exit");
-            if let depose::Outcome::Forced(policy) = &outcome {
-                self.metrics
-                    .forced_depositions
-                    .get_or_create(&MethodLabels {
-                        method: policy.as_str().into(),
-                    })
-                    .inc();
-            }
-            let (Some((type_, reason, note)), Some(c)) = (
-                outcome.event(&target),
-                candidates.iter().find(|c| c.name_any() == target.candidate),
-            ) else {
-                continue;
-            };
-            if let Some(p) = &plan {
-                let r = single_active::workload_ref(&p.workload);
-                publish(&self.recorder, &r, type_, reason, note.clone()).await;
-            }
-            publish(&self.recorder, &c.object_ref(&()), type_, reason, note).await;
-        }
 
         // When to look again, even if nothing changes: at the holder's expiry, or after a wait.
         let after = match &decision.action {
@@ -817,7 +539,7 @@ impl Worker {
 }
 
 /// The lease duration a candidate's agent says it writes (zero if it does not say).
-fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
+pub(super) fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
     candidate
         .and_then(|c| c.annotations().get(crate::api::LEASE_DURATION_ANNOTATION))
         .and_then(|d| d.parse::<u64>().ok())

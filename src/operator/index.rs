@@ -86,6 +86,11 @@ impl CandidateIndex {
             .unwrap_or_default()
     }
 
+    /// Whether a candidate names the pod `uid` as its owner.
+    pub fn has_pod(&self, uid: &str) -> bool {
+        self.0.lock().unwrap().by_pod.contains_key(uid)
+    }
+
     /// The cached candidates naming `key`'s lease, sorted by name.
     pub fn candidates(
         &self,

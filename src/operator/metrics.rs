@@ -101,6 +101,8 @@ pub struct Metrics {
     pub elections_failed: Counter,
     /// 1 on the replica that acts, 0 on standbys.
     pub active: Gauge,
+    /// Pods kept in the cache: candidates' and single-active workloads' pods, no others.
+    pub pods_followed: Gauge,
     /// Set once the caches have synced.
     pub ready: AtomicBool,
     /// Whether the reconcile worker is making progress (`/livez`).
@@ -188,6 +190,7 @@ impl Metrics {
             candidates_expired: Counter::default(),
             elections_failed: Counter::default(),
             active: Gauge::default(),
+            pods_followed: Gauge::default(),
             ready: AtomicBool::new(false),
             progress: Progress::new(),
             registry: Registry::default(),
@@ -301,6 +304,11 @@ impl Metrics {
             "operator_active",
             "1 on the operator replica that acts",
             m.active.clone(),
+        );
+        registry.register(
+            "pods_followed",
+            "Pods the operator keeps in its cache (candidates' pods and single-active workloads' pods; other pods are not kept)",
+            m.pods_followed.clone(),
         );
         Metrics { registry, ..m }
     }

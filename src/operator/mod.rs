@@ -8,11 +8,13 @@ mod act;
 pub mod annotated;
 pub mod controller;
 pub mod depose;
+mod force;
 pub mod ha;
 pub mod held;
 pub mod identity;
 pub mod index;
 pub mod metrics;
+pub mod pods;
 pub mod queue;
 pub mod report;
 pub mod single_active;
@@ -20,6 +22,7 @@ pub mod slim;
 pub mod status;
 pub mod stopped;
 pub mod terms;
+mod view;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -177,8 +180,12 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     metrics.progress.set_stall_after(settings.reconcile_stall);
     let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
     let (enqueue, queues) = queue::queues(usize::from(settings.concurrency));
-    let (caches, mut watch_errors) =
-        watch::watch_all(client.clone(), settings.watch_namespace.as_deref(), enqueue);
+    let (caches, mut watch_errors) = watch::watch_all(
+        client.clone(),
+        settings.watch_namespace.as_deref(),
+        enqueue,
+        metrics.pods_followed.clone(),
+    );
     // Watch errors are retried with backoff inside the stream; log them. The stream ends only if
     // the watches do, which must take the process down.
     let watches = tokio::spawn(async move {
@@ -191,11 +198,11 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         let m = metrics.clone();
         async move {
             let _ = tokio::join!(
-                c.candidates.wait_until_ready(),
+                // The pod cache is ready only after the candidates, Deployments and
+                // StatefulSets were listed (and a kube-runtime store wakes only its last waiter:
+                // those three are waited for there, once).
                 c.leases.wait_until_ready(),
                 c.pods.wait_until_ready(),
-                c.deployments.wait_until_ready(),
-                c.stateful_sets.wait_until_ready(),
             );
             m.ready.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::info!("caches synced");

@@ -36,6 +36,8 @@ pub enum Prepared {
     CleanedUp,
     /// The lease of a workload whose annotations cannot be used (reported): nothing to do.
     Frozen,
+    /// The lease of a workload whose pods are still being listed: looked at again shortly.
+    Loading,
     Workload(Box<Plan>),
 }
 
@@ -79,20 +81,22 @@ pub async fn prepare(
     };
     let Some(workload) = workload else {
         if candidates.iter().any(|c| managed(c)) {
-            let pods: Vec<Arc<Pod>> = caches
-                .pods
-                .state()
-                .into_iter()
-                .filter(|p| p.namespace().as_deref() == Some(key.namespace.as_str()))
-                .collect();
+            let pods = caches.pods.in_namespace(&key.namespace);
             sync::clean_up(client, &key.namespace, candidates, &pods).await?;
             return Ok(Prepared::CleanedUp);
         }
         return Ok(Prepared::Ordinary);
     };
+    // Not before the workload's pods were listed: an incomplete set could miss the active pod.
+    if !caches.pods.loaded(&key.namespace, &workload.selector) {
+        caches
+            .pods
+            .need_selected(&key.namespace, &workload.selector);
+        return Ok(Prepared::Loading);
+    }
     let mut pods: Vec<Arc<Pod>> = caches
         .pods
-        .state()
+        .in_namespace(&key.namespace)
         .into_iter()
         .filter(|p| workload.selects(p))
         .collect();

@@ -1,6 +1,7 @@
 //! The operator's caches and the watches that fill them: LeaseCandidates, the Leases it manages
-//! (label `arbiter.dev/managed`), Pods (kept slim: [`super::slim`]), and annotated Deployments
-//! and StatefulSets. Every change enqueues the leases it may affect. Every replica keeps these
+//! (label `arbiter.dev/managed`), the pods it follows (only candidates' and single-active
+//! workloads' pods, kept slim: [`super::pods`], [`super::slim`]), and annotated Deployments and
+//! StatefulSets. Every change enqueues the leases it may affect. Every replica keeps these
 //! warm, leader or not.
 
 use std::collections::HashMap;
@@ -12,13 +13,14 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::annotated::AnnotatedWorkloads;
 use super::identity::IncarnationLog;
 use super::index::{CandidateIndex, key_of, owner_pod};
+use super::pods::{FollowedPods, fetch_loop, has_role};
 use super::queue::{Enqueue, LeaseKey};
 use super::stopped::StoppedPods;
 use crate::api::LeaseCandidate;
@@ -31,7 +33,7 @@ use crate::workloads::{Workload, WorkloadError};
 pub struct Caches {
     pub candidates: Store<LeaseCandidate>,
     pub leases: Store<Lease>,
-    pub pods: Store<Pod>,
+    pub pods: FollowedPods,
     /// Kept for readiness: [`Self::workloads`] is complete once these are.
     pub deployments: Store<Deployment>,
     pub stateful_sets: Store<StatefulSet>,
@@ -72,10 +74,10 @@ pub fn watch_all(
     client: Client,
     namespace: Option<&str>,
     enqueue: Enqueue,
+    pods_followed: prometheus_client::metrics::gauge::Gauge,
 ) -> (Caches, BoxStream<'static, anyhow::Error>) {
     let (candidates, cw) = reflector::store();
     let (leases, lw) = reflector::store();
-    let (pods, pw) = reflector::store();
     let (deployments, dw) = reflector::store();
     let (stateful_sets, sw) = reflector::store();
     let stopped_pods = StoppedPods::default();
@@ -89,15 +91,45 @@ pub fn watch_all(
             None => Api::all(client.clone()),
         }
     }
+    let by_lease = CandidateIndex::default();
+    let workloads = AnnotatedWorkloads::default();
+    // A pod is followed if a candidate names it, an annotated workload selects it, or it
+    // carries a role label the operator set.
+    let follows = {
+        let (index, annotated) = (by_lease.clone(), workloads.clone());
+        Arc::new(move |pod: &Pod| {
+            pod.uid().is_some_and(|uid| index.has_pod(&uid))
+                || annotated.selects_any(pod)
+                || has_role(pod)
+        })
+    };
+    let (pods, fetches) = FollowedPods::new(follows, pods_followed);
+    // The pod watch starts once the candidates and workloads are listed, so that its first
+    // list keeps every pod they name without fetching them one by one. (This is the only wait
+    // on those three stores: a kube-runtime store wakes only its last waiter.)
+    let listed = {
+        let (c, d, s) = (
+            candidates.clone(),
+            deployments.clone(),
+            stateful_sets.clone(),
+        );
+        async move {
+            let _ = tokio::join!(
+                c.wait_until_ready(),
+                d.wait_until_ready(),
+                s.wait_until_ready()
+            );
+        }
+    };
     let caches = Caches {
         candidates,
         leases,
-        pods,
+        pods: pods.clone(),
         deployments,
         stateful_sets,
-        workloads: AnnotatedWorkloads::default(),
+        workloads,
         incarnations: IncarnationLog::default(),
-        by_lease: CandidateIndex::default(),
+        by_lease,
         stopped_pods: stopped_pods.clone(),
         single_active_locks: NamespaceLocks::default(),
     };
@@ -105,6 +137,7 @@ pub fn watch_all(
     let e = enqueue.clone();
     let log = caches.incarnations.clone();
     let index = caches.by_lease.clone();
+    let followed = pods.clone();
     let candidate_events = watcher(
         api::<LeaseCandidate>(&client, namespace),
         watcher::Config::default(),
@@ -117,6 +150,9 @@ pub fn watch_all(
             watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
                 log.record(c);
                 index.insert(c);
+                if let Some((name, uid)) = owner_pod(c) {
+                    followed.need_pod(&c.namespace().unwrap_or_default(), &name, &uid);
+                }
             }
             watcher::Event::Delete(c) => {
                 log.forget(c);
@@ -145,45 +181,71 @@ pub fn watch_all(
         });
     let e = enqueue.clone();
     let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
-    let pod_events = watcher(api::<Pod>(&client, namespace), watcher::Config::default())
-        .default_backoff()
-        // Only what the operator reads is cached (managed fields, annotations, volumes, env
-        // and probes are most of a pod).
-        .modify(super::slim::keep_what_is_read)
-        .reflect(pw)
-        .map(move |ev| {
-            let ev = ev?;
-            match &ev {
-                watcher::Event::Delete(pod) => stopped_pods.observe(pod, true),
-                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                    stopped_pods.observe(pod, false)
+    // What a followed pod's event (or fetch) means: proof of a stop, leases to look at.
+    let on_pod = move |pod: &Pod, deleted: bool| {
+        stopped_pods.observe(pod, deleted);
+        for key in pod_index.leases_of_pod(&pod.uid().unwrap_or_default()) {
+            e.key(key);
+        }
+        // A single-active workload's pod may have no candidate yet.
+        for key in annotated.selecting(pod) {
+            e.key(key);
+        }
+    };
+    let (pod_watch_api, all_candidates, on_fetched) = (
+        api::<Pod>(&client, namespace),
+        caches.candidates.clone(),
+        on_pod.clone(),
+    );
+    let pod_events = futures::stream::once(listed).flat_map(move |()| {
+        let (pods, all_candidates, on_pod) = (pods.clone(), all_candidates.clone(), on_pod.clone());
+        watcher(pod_watch_api.clone(), watcher::Config::default())
+            .default_backoff()
+            .map(move |ev| {
+                let ev = ev?;
+                let listed = matches!(ev, watcher::Event::InitDone);
+                // Only what the operator reads is kept (managed fields, annotations,
+                // volumes, env and probes are most of a pod).
+                if let Some((pod, deleted)) = pods.observe(ev, super::slim::keep_what_is_read) {
+                    on_pod(&pod, deleted);
                 }
-                _ => {}
-            }
-            for pod in touched(ev) {
-                for key in pod_index.leases_of_pod(&pod.uid().unwrap_or_default()) {
-                    e.key(key);
+                if listed {
+                    // Candidates that came while the list went by.
+                    for c in all_candidates.state() {
+                        if let Some((name, uid)) = owner_pod(&c) {
+                            pods.need_pod(&c.namespace().unwrap_or_default(), &name, &uid);
+                        }
+                    }
                 }
-                // A single-active workload's pod may have no candidate yet.
-                for key in annotated.selecting(&pod) {
-                    e.key(key);
-                }
-            }
-            Ok(())
-        });
+                Ok::<_, anyhow::Error>(())
+            })
+    });
+    let fetched = futures::stream::once(fetch_loop(
+        client.clone(),
+        caches.pods.clone(),
+        fetches,
+        super::slim::keep_what_is_read,
+        move |pod| on_fetched(pod, false),
+    ))
+    .map(Err);
     // Workloads: the lease an annotated one governs, and the one it governed before if its
     // annotation was removed or its lease name changed, need reconciling.
     fn on_workload_event<K: Resource<DynamicType = ()>>(
         kind: &'static str,
         parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
         annotated: AnnotatedWorkloads,
+        pods: FollowedPods,
         e: Enqueue,
     ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> anyhow::Result<()> {
         move |ev| {
             let ev = ev?;
             let deleted = matches!(ev, watcher::Event::Delete(_));
             for obj in touched(ev) {
-                for key in annotated.observe(&obj, kind, parse(&obj), deleted) {
+                let parsed = parse(&obj);
+                if let (Some(Ok(w)), false) = (&parsed, deleted) {
+                    pods.need_selected(&w.namespace, &w.selector);
+                }
+                for key in annotated.observe(&obj, kind, parsed, deleted) {
                     e.key(key);
                 }
             }
@@ -200,6 +262,7 @@ pub fn watch_all(
         "Deployment",
         Workload::from_deployment,
         caches.workloads.clone(),
+        caches.pods.clone(),
         enqueue.clone(),
     ));
     let stateful_set_events = watcher(
@@ -212,12 +275,14 @@ pub fn watch_all(
         "StatefulSet",
         Workload::from_stateful_set,
         caches.workloads.clone(),
+        caches.pods.clone(),
         enqueue,
     ));
     let errors = futures::stream::select_all([
         candidate_events.boxed(),
         lease_events.boxed(),
         pod_events.boxed(),
+        fetched.boxed(),
         deployment_events.boxed(),
         stateful_set_events.boxed(),
     ])
@@ -241,7 +306,7 @@ pub(super) fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
         return PodState::NoPod;
     };
     let ns = c.namespace().unwrap_or_default();
-    match caches.pods.get(&ObjectRef::new(&name).within(&ns)) {
+    match caches.pods.get(&ns, &name) {
         Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             match phase {

@@ -1,0 +1,599 @@
+//! The pods the operator follows, and only those. A cluster may run tens of thousands of pods
+//! that are none of arbiter's business; caching them all cost about 8 KiB each even slimmed.
+//! The pod watch still sees every pod, but keeps only:
+//!
+//! - a candidate's pod (its `Pod` owner reference),
+//! - a pod an annotated single-active workload selects,
+//! - a pod carrying the role label the operator sets (so that it can take the label off again
+//!   after the annotation is removed, even after a restart),
+//! - a pod it already keeps, until that pod is deleted (a deposed holder's pod is watched to its
+//!   end even after its candidate is garbage-collected).
+//!
+//! What follows changes after a pod's last event went by: an agent registers a candidate for a
+//! pod that has long been running, a workload is annotated. Such pods are fetched: a GET of the
+//! candidate's pod, a LIST of the workload's selector ([`FollowedPods::need_pod`],
+//! [`FollowedPods::need_selected`]). A fetched pod never replaces a newer one the watch delivered
+//! (resource versions compared), and a pod the watch saw deleted is never brought back by a
+//! fetch that read it just before.
+//!
+//! Until its pod arrives a candidate's pod is simply unknown ([`PodState::Missing`]: not
+//! electable, and no proof of anything), and a single-active workload whose pods were not listed
+//! yet is not reconciled ([`FollowedPods::loaded`]).
+//!
+//! [`PodState::Missing`]: crate::election::decide::PodState::Missing
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::core::Selector;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::mpsc;
+
+use crate::workloads::ROLE_LABEL;
+
+/// How long a deleted (or not found) pod's uid is remembered against late fetches.
+const GONE_FOR: Duration = Duration::from_secs(600);
+
+/// Whether a pod is one the operator follows (without looking at what it already keeps).
+pub type Follows = Arc<dyn Fn(&Pod) -> bool + Send + Sync>;
+
+/// Something to fetch because what is followed changed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Fetch {
+    /// A candidate's pod.
+    Pod {
+        namespace: String,
+        name: String,
+        uid: String,
+    },
+    /// A single-active workload's pods.
+    Selected { namespace: String, selector: String },
+}
+
+#[derive(Clone)]
+pub struct FollowedPods {
+    inner: Arc<Mutex<Inner>>,
+    follows: Follows,
+    fetches: mpsc::UnboundedSender<Fetch>,
+    ready: tokio::sync::watch::Sender<bool>,
+    /// How many pods are kept (`arbiter_pods_followed`).
+    kept: Gauge,
+}
+
+type ByNamespace = HashMap<String, HashMap<String, Arc<Pod>>>;
+
+#[derive(Default)]
+struct Inner {
+    pods: ByNamespace,
+    /// Being rebuilt from a (re-)list, between `Init` and `InitDone`.
+    relist: Option<ByNamespace>,
+    /// uid → when the watch saw it deleted (or a fetch found it gone).
+    gone: HashMap<String, Instant>,
+    /// `gone` is pruned when it grows past this.
+    prune_gone_at: usize,
+    /// Selectors (namespace, selector) whose pods were listed.
+    loaded: HashSet<(String, String)>,
+    /// Fetches asked for and not yet done.
+    pending: HashSet<Fetch>,
+}
+
+/// Whether `new` may replace `old`: not when both resource versions are numbers (as etcd's
+/// are) and `new`'s is lower. The watch delivers in order; only a fetch can be older.
+fn newer(new: &Pod, old: &Pod) -> bool {
+    let rv = |p: &Pod| p.resource_version().and_then(|v| v.parse::<u64>().ok());
+    match (rv(new), rv(old)) {
+        (Some(n), Some(o)) => n >= o,
+        _ => true,
+    }
+}
+
+fn key(pod: &Pod) -> (String, String) {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+/// Stores `pod` unless a newer one is there; returns whether it was stored.
+fn put(map: &mut ByNamespace, pod: Arc<Pod>) -> bool {
+    let (ns, name) = key(&pod);
+    let slot = map.entry(ns).or_default().entry(name);
+    match slot {
+        std::collections::hash_map::Entry::Occupied(mut o) => {
+            let newer = newer(&pod, o.get());
+            if newer {
+                o.insert(pod);
+            }
+            newer
+        }
+        std::collections::hash_map::Entry::Vacant(v) => {
+            v.insert(pod);
+            true
+        }
+    }
+}
+
+fn take(map: &mut ByNamespace, ns: &str, name: &str) -> Option<Arc<Pod>> {
+    let names = map.get_mut(ns)?;
+    let pod = names.remove(name);
+    if names.is_empty() {
+        map.remove(ns);
+    }
+    pod
+}
+
+fn find<'a>(map: &'a ByNamespace, ns: &str, name: &str) -> Option<&'a Arc<Pod>> {
+    map.get(ns)?.get(name)
+}
+
+impl FollowedPods {
+    /// A cache that keeps the pods `follows` accepts, and the receiver of the fetches it asks
+    /// for (to hand to [`fetch_loop`]).
+    pub fn new(follows: Follows, kept: Gauge) -> (Self, mpsc::UnboundedReceiver<Fetch>) {
+        let (fetches, rx) = mpsc::unbounded_channel();
+        let (ready, _) = tokio::sync::watch::channel(false);
+        let pods = FollowedPods {
+            inner: Arc::default(),
+            follows,
+            fetches,
+            ready,
+            kept,
+        };
+        (pods, rx)
+    }
+
+    /// Takes in one pod watch event (slimming what it keeps with `slim`). Returns the pod if
+    /// it is followed (its leases need a look), else `None`: the pod was dropped.
+    pub fn observe(&self, ev: watcher::Event<Pod>, slim: fn(&mut Pod)) -> Option<(Pod, bool)> {
+        let seen = self.take_in(ev, slim);
+        self.kept.set(self.count() as i64);
+        seen
+    }
+
+    fn take_in(&self, ev: watcher::Event<Pod>, slim: fn(&mut Pod)) -> Option<(Pod, bool)> {
+        let mut inner = self.inner.lock().unwrap();
+        match ev {
+            watcher::Event::Init => {
+                inner.relist = Some(ByNamespace::default());
+                None
+            }
+            watcher::Event::InitDone => {
+                if let Some(fresh) = inner.relist.take() {
+                    inner.pods = fresh;
+                }
+                drop(inner);
+                self.ready.send_replace(true);
+                None
+            }
+            watcher::Event::InitApply(mut pod) => {
+                let (ns, name) = key(&pod);
+                let kept = find(&inner.pods, &ns, &name).is_some();
+                if !kept && !(self.follows)(&pod) {
+                    return None;
+                }
+                slim(&mut pod);
+                if let Some(relist) = inner.relist.as_mut() {
+                    put(relist, Arc::new(pod.clone()));
+                }
+                Some((pod, false))
+            }
+            watcher::Event::Apply(mut pod) => {
+                let (ns, name) = key(&pod);
+                let kept = find(&inner.pods, &ns, &name).is_some();
+                if !kept && !(self.follows)(&pod) {
+                    return None;
+                }
+                slim(&mut pod);
+                put(&mut inner.pods, Arc::new(pod.clone()));
+                Some((pod, false))
+            }
+            watcher::Event::Delete(mut pod) => {
+                let (ns, name) = key(&pod);
+                if let Some(uid) = pod.uid() {
+                    inner.gone(uid);
+                }
+                let kept = take(&mut inner.pods, &ns, &name).is_some();
+                if let Some(relist) = inner.relist.as_mut() {
+                    take(relist, &ns, &name);
+                }
+                if !kept && !(self.follows)(&pod) {
+                    return None;
+                }
+                slim(&mut pod);
+                Some((pod, true))
+            }
+        }
+    }
+
+    /// Takes in a fetched pod, unless the watch has a newer one or saw it deleted. Returns
+    /// whether it was kept.
+    fn fetched(&self, pod: Pod) -> bool {
+        let mut inner = self.inner.lock().unwrap();
+        if pod.uid().is_some_and(|uid| inner.gone.contains_key(&uid)) || !(self.follows)(&pod) {
+            return false;
+        }
+        let pod = Arc::new(pod);
+        if let Some(relist) = inner.relist.as_mut() {
+            put(relist, pod.clone());
+        }
+        put(&mut inner.pods, pod)
+    }
+
+    /// The followed pod `name` in `namespace`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        find(&self.inner.lock().unwrap().pods, namespace, name).cloned()
+    }
+
+    /// The followed pods of a namespace.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<Pod>> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .pods
+            .get(namespace)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many pods are kept.
+    pub fn count(&self) -> usize {
+        let inner = self.inner.lock().unwrap();
+        inner.pods.values().map(HashMap::len).sum()
+    }
+
+    /// Resolves once the watch has listed every pod once.
+    pub async fn wait_until_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        let _ = ready.wait_for(|r| *r).await;
+    }
+
+    fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// A candidate names pod `name` (uid `uid`): fetches it unless it is kept, known gone, or
+    /// the first list (which will bring it) is still to come.
+    pub fn need_pod(&self, namespace: &str, name: &str, uid: &str) {
+        if !self.is_ready() {
+            return;
+        }
+        let fetch = {
+            let mut inner = self.inner.lock().unwrap();
+            let kept =
+                find(&inner.pods, namespace, name).is_some_and(|p| p.uid().as_deref() == Some(uid));
+            if kept || inner.gone.contains_key(uid) {
+                return;
+            }
+            let fetch = Fetch::Pod {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: uid.into(),
+            };
+            if !inner.pending.insert(fetch.clone()) {
+                return;
+            }
+            fetch
+        };
+        let _ = self.fetches.send(fetch);
+    }
+
+    /// Whether the pods `selector` selects in `namespace` were listed since it was first needed.
+    pub fn loaded(&self, namespace: &str, selector: &Selector) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .loaded
+            .contains(&(namespace.to_string(), selector.to_string()))
+    }
+
+    /// A single-active workload selects pods with `selector`: lists them once.
+    pub fn need_selected(&self, namespace: &str, selector: &Selector) {
+        let selector = selector.to_string();
+        let fetch = {
+            let mut inner = self.inner.lock().unwrap();
+            if inner
+                .loaded
+                .contains(&(namespace.to_string(), selector.clone()))
+            {
+                return;
+            }
+            let fetch = Fetch::Selected {
+                namespace: namespace.into(),
+                selector,
+            };
+            if !inner.pending.insert(fetch.clone()) {
+                return;
+            }
+            fetch
+        };
+        let _ = self.fetches.send(fetch);
+    }
+
+    /// Records a fetch done: its pods (slimmed by `slim`) are taken in, and a candidate's pod
+    /// that was not found is remembered as gone. Returns the pods kept.
+    fn done(&self, fetch: &Fetch, result: Vec<Pod>, slim: fn(&mut Pod)) -> Vec<Pod> {
+        let found = |uid: &str| result.iter().any(|p| p.uid().as_deref() == Some(uid));
+        let not_found = match fetch {
+            Fetch::Pod { uid, .. } => !found(uid),
+            Fetch::Selected { .. } => false,
+        };
+        let mut kept = Vec::new();
+        for mut pod in result {
+            slim(&mut pod);
+            if self.fetched(pod.clone()) {
+                kept.push(pod);
+            }
+        }
+        self.kept.set(self.count() as i64);
+        let mut inner = self.inner.lock().unwrap();
+        inner.pending.remove(fetch);
+        match fetch {
+            Fetch::Selected {
+                namespace,
+                selector,
+            } => {
+                inner.loaded.insert((namespace.clone(), selector.clone()));
+            }
+            Fetch::Pod { uid, .. } => {
+                if not_found {
+                    inner.gone(uid.clone());
+                }
+            }
+        }
+        kept
+    }
+}
+
+impl Inner {
+    /// Remembers a uid as gone, forgetting those gone for longer than [`GONE_FOR`] once the
+    /// set has doubled.
+    fn gone(&mut self, uid: String) {
+        let now = Instant::now();
+        self.gone.insert(uid, now);
+        if self.gone.len() >= self.prune_gone_at.max(1024) {
+            self.gone
+                .retain(|_, at| now.saturating_duration_since(*at) < GONE_FOR);
+            self.prune_gone_at = 2 * self.gone.len();
+        }
+    }
+}
+
+/// Whether `pod` carries the role label the operator sets on single-active pods.
+pub fn has_role(pod: &Pod) -> bool {
+    pod.labels().contains_key(ROLE_LABEL)
+}
+
+/// Carries out the fetches `pods` asks for, one at a time, retrying failures after a pause;
+/// `kept` is told of each pod taken in. Returns only if the cache is gone.
+pub async fn fetch_loop(
+    client: Client,
+    pods: FollowedPods,
+    mut fetches: mpsc::UnboundedReceiver<Fetch>,
+    slim: fn(&mut Pod),
+    kept: impl Fn(&Pod),
+) -> anyhow::Error {
+    while let Some(fetch) = fetches.recv().await {
+        let result = match &fetch {
+            Fetch::Pod {
+                namespace, name, ..
+            } => {
+                let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+                api.get_opt(name).await.map(|p| p.into_iter().collect())
+            }
+            Fetch::Selected {
+                namespace,
+                selector,
+            } => {
+                let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+                api.list(&ListParams::default().labels(selector))
+                    .await
+                    .map(|l| l.items)
+            }
+        };
+        match result {
+            Ok(found) => {
+                for pod in pods.done(&fetch, found, slim) {
+                    kept(&pod);
+                }
+            }
+            Err(e) => {
+                // Still pending: asked again after a pause, and not twice meanwhile.
+                tracing::warn!(?fetch, error = %e, "fetching pods failed (retried)");
+                let again = pods.fetches.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let _ = again.send(fetch);
+                });
+            }
+        }
+    }
+    anyhow::anyhow!("the pod fetcher stopped")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    fn pod(name: &str, uid: &str, rv: u64, phase: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.uid = Some(uid.into());
+        p.metadata.resource_version = Some(rv.to_string());
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn phase(p: &Pod) -> String {
+        p.status.as_ref().unwrap().phase.clone().unwrap()
+    }
+
+    /// A cache following the uids in the returned set.
+    fn cache() -> (
+        FollowedPods,
+        mpsc::UnboundedReceiver<Fetch>,
+        Arc<Mutex<HashSet<String>>>,
+    ) {
+        let followed: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let f = followed.clone();
+        let (pods, rx) = FollowedPods::new(
+            Arc::new(move |p: &Pod| f.lock().unwrap().contains(&p.uid().unwrap())),
+            Gauge::default(),
+        );
+        (pods, rx, followed)
+    }
+
+    fn no_slim(_: &mut Pod) {}
+
+    fn listed(pods: &FollowedPods, items: Vec<Pod>) {
+        pods.observe(watcher::Event::Init, no_slim);
+        for p in items {
+            pods.observe(watcher::Event::InitApply(p), no_slim);
+        }
+        pods.observe(watcher::Event::InitDone, no_slim);
+    }
+
+    #[test]
+    fn only_followed_pods_are_kept_and_a_kept_pod_is_followed_to_its_end() {
+        let (pods, _rx, followed) = cache();
+        followed.lock().unwrap().insert("u-a".into());
+        listed(
+            &pods,
+            vec![pod("a", "u-a", 1, "Running"), pod("b", "u-b", 2, "Running")],
+        );
+        assert!(pods.get("ns", "a").is_some());
+        assert!(pods.get("ns", "b").is_none());
+        assert_eq!(pods.count(), 1);
+        // An unfollowed pod's events are dropped, and say nothing.
+        assert!(
+            pods.observe(watcher::Event::Apply(pod("b", "u-b", 3, "Failed")), no_slim)
+                .is_none()
+        );
+        // Its candidate gone, the pod is still followed until it is deleted.
+        followed.lock().unwrap().clear();
+        let seen = pods.observe(watcher::Event::Apply(pod("a", "u-a", 4, "Failed")), no_slim);
+        assert_eq!(
+            seen.map(|(p, d)| (phase(&p), d)),
+            Some(("Failed".into(), false))
+        );
+        let seen = pods.observe(
+            watcher::Event::Delete(pod("a", "u-a", 5, "Failed")),
+            no_slim,
+        );
+        assert_eq!(seen.map(|(_, d)| d), Some(true));
+        assert_eq!(pods.count(), 0);
+    }
+
+    #[test]
+    fn a_fetch_never_replaces_a_newer_pod_nor_brings_back_a_deleted_one() {
+        let (pods, _rx, followed) = cache();
+        listed(&pods, vec![]);
+        followed
+            .lock()
+            .unwrap()
+            .extend(["u-a".to_string(), "u-b".to_string()]);
+        pods.observe(
+            watcher::Event::Apply(pod("a", "u-a", 10, "Failed")),
+            no_slim,
+        );
+        let fetch = Fetch::Pod {
+            namespace: "ns".into(),
+            name: "a".into(),
+            uid: "u-a".into(),
+        };
+        assert!(
+            pods.done(&fetch, vec![pod("a", "u-a", 9, "Running")], no_slim)
+                .is_empty()
+        );
+        assert_eq!(phase(&pods.get("ns", "a").unwrap()), "Failed");
+        // Deleted while a fetch that read it was on its way back.
+        pods.observe(
+            watcher::Event::Delete(pod("b", "u-b", 11, "Running")),
+            no_slim,
+        );
+        let fetch = Fetch::Pod {
+            namespace: "ns".into(),
+            name: "b".into(),
+            uid: "u-b".into(),
+        };
+        assert!(
+            pods.done(&fetch, vec![pod("b", "u-b", 8, "Running")], no_slim)
+                .is_empty()
+        );
+        assert!(pods.get("ns", "b").is_none());
+        // A newer fetched pod is taken in.
+        let fetch = Fetch::Pod {
+            namespace: "ns".into(),
+            name: "a".into(),
+            uid: "u-a".into(),
+        };
+        assert_eq!(
+            pods.done(&fetch, vec![pod("a", "u-a", 12, "Succeeded")], no_slim)
+                .len(),
+            1
+        );
+        assert_eq!(phase(&pods.get("ns", "a").unwrap()), "Succeeded");
+    }
+
+    #[test]
+    fn a_candidates_pod_is_fetched_once_after_the_first_list_and_not_when_gone() {
+        let (pods, mut rx, followed) = cache();
+        // Before the first list: the list brings it.
+        pods.need_pod("ns", "a", "u-a");
+        assert!(rx.try_recv().is_err());
+        listed(&pods, vec![]);
+        followed.lock().unwrap().insert("u-a".into());
+        pods.need_pod("ns", "a", "u-a");
+        pods.need_pod("ns", "a", "u-a");
+        let fetch = rx.try_recv().unwrap();
+        assert!(rx.try_recv().is_err(), "asked twice");
+        // Not found: remembered as gone, not asked again.
+        assert!(pods.done(&fetch, vec![], no_slim).is_empty());
+        pods.need_pod("ns", "a", "u-a");
+        assert!(rx.try_recv().is_err());
+        // A kept pod is not fetched.
+        pods.observe(
+            watcher::Event::Apply(pod("c", "u-c", 3, "Running")),
+            no_slim,
+        );
+        followed.lock().unwrap().insert("u-c".into());
+        pods.observe(
+            watcher::Event::Apply(pod("c", "u-c", 4, "Running")),
+            no_slim,
+        );
+        pods.need_pod("ns", "c", "u-c");
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_workloads_pods_are_loaded_once_listed() {
+        let (pods, mut rx, followed) = cache();
+        let selector: Selector = BTreeMap::from([("app".to_string(), "web".to_string())])
+            .into_iter()
+            .collect();
+        assert!(!pods.loaded("ns", &selector));
+        pods.need_selected("ns", &selector);
+        pods.need_selected("ns", &selector);
+        let fetch = rx.try_recv().unwrap();
+        assert!(rx.try_recv().is_err());
+        followed.lock().unwrap().insert("u-w".into());
+        let kept = pods.done(&fetch, vec![pod("w", "u-w", 1, "Running")], no_slim);
+        assert_eq!(kept.len(), 1);
+        assert!(pods.loaded("ns", &selector));
+        assert_eq!(pods.in_namespace("ns").len(), 1);
+        // A re-list keeps what is followed, including what was fetched.
+        listed(
+            &pods,
+            vec![pod("w", "u-w", 2, "Running"), pod("x", "u-x", 2, "Running")],
+        );
+        assert_eq!(pods.in_namespace("ns").len(), 1);
+        assert!(pods.wait_until_ready().now_or_never().is_some());
+    }
+}

@@ -1,0 +1,249 @@
+//! What the election sees of a lease: the Lease as it stands, read against what this process
+//! remembers of its holder (no hand edit of the Lease shortens a term), the term remembered
+//! when the Lease is gone, and whether the holder's process or pod is over.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+
+use super::controller::{HOLDER_POD_ANNOTATION, Worker, declared_duration};
+use super::held;
+use super::index::owner_pod;
+use super::queue::LeaseKey;
+use crate::api::LeaseCandidate;
+use crate::election::decide;
+use crate::lease::{self, INCARNATION_ANNOTATION};
+
+/// A Lease record as this process first saw it.
+pub(super) struct Seen {
+    fingerprint: String,
+    since: Instant,
+    holder: Option<String>,
+}
+
+/// The lease as the election sees it.
+pub(super) struct View {
+    /// The Lease's view (`None`: there is no Lease).
+    pub lease: Option<decide::Lease>,
+    /// The term remembered while the Lease is gone or names nobody.
+    pub previous: Option<decide::Previous>,
+    /// Why the holder's term ended, for the leader-change metric if a new one is assigned:
+    /// `released`, `pod_stopped`, `container_restarted`, `expired`, or `new`.
+    pub term_ended: &'static str,
+    /// The holder that just released, if it did.
+    pub released: Option<String>,
+}
+
+impl Worker {
+    /// How long the Lease record has been unchanged, on this process's monotonic clock, and
+    /// the holder it had before if it just released.
+    fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>) {
+        let fingerprint = serde_json::to_string(&lease.spec).unwrap_or_default();
+        let holder = lease::holder(lease).map(str::to_string);
+        let now = Instant::now();
+        let seen = self.seen.entry(key.clone()).or_insert_with(|| Seen {
+            fingerprint: String::new(),
+            since: now,
+            holder: holder.clone(),
+        });
+        let mut released = None;
+        if seen.fingerprint != fingerprint {
+            if !seen.fingerprint.is_empty() && holder.is_none() {
+                released = seen.holder.clone();
+            }
+            *seen = Seen {
+                fingerprint,
+                since: if seen.fingerprint.is_empty() {
+                    seen.since
+                } else {
+                    now
+                },
+                holder,
+            };
+        }
+        (now - seen.since, released)
+    }
+
+    /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped.
+    fn holder_pod_stopped(&self, l: &Lease) -> bool {
+        let Some(uid) = l.annotations().get(HOLDER_POD_ANNOTATION) else {
+            return false;
+        };
+        let ns = l.namespace().unwrap_or_default();
+        self.caches.stopped_pods.contains(&ns, uid)
+    }
+
+    /// Builds the view of `key`'s lease, and marks in `inputs` a holder candidate whose process
+    /// ended (not elected again until a new process of it registers).
+    pub(super) fn view(
+        &mut self,
+        key: &LeaseKey,
+        lease: Option<&Lease>,
+        candidates: &[Arc<LeaseCandidate>],
+        inputs: &mut [decide::Candidate],
+    ) -> View {
+        let mut released = None;
+        let now = Instant::now();
+        let observed = lease.map(|l| {
+            let (unchanged_for, r) = self.observe(key, l);
+            released = r;
+            (l, unchanged_for)
+        });
+        // What this process remembers of the holder: no edit of the Lease shortens a term.
+        let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
+        // The holder's own candidate says more than the Lease (which anyone may edit): the pod
+        // it runs in, and the lease duration its agent writes.
+        let holder_candidate = observed
+            .and_then(|(l, _)| lease::holder(l))
+            .and_then(|h| candidates.iter().find(|c| c.name_any() == h));
+        let candidate_pod = holder_candidate
+            .and_then(|c| owner_pod(c))
+            .map(|(_, uid)| uid);
+        let declared = declared_duration(holder_candidate);
+        let seen = observed.map(|(l, unchanged_for)| held::Seen {
+            holder: lease::holder(l),
+            since: now - unchanged_for,
+            duration: lease::duration(l)
+                .unwrap_or(self.settings.lease_duration)
+                .max(declared),
+            pod_uid: candidate_pod.as_deref().or_else(|| {
+                l.annotations()
+                    .get(HOLDER_POD_ANNOTATION)
+                    .map(String::as_str)
+            }),
+            released_by: lease::released_by(l),
+            // Only as an agent wrote it (arbiter's field manager), not a hand edit.
+            incarnation: l
+                .annotations()
+                .get(INCARNATION_ANNOTATION)
+                .map(String::as_str)
+                .filter(|i| {
+                    !i.is_empty() && lease::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
+                }),
+            term: lease::term(l),
+        });
+        let leader = candidates.iter().find_map(|c| {
+            let leads = c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|x| x.type_ == "Leader" && x.status == "True")
+            });
+            leads.then(|| held::Leader {
+                name: c.name_any(),
+                pod_uid: owner_pod(c).map(|(_, uid)| uid),
+                declared: declared_duration(Some(c)),
+            })
+        });
+        self.held.observe(
+            key,
+            seen.as_ref(),
+            leader.as_ref(),
+            self.settings.lease_duration,
+            now,
+            stopped,
+        );
+        // The remembered holder withdrew its candidate, marked with the incarnation that held
+        // the term: its agent stopped the work and left (it could not release: the Lease was
+        // gone, or no longer named it). That ends the term like a release.
+        let withdrew = self.held.incarnation(key).is_some_and(|(h, incarnation)| {
+            candidates.iter().any(|c| {
+                c.name_any() == h && crate::api::withdrawn_incarnation(c) == Some(incarnation)
+            })
+        });
+        let previous = self.held.previous(key, now, stopped).map(|mut p| {
+            p.pod_stopped |= withdrew;
+            p
+        });
+        // The process that took the holder's term (its incarnation as remembered: learned once
+        // per term, from a record an agent wrote) ended with its container: the kubelet
+        // reported the termination message it wrote.
+        let ended = observed
+            .and_then(|(l, _)| lease::holder(l))
+            .and_then(|holder| {
+                let (h, incarnation) = self.held.incarnation(key)?;
+                let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
+                (h == holder && super::stopped::incarnation_ended(&pod, incarnation))
+                    .then_some(incarnation)
+            });
+        let process_ended = ended.is_some();
+        // Its candidate is not elected again until a new process of it registers (the last
+        // acknowledgements came from the dead one).
+        if let (Some(dead), Some(c)) = (ended, holder_candidate)
+            && c.annotations()
+                .get(INCARNATION_ANNOTATION)
+                .map(String::as_str)
+                == Some(dead)
+            && let Some(i) = candidates.iter().position(|x| x.name_any() == c.name_any())
+        {
+            inputs[i].pod = decide::PodState::Stopped;
+        }
+        let observed_view = observed.map(|(l, unchanged_for)| {
+            let holder = lease::holder(l).map(str::to_string);
+            let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
+            // While the holder is the one remembered, its term's longest duration and its pod as
+            // recorded at assignment count, not what the Lease says now.
+            let (duration, pod_stopped) =
+                match holder.as_deref().and_then(|h| self.held.term_of(key, h)) {
+                    Some((longest, Some(uid))) => (longest.max(written), stopped(uid)),
+                    // Assigned without a pod: an annotation added later proves nothing.
+                    Some((longest, None)) => (longest.max(written), false),
+                    None => (written, self.holder_pod_stopped(l)),
+                };
+            let withdrew =
+                withdrew && self.held.incarnation(key).map(|(h, _)| h) == holder.as_deref();
+            let released_by = lease::released_by(l);
+            // Why the holder's term ended, for the leader-change metric if a new one is
+            // assigned (`None`: the Lease names nobody and nobody released it).
+            let ended_by = match () {
+                _ if holder.is_none() => released_by.map(|_| "released"),
+                _ if withdrew => Some("released"),
+                _ if pod_stopped => Some("pod_stopped"),
+                _ if process_ended => Some("container_restarted"),
+                _ => Some("expired"),
+            };
+            let pod_stopped = pod_stopped || withdrew || process_ended;
+            let view = decide::Lease {
+                holder,
+                preferred_holder: lease::preferred_holder(l).map(str::to_string),
+                strategy: lease::strategy(l).map(str::to_string),
+                duration,
+                unchanged_for,
+                released_by: released_by.map(str::to_string),
+                holder_pod_stopped: pod_stopped,
+                acquired: l
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.acquire_time.as_ref())
+                    .map(|t| t.0),
+                switchover: l
+                    .annotations()
+                    .get(lease::HANDOVER_REQUEST_ANNOTATION)
+                    .map(|v| lease::parse_handover_request(v)),
+                term: lease::term(l),
+            };
+            (view, ended_by)
+        });
+        // No Lease, or one naming nobody: the term remembered ended (or there was none).
+        let term_ended = observed_view
+            .as_ref()
+            .and_then(|(_, by)| *by)
+            .or_else(|| {
+                previous.as_ref().map(|p| {
+                    if p.pod_stopped {
+                        "pod_stopped"
+                    } else {
+                        "expired"
+                    }
+                })
+            })
+            .unwrap_or("new");
+        View {
+            lease: observed_view.map(|(view, _)| view),
+            previous,
+            term_ended,
+            released,
+        }
+    }
+}
