@@ -287,50 +287,40 @@ fn owned_by(si: &StandIn) -> OwnerReference {
     }
 }
 
+/// A stand-in pod `name` running a shell that exits on SIGTERM, and a candidate for `lease` at
+/// `version` that the pod owns.
+async fn candidate_in_a_pod(env: &TestEnv, name: &str, lease: &str, version: &str) -> StandIn {
+    let si = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        name,
+        BTreeMap::new(),
+        5,
+        "sh",
+        &SLEEP,
+    )
+    .await;
+    create_candidate(
+        env,
+        name,
+        lease,
+        version,
+        Some(version),
+        OEV,
+        Some(owned_by(&si)),
+    )
+    .await;
+    si
+}
+
+/// A workload that exits on SIGTERM.
+const SLEEP: [&str; 2] = ["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"];
+
 async fn holder_pod_stopped_is_replaced_before_expiry(env: Arc<TestEnv>) {
     let _op = Operator::start(&env, &["--lease-duration", "60s"]);
     let _r = Responder::start(env.client.clone(), &env.ns, &["pod-a", "pod-b"]);
-    let sleep = ["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"];
-    let a = StandIn::spawn(
-        env.client.clone(),
-        &env.ns,
-        "pod-a",
-        BTreeMap::new(),
-        5,
-        "sh",
-        &sleep,
-    )
-    .await;
-    let b = StandIn::spawn(
-        env.client.clone(),
-        &env.ns,
-        "pod-b",
-        BTreeMap::new(),
-        5,
-        "sh",
-        &sleep,
-    )
-    .await;
-    create_candidate(
-        &env,
-        "pod-a",
-        "dead",
-        "1.19.0",
-        Some("1.19.0"),
-        OEV,
-        Some(owned_by(&a)),
-    )
-    .await;
-    create_candidate(
-        &env,
-        "pod-b",
-        "dead",
-        "1.20.0",
-        Some("1.20.0"),
-        OEV,
-        Some(owned_by(&b)),
-    )
-    .await;
+    let a = candidate_in_a_pod(&env, "pod-a", "dead", "1.19.0").await;
+    let _b = candidate_in_a_pod(&env, "pod-b", "dead", "1.20.0").await;
     wait_for_holder(&env, "dead", "pod-a", DEADLINE).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
     pods.delete("pod-a", &DeleteParams::default())
@@ -363,7 +353,7 @@ async fn only_the_pods_it_follows_are_kept(env: Arc<TestEnv>) {
             .await
             .unwrap();
     }
-    let sleep = ["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"];
+    let sleep = SLEEP;
     let a = StandIn::spawn(
         env.client.clone(),
         &env.ns,
@@ -400,26 +390,7 @@ async fn only_the_pods_it_follows_are_kept(env: Arc<TestEnv>) {
     // Elected: its pod, fetched, is known to be Running.
     wait_for_holder(&env, "kept", "pod-a", DEADLINE).await;
     assert_eq!(followed(&op).await, Some(1.0));
-    let b = StandIn::spawn(
-        env.client.clone(),
-        &env.ns,
-        "pod-b",
-        BTreeMap::new(),
-        5,
-        "sh",
-        &sleep,
-    )
-    .await;
-    create_candidate(
-        &env,
-        "pod-b",
-        "kept",
-        "1.20.0",
-        Some("1.20.0"),
-        OEV,
-        Some(owned_by(&b)),
-    )
-    .await;
+    let _b = candidate_in_a_pod(&env, "pod-b", "kept", "1.20.0").await;
     eventually("pod-b followed", DEADLINE, || async {
         (followed(&op).await == Some(2.0)).then_some(())
     })
@@ -852,7 +823,7 @@ async fn lapsing_pair(
     lease_name: &str,
 ) -> (StandIn, StandIn, Responder, tokio::task::JoinHandle<()>) {
     let r = Responder::start(env.client.clone(), &env.ns, &["pod-a", "pod-b"]);
-    let sleep = ["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"];
+    let sleep = SLEEP;
     let labels = BTreeMap::from([("app".to_string(), "pair".to_string())]);
     let a = StandIn::spawn(
         env.client.clone(),
