@@ -112,6 +112,20 @@ impl AnnotatedWorkloads {
 
     /// The leases of the workloads that select `pod` (valid ones only; an invalid selector
     /// selects nothing).
+    /// The selector of the valid annotated workload `kind` `name` in `namespace`, if it is one.
+    pub fn valid_selector(
+        &self,
+        namespace: &str,
+        kind: &'static str,
+        name: &str,
+    ) -> Option<kube::core::Selector> {
+        let index = self.0.lock().unwrap();
+        match index.get(&(namespace.to_string(), kind, name.to_string()))? {
+            Entry::Valid(w) => Some(w.selector.clone()),
+            Entry::Invalid { .. } => None,
+        }
+    }
+
     /// Whether a valid annotated workload selects `pod`.
     pub fn selects_any(&self, pod: &Pod) -> bool {
         !self.selecting(pod).is_empty()

@@ -194,8 +194,13 @@ impl FollowedPods {
                 if let Some(uid) = pod.uid() {
                     inner.gone(uid);
                 }
-                let kept = take(&mut inner.pods, &ns, &name).is_some();
-                if let Some(relist) = inner.relist.as_mut() {
+                // Only the pod with this uid (a same-name pod fetched since is another pod).
+                let uid = pod.uid();
+                let same = |m: &ByNamespace| find(m, &ns, &name).is_some_and(|p| p.uid() == uid);
+                let kept = same(&inner.pods) && take(&mut inner.pods, &ns, &name).is_some();
+                if let Some(relist) = inner.relist.as_mut()
+                    && same(relist)
+                {
                     take(relist, &ns, &name);
                 }
                 if !kept && !(self.follows)(&pod) {
@@ -284,6 +289,15 @@ impl FollowedPods {
         inner
             .loaded
             .contains(&(namespace.to_string(), selector.to_string()))
+    }
+
+    /// No valid annotated workload uses `selector` any more: its pods' events are dropped from
+    /// now on, so it must be listed again if a workload uses it again.
+    pub fn forget_selected(&self, namespace: &str, selector: &Selector) {
+        let mut inner = self.inner.lock().unwrap();
+        inner
+            .loaded
+            .remove(&(namespace.to_string(), selector.to_string()));
     }
 
     /// A single-active workload selects pods with `selector`: lists them once.
@@ -528,6 +542,25 @@ mod tests {
                 .is_empty()
         );
         assert!(pods.get("ns", "b").is_none());
+        // A late deletion of an earlier same-name pod leaves the new one alone.
+        followed.lock().unwrap().insert("u-b2".into());
+        pods.done(
+            &Fetch::Pod {
+                namespace: "ns".into(),
+                name: "b".into(),
+                uid: "u-b2".into(),
+            },
+            vec![pod("b", "u-b2", 13, "Running")],
+            no_slim,
+        );
+        pods.observe(
+            watcher::Event::Delete(pod("b", "u-b1", 14, "Running")),
+            no_slim,
+        );
+        assert_eq!(
+            pods.get("ns", "b").and_then(|p| p.uid()).as_deref(),
+            Some("u-b2")
+        );
         // A newer fetched pod is taken in.
         let fetch = Fetch::Pod {
             namespace: "ns".into(),
@@ -588,6 +621,11 @@ mod tests {
         assert_eq!(kept.len(), 1);
         assert!(pods.loaded("ns", &selector));
         assert_eq!(pods.in_namespace("ns").len(), 1);
+        // Forgotten (the annotation removed): listed again when needed again.
+        pods.forget_selected("ns", &selector);
+        assert!(!pods.loaded("ns", &selector));
+        pods.need_selected("ns", &selector);
+        assert!(rx.try_recv().is_ok());
         // A re-list keeps what is followed, including what was fetched.
         listed(
             &pods,

@@ -242,8 +242,21 @@ pub fn watch_all(
             let deleted = matches!(ev, watcher::Event::Delete(_));
             for obj in touched(ev) {
                 let parsed = parse(&obj);
-                if let (Some(Ok(w)), false) = (&parsed, deleted) {
-                    pods.need_selected(&w.namespace, &w.selector);
+                let ns = obj.namespace().unwrap_or_default();
+                let before = annotated.valid_selector(&ns, kind, &obj.name_any());
+                let now = match (&parsed, deleted) {
+                    (Some(Ok(w)), false) => Some(w.selector.clone()),
+                    _ => None,
+                };
+                // A selector no longer followed: its pods' events are dropped from now on, so
+                // it must be listed again if it comes back.
+                if let Some(b) = before
+                    && now.as_ref().map(ToString::to_string) != Some(b.to_string())
+                {
+                    pods.forget_selected(&ns, &b);
+                }
+                if let Some(s) = &now {
+                    pods.need_selected(&ns, s);
                 }
                 for key in annotated.observe(&obj, kind, parsed, deleted) {
                     e.key(key);
