@@ -122,5 +122,8 @@ chaos-short: control-plane images
 ## coordinated leader election, then one operator at scale; prints tables (docs/benchmarks.md)
 RUNS ?= 20
 LEASES ?= 1000,10000
+# Ordinary pods that are not candidates, beside the leases (and alone, for the memory they add).
+UNRELATED_PODS ?= 30000
 bench: control-plane images
-	$(CARGO) test --release --test bench -- --runs $(RUNS) --leases $(LEASES)
+	$(CARGO) test --release --test bench -- --runs $(RUNS) --leases $(LEASES) \
+		--pods $(UNRELATED_PODS) --unrelated-pods $(UNRELATED_PODS)

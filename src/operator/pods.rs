@@ -34,6 +34,7 @@ use kube::{Client, ResourceExt};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 
+use super::slim::keep_what_is_read;
 use crate::workloads::ROLE_LABEL;
 
 /// How long a deleted (or not found) pod's uid is remembered against late fetches.
@@ -52,7 +53,13 @@ pub enum Fetch {
         uid: String,
     },
     /// A single-active workload's pods.
-    Selected { namespace: String, selector: String },
+    Selected {
+        namespace: String,
+        selector: String,
+        /// How often the selector had been forgotten when this was asked: a list that was on
+        /// its way when the selector was forgotten does not count as loading it.
+        generation: u64,
+    },
 }
 
 #[derive(Clone)]
@@ -76,6 +83,8 @@ struct Inner {
     gone: HashMap<String, Instant>,
     /// `gone` is pruned when it grows past this.
     prune_gone_at: usize,
+    /// How often each selector was forgotten ([`FollowedPods::forget_selected`]).
+    forgotten: HashMap<(String, String), u64>,
     /// Selectors (namespace, selector) whose pods were listed.
     loaded: HashSet<(String, String)>,
     /// Fetches asked for and not yet done.
@@ -144,15 +153,19 @@ impl FollowedPods {
         (pods, rx)
     }
 
-    /// Takes in one pod watch event (slimming what it keeps with `slim`). Returns the pod if
-    /// it is followed (its leases need a look), else `None`: the pod was dropped.
-    pub fn observe(&self, ev: watcher::Event<Pod>, slim: fn(&mut Pod)) -> Option<(Pod, bool)> {
-        let seen = self.take_in(ev, slim);
-        self.kept.set(self.count() as i64);
+    /// Takes in one pod watch event (slimmed: [`keep_what_is_read`]). Returns the pod if it is
+    /// followed (its leases need a look) and whether it was deleted, else `None`: the pod was
+    /// dropped.
+    pub fn observe(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
+        let listed = matches!(ev, watcher::Event::InitDone);
+        let seen = self.take_in(ev);
+        if seen.is_some() || listed {
+            self.kept.set(self.count() as i64);
+        }
         seen
     }
 
-    fn take_in(&self, ev: watcher::Event<Pod>, slim: fn(&mut Pod)) -> Option<(Pod, bool)> {
+    fn take_in(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
         let mut inner = self.inner.lock().unwrap();
         match ev {
             watcher::Event::Init => {
@@ -173,7 +186,7 @@ impl FollowedPods {
                 if !kept && !(self.follows)(&pod) {
                     return None;
                 }
-                slim(&mut pod);
+                keep_what_is_read(&mut pod);
                 if let Some(relist) = inner.relist.as_mut() {
                     put(relist, Arc::new(pod.clone()));
                 }
@@ -185,7 +198,7 @@ impl FollowedPods {
                 if !kept && !(self.follows)(&pod) {
                     return None;
                 }
-                slim(&mut pod);
+                keep_what_is_read(&mut pod);
                 put(&mut inner.pods, Arc::new(pod.clone()));
                 Some((pod, false))
             }
@@ -206,7 +219,7 @@ impl FollowedPods {
                 if !kept && !(self.follows)(&pod) {
                     return None;
                 }
-                slim(&mut pod);
+                keep_what_is_read(&mut pod);
                 Some((pod, true))
             }
         }
@@ -294,26 +307,26 @@ impl FollowedPods {
     /// No valid annotated workload uses `selector` any more: its pods' events are dropped from
     /// now on, so it must be listed again if a workload uses it again.
     pub fn forget_selected(&self, namespace: &str, selector: &Selector) {
+        let key = (namespace.to_string(), selector.to_string());
         let mut inner = self.inner.lock().unwrap();
-        inner
-            .loaded
-            .remove(&(namespace.to_string(), selector.to_string()));
+        inner.loaded.remove(&key);
+        *inner.forgotten.entry(key).or_default() += 1;
     }
 
     /// A single-active workload selects pods with `selector`: lists them once.
     pub fn need_selected(&self, namespace: &str, selector: &Selector) {
         let selector = selector.to_string();
         let fetch = {
+            let key = (namespace.to_string(), selector);
             let mut inner = self.inner.lock().unwrap();
-            if inner
-                .loaded
-                .contains(&(namespace.to_string(), selector.clone()))
-            {
+            if inner.loaded.contains(&key) {
                 return;
             }
+            let generation = inner.forgotten.get(&key).copied().unwrap_or(0);
             let fetch = Fetch::Selected {
-                namespace: namespace.into(),
-                selector,
+                namespace: key.0,
+                selector: key.1,
+                generation,
             };
             if !inner.pending.insert(fetch.clone()) {
                 return;
@@ -323,9 +336,9 @@ impl FollowedPods {
         let _ = self.fetches.send(fetch);
     }
 
-    /// Records a fetch done: its pods (slimmed by `slim`) are taken in, and a candidate's pod
+    /// Records a fetch done: its pods (slimmed) are taken in, and a candidate's pod
     /// that was not found is remembered as gone. Returns the pods kept.
-    fn done(&self, fetch: &Fetch, result: Vec<Pod>, slim: fn(&mut Pod)) -> Vec<Pod> {
+    fn done(&self, fetch: &Fetch, result: Vec<Pod>) -> Vec<Pod> {
         let found = |uid: &str| result.iter().any(|p| p.uid().as_deref() == Some(uid));
         let not_found = match fetch {
             Fetch::Pod { uid, .. } => !found(uid),
@@ -333,7 +346,7 @@ impl FollowedPods {
         };
         let mut kept = Vec::new();
         for mut pod in result {
-            slim(&mut pod);
+            keep_what_is_read(&mut pod);
             if self.fetched(pod.clone()) {
                 kept.push(pod);
             }
@@ -345,8 +358,12 @@ impl FollowedPods {
             Fetch::Selected {
                 namespace,
                 selector,
+                generation,
             } => {
-                inner.loaded.insert((namespace.clone(), selector.clone()));
+                let key = (namespace.clone(), selector.clone());
+                if inner.forgotten.get(&key).copied().unwrap_or(0) == *generation {
+                    inner.loaded.insert(key);
+                }
             }
             Fetch::Pod { uid, .. } => {
                 if not_found {
@@ -383,7 +400,6 @@ pub async fn fetch_loop(
     client: Client,
     pods: FollowedPods,
     mut fetches: mpsc::UnboundedReceiver<Fetch>,
-    slim: fn(&mut Pod),
     kept: impl Fn(&Pod),
 ) -> anyhow::Error {
     while let Some(fetch) = fetches.recv().await {
@@ -397,6 +413,7 @@ pub async fn fetch_loop(
             Fetch::Selected {
                 namespace,
                 selector,
+                ..
             } => {
                 let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
                 api.list(&ListParams::default().labels(selector))
@@ -406,7 +423,7 @@ pub async fn fetch_loop(
         };
         match result {
             Ok(found) => {
-                for pod in pods.done(&fetch, found, slim) {
+                for pod in pods.done(&fetch, found) {
                     kept(&pod);
                 }
             }
@@ -464,14 +481,20 @@ mod tests {
         (pods, rx, followed)
     }
 
-    fn no_slim(_: &mut Pod) {}
+    fn fetch_of(name: &str, uid: &str) -> Fetch {
+        Fetch::Pod {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
 
     fn listed(pods: &FollowedPods, items: Vec<Pod>) {
-        pods.observe(watcher::Event::Init, no_slim);
+        pods.observe(watcher::Event::Init);
         for p in items {
-            pods.observe(watcher::Event::InitApply(p), no_slim);
+            pods.observe(watcher::Event::InitApply(p));
         }
-        pods.observe(watcher::Event::InitDone, no_slim);
+        pods.observe(watcher::Event::InitDone);
     }
 
     #[test]
@@ -487,20 +510,17 @@ mod tests {
         assert_eq!(pods.count(), 1);
         // An unfollowed pod's events are dropped, and say nothing.
         assert!(
-            pods.observe(watcher::Event::Apply(pod("b", "u-b", 3, "Failed")), no_slim)
+            pods.observe(watcher::Event::Apply(pod("b", "u-b", 3, "Failed")))
                 .is_none()
         );
         // Its candidate gone, the pod is still followed until it is deleted.
         followed.lock().unwrap().clear();
-        let seen = pods.observe(watcher::Event::Apply(pod("a", "u-a", 4, "Failed")), no_slim);
+        let seen = pods.observe(watcher::Event::Apply(pod("a", "u-a", 4, "Failed")));
         assert_eq!(
             seen.map(|(p, d)| (phase(&p), d)),
             Some(("Failed".into(), false))
         );
-        let seen = pods.observe(
-            watcher::Event::Delete(pod("a", "u-a", 5, "Failed")),
-            no_slim,
-        );
+        let seen = pods.observe(watcher::Event::Delete(pod("a", "u-a", 5, "Failed")));
         assert_eq!(seen.map(|(_, d)| d), Some(true));
         assert_eq!(pods.count(), 0);
     }
@@ -513,62 +533,36 @@ mod tests {
             .lock()
             .unwrap()
             .extend(["u-a".to_string(), "u-b".to_string()]);
-        pods.observe(
-            watcher::Event::Apply(pod("a", "u-a", 10, "Failed")),
-            no_slim,
-        );
-        let fetch = Fetch::Pod {
-            namespace: "ns".into(),
-            name: "a".into(),
-            uid: "u-a".into(),
-        };
+        pods.observe(watcher::Event::Apply(pod("a", "u-a", 10, "Failed")));
+        let fetch = fetch_of("a", "u-a");
         assert!(
-            pods.done(&fetch, vec![pod("a", "u-a", 9, "Running")], no_slim)
+            pods.done(&fetch, vec![pod("a", "u-a", 9, "Running")])
                 .is_empty()
         );
         assert_eq!(phase(&pods.get("ns", "a").unwrap()), "Failed");
         // Deleted while a fetch that read it was on its way back.
-        pods.observe(
-            watcher::Event::Delete(pod("b", "u-b", 11, "Running")),
-            no_slim,
-        );
-        let fetch = Fetch::Pod {
-            namespace: "ns".into(),
-            name: "b".into(),
-            uid: "u-b".into(),
-        };
+        pods.observe(watcher::Event::Delete(pod("b", "u-b", 11, "Running")));
+        let fetch = fetch_of("b", "u-b");
         assert!(
-            pods.done(&fetch, vec![pod("b", "u-b", 8, "Running")], no_slim)
+            pods.done(&fetch, vec![pod("b", "u-b", 8, "Running")])
                 .is_empty()
         );
         assert!(pods.get("ns", "b").is_none());
         // A late deletion of an earlier same-name pod leaves the new one alone.
         followed.lock().unwrap().insert("u-b2".into());
         pods.done(
-            &Fetch::Pod {
-                namespace: "ns".into(),
-                name: "b".into(),
-                uid: "u-b2".into(),
-            },
+            &fetch_of("b", "u-b2"),
             vec![pod("b", "u-b2", 13, "Running")],
-            no_slim,
         );
-        pods.observe(
-            watcher::Event::Delete(pod("b", "u-b1", 14, "Running")),
-            no_slim,
-        );
+        pods.observe(watcher::Event::Delete(pod("b", "u-b1", 14, "Running")));
         assert_eq!(
             pods.get("ns", "b").and_then(|p| p.uid()).as_deref(),
             Some("u-b2")
         );
         // A newer fetched pod is taken in.
-        let fetch = Fetch::Pod {
-            namespace: "ns".into(),
-            name: "a".into(),
-            uid: "u-a".into(),
-        };
+        let fetch = fetch_of("a", "u-a");
         assert_eq!(
-            pods.done(&fetch, vec![pod("a", "u-a", 12, "Succeeded")], no_slim)
+            pods.done(&fetch, vec![pod("a", "u-a", 12, "Succeeded")])
                 .len(),
             1
         );
@@ -588,19 +582,13 @@ mod tests {
         let fetch = rx.try_recv().unwrap();
         assert!(rx.try_recv().is_err(), "asked twice");
         // Not found: remembered as gone, not asked again.
-        assert!(pods.done(&fetch, vec![], no_slim).is_empty());
+        assert!(pods.done(&fetch, vec![]).is_empty());
         pods.need_pod("ns", "a", "u-a");
         assert!(rx.try_recv().is_err());
         // A kept pod is not fetched.
-        pods.observe(
-            watcher::Event::Apply(pod("c", "u-c", 3, "Running")),
-            no_slim,
-        );
+        pods.observe(watcher::Event::Apply(pod("c", "u-c", 3, "Running")));
         followed.lock().unwrap().insert("u-c".into());
-        pods.observe(
-            watcher::Event::Apply(pod("c", "u-c", 4, "Running")),
-            no_slim,
-        );
+        pods.observe(watcher::Event::Apply(pod("c", "u-c", 4, "Running")));
         pods.need_pod("ns", "c", "u-c");
         assert!(rx.try_recv().is_err());
     }
@@ -617,15 +605,23 @@ mod tests {
         let fetch = rx.try_recv().unwrap();
         assert!(rx.try_recv().is_err());
         followed.lock().unwrap().insert("u-w".into());
-        let kept = pods.done(&fetch, vec![pod("w", "u-w", 1, "Running")], no_slim);
+        let kept = pods.done(&fetch, vec![pod("w", "u-w", 1, "Running")]);
         assert_eq!(kept.len(), 1);
         assert!(pods.loaded("ns", &selector));
         assert_eq!(pods.in_namespace("ns").len(), 1);
-        // Forgotten (the annotation removed): listed again when needed again.
+        // Forgotten (the annotation removed): listed again when needed again, and a list that
+        // was on its way when it was forgotten does not count.
         pods.forget_selected("ns", &selector);
         assert!(!pods.loaded("ns", &selector));
         pods.need_selected("ns", &selector);
-        assert!(rx.try_recv().is_ok());
+        let on_its_way = rx.try_recv().unwrap();
+        pods.forget_selected("ns", &selector);
+        pods.done(&on_its_way, vec![]);
+        assert!(!pods.loaded("ns", &selector));
+        pods.need_selected("ns", &selector);
+        let again = rx.try_recv().unwrap();
+        pods.done(&again, vec![]);
+        assert!(pods.loaded("ns", &selector));
         // A re-list keeps what is followed, including what was fetched.
         listed(
             &pods,

@@ -206,7 +206,7 @@ pub fn watch_all(
                 let listed = matches!(ev, watcher::Event::InitDone);
                 // Only what the operator reads is kept (managed fields, annotations,
                 // volumes, env and probes are most of a pod).
-                if let Some((pod, deleted)) = pods.observe(ev, super::slim::keep_what_is_read) {
+                if let Some((pod, deleted)) = pods.observe(ev) {
                     on_pod(&pod, deleted);
                 }
                 if listed {
@@ -224,20 +224,63 @@ pub fn watch_all(
         client.clone(),
         caches.pods.clone(),
         fetches,
-        super::slim::keep_what_is_read,
         move |pod| on_fetched(pod, false),
     ))
     .map(Err);
-    // Workloads: the lease an annotated one governs, and the one it governed before if its
-    // annotation was removed or its lease name changed, need reconciling.
-    fn on_workload_event<K: Resource<DynamicType = ()>>(
-        kind: &'static str,
-        parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
-        annotated: AnnotatedWorkloads,
-        pods: FollowedPods,
-        e: Enqueue,
-    ) -> impl FnMut(Result<watcher::Event<K>, watcher::Error>) -> anyhow::Result<()> {
-        move |ev| {
+    let deployment_events = workload_events(
+        api::<Deployment>(&client, namespace),
+        dw,
+        "Deployment",
+        Workload::from_deployment,
+        &caches,
+        enqueue.clone(),
+    );
+    let stateful_set_events = workload_events(
+        api::<StatefulSet>(&client, namespace),
+        sw,
+        "StatefulSet",
+        Workload::from_stateful_set,
+        &caches,
+        enqueue,
+    );
+    let errors = futures::stream::select_all([
+        candidate_events.boxed(),
+        lease_events.boxed(),
+        pod_events.boxed(),
+        fetched.boxed(),
+        deployment_events.boxed(),
+        stateful_set_events.boxed(),
+    ])
+    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
+    .boxed();
+    (caches, errors)
+}
+
+/// A workload kind's watch, filling its cache. The lease an annotated workload governs, and the
+/// one it governed before if its annotation was removed or its lease name changed, need
+/// reconciling; its pods need listing once, and again if its selector was dropped meanwhile.
+fn workload_events<K>(
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    kind: &'static str,
+    parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
+    caches: &Caches,
+    e: Enqueue,
+) -> impl futures::Stream<Item = anyhow::Result<()>> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (annotated, pods) = (caches.workloads.clone(), caches.pods.clone());
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .map(move |ev| {
             let ev = ev?;
             let deleted = matches!(ev, watcher::Event::Delete(_));
             for obj in touched(ev) {
@@ -263,45 +306,7 @@ pub fn watch_all(
                 }
             }
             Ok(())
-        }
-    }
-    let deployment_events = watcher(
-        api::<Deployment>(&client, namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(dw)
-    .map(on_workload_event(
-        "Deployment",
-        Workload::from_deployment,
-        caches.workloads.clone(),
-        caches.pods.clone(),
-        enqueue.clone(),
-    ));
-    let stateful_set_events = watcher(
-        api::<StatefulSet>(&client, namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(sw)
-    .map(on_workload_event(
-        "StatefulSet",
-        Workload::from_stateful_set,
-        caches.workloads.clone(),
-        caches.pods.clone(),
-        enqueue,
-    ));
-    let errors = futures::stream::select_all([
-        candidate_events.boxed(),
-        lease_events.boxed(),
-        pod_events.boxed(),
-        fetched.boxed(),
-        deployment_events.boxed(),
-        stateful_set_events.boxed(),
-    ])
-    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
-    .boxed();
-    (caches, errors)
+        })
 }
 
 fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
