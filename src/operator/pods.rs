@@ -157,9 +157,8 @@ impl FollowedPods {
     /// followed (its leases need a look) and whether it was deleted, else `None`: the pod was
     /// dropped.
     pub fn observe(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
-        let listed = matches!(ev, watcher::Event::InitDone);
         let seen = self.take_in(ev);
-        if seen.is_some() || listed {
+        if seen.is_some() {
             self.kept.set(self.count() as i64);
         }
         seen
@@ -177,6 +176,8 @@ impl FollowedPods {
                     inner.pods = fresh;
                 }
                 drop(inner);
+                // Counted before the cache says it is ready.
+                self.kept.set(self.count() as i64);
                 self.ready.send_replace(true);
                 None
             }
