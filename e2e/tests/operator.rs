@@ -258,6 +258,8 @@ async fn expired_lease_goes_to_a_live_candidate(env: Arc<TestEnv>) {
     create_candidate(&env, "old", "exp", "1.19.0", Some("1.19.0"), OEV, None).await;
     let first = wait_for_holder(&env, "exp", "old", DEADLINE).await;
     let assigned_at = Instant::now();
+    let shards: Api<ConfigMap> = env.api();
+    let shard_before = shards.get(&terms::shard_of("exp")).await.unwrap();
     // "old" never renews and goes silent; "young" (newer, so not preferred) is alive.
     r.silence("old");
     create_candidate(&env, "young", "exp", "1.20.0", Some("1.20.0"), OEV, None).await;
@@ -268,6 +270,14 @@ async fn expired_lease_goes_to_a_live_candidate(env: Arc<TestEnv>) {
         "reassigned after {waited:?}, before the 4 s lease expired"
     );
     assert_eq!(lease::term(&l), lease::term(&first) + 1);
+    // The term came from the block the first mark write reserved: no ConfigMap write.
+    let shard_after = shards.get(&terms::shard_of("exp")).await.unwrap();
+    assert_eq!(
+        shard_after.resource_version(),
+        shard_before.resource_version(),
+        "the re-election wrote the term marks' shard: {:?}",
+        shard_after.data
+    );
     let eligible = eventually("old to be Unresponsive", DEADLINE, || async {
         condition(&env, "old", "Eligible")
             .await
@@ -495,8 +505,8 @@ async fn term_survives_lease_deletion(env: Arc<TestEnv>) {
     let recorded = shards.get(&shard).await.unwrap();
     assert_eq!(
         mark(&recorded),
-        Some(lease::term(&first)),
-        "mark in {shard}"
+        Some(lease::term(&first) + terms::BLOCK - 1),
+        "mark in {shard}: the first term and the block reserved with it"
     );
     // A mark above the Lease (say, from an earlier life of the name) wins, even though the
     // operator's copy of the shard is now stale.
@@ -524,7 +534,11 @@ async fn term_survives_lease_deletion(env: Arc<TestEnv>) {
         lease::term(&second)
     );
     let recorded = shards.get(&shard).await.unwrap();
-    assert_eq!(mark(&recorded), Some(ahead + 1), "mark in {shard}");
+    assert_eq!(
+        mark(&recorded),
+        Some(ahead + terms::BLOCK),
+        "mark in {shard}"
+    );
 }
 
 /// The operator's own HA lease holder, if any.

@@ -54,7 +54,7 @@ impl Worker {
                 lease::set_strategy(&mut l, strategy);
                 if let Some(holder) = holder {
                     let pod = pod_of_holder(holder);
-                    let term = self.terms.next(&key.namespace, &key.name, 0).await?;
+                    let term = self.terms.next(&key.namespace, &key.name, None).await?;
                     assign(&mut l, holder, term, duration, pod);
                 }
                 Some(store.create(&l).await?)
@@ -63,7 +63,7 @@ impl Worker {
                 let pod = pod_of_holder(holder);
                 let term = self
                     .terms
-                    .next(&key.namespace, &key.name, lease::term(current))
+                    .next(&key.namespace, &key.name, Some(lease::term(current)))
                     .await?;
                 let mut l = current.clone();
                 assign(&mut l, holder, term, duration, pod);

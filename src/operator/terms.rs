@@ -12,8 +12,17 @@
 //!
 //! The ledger remembers each shard as it last wrote or read it, and writes against that
 //! resourceVersion: a mark read from a stale copy can only be too low, and then the write is
-//! refused (409), the shard is read again, and the mark recomputed. So one election costs one
-//! ConfigMap write, and no term is ever handed out twice.
+//! refused (409), the shard is read again, and the mark recomputed. No term is ever handed out
+//! twice.
+//!
+//! **Blocks.** A write reserves [`BLOCK`] terms at once: handing out term N records N + 15 as
+//! the mark, and this ledger keeps N+1 … N+15 for the lease's next assignments, which then need
+//! no ConfigMap write. Only an assignment that *updates* an existing Lease by compare-and-swap
+//! draws from the block: the Lease's own compare-and-swap orders it after the term it replaces,
+//! and the block lies at or below the recorded mark, so a later recreation (which always writes
+//! a mark, from a fresh shard if its copy is stale) still starts above it. Nobody else can hand
+//! out a term of the block: another ledger (a restarted operator, the next HA replica) reads the
+//! mark and starts above it. A block is forgotten with the process; its unused terms are skipped.
 //!
 //! The hash and the number of shards must never change: an operator that looked for a mark in
 //! another shard would find none and could restart a deleted lease's terms from 1.
@@ -26,6 +35,9 @@ use kube::{Client, ResourceExt};
 
 /// How many ConfigMaps hold a namespace's marks. Fixed forever (see the module doc).
 pub const SHARDS: u64 = 64;
+
+/// How many terms one mark write reserves (see the module doc).
+pub const BLOCK: i32 = 16;
 
 /// How often a write is retried when another writer changed the shard in between.
 const ATTEMPTS: usize = 5;
@@ -49,6 +61,31 @@ pub struct TermLedger {
     client: Client,
     /// Each shard as last read or written, by (namespace, shard name).
     shards: HashMap<(String, String), ConfigMap>,
+    /// The terms this ledger reserved and has not handed out yet, by (namespace, lease).
+    blocks: HashMap<(String, String), Block>,
+}
+
+/// Terms reserved by this ledger's own mark write: `last` was handed out, up to `mark` may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Block {
+    last: i32,
+    mark: i32,
+}
+
+impl Block {
+    /// The next term from the block for a Lease now at `current`, if it is still in the block.
+    fn next(&self, current: i32) -> Option<i32> {
+        let next = self.last.max(current).checked_add(1)?;
+        (next <= self.mark).then_some(next)
+    }
+
+    /// The block a mark write for `term` reserves.
+    fn reserved_with(term: i32) -> Block {
+        Block {
+            last: term,
+            mark: term.saturating_add(BLOCK - 1),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -81,17 +118,29 @@ impl TermLedger {
         Self {
             client,
             shards: HashMap::new(),
+            blocks: HashMap::new(),
         }
     }
 
-    /// Records and returns the next term for `lease`: greater than both its recorded mark
-    /// and `current` (the term on the Lease as the caller read it, 0 for a new Lease).
+    /// The next term for `lease`, greater than every term handed out for its name before.
+    /// `current` is the term on the Lease as the caller read it: `Some` when the caller will
+    /// update that Lease by compare-and-swap (the term may then come from this ledger's block),
+    /// `None` when it will create the Lease (a mark is always written first).
     pub async fn next(
         &mut self,
         namespace: &str,
         lease: &str,
-        current: i32,
+        current: Option<i32>,
     ) -> Result<i32, TermError> {
+        let lease_key = (namespace.to_string(), lease.to_string());
+        if let Some(current) = current {
+            let block = self.blocks.get_mut(&lease_key);
+            if let Some((block, next)) = block.and_then(|b| b.next(current).map(|n| (b, n))) {
+                block.last = next;
+                return Ok(next);
+            }
+        }
+        let current = current.unwrap_or(0);
         let shard = shard_of(lease);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
         let key = (namespace.to_string(), shard.clone());
@@ -115,9 +164,10 @@ impl TermLedger {
                 lease: lease.to_string(),
                 recorded: mark.max(current),
             })?;
+            let block = Block::reserved_with(next);
             cm.data
                 .get_or_insert_with(BTreeMap::new)
-                .insert(lease.to_string(), next.to_string());
+                .insert(lease.to_string(), block.mark.to_string());
             // A shard read from the API carries its resourceVersion, so a concurrent writer
             // gets 409; a new one is created, so a concurrent creator gets 409 too.
             let written = if cm.resource_version().is_some() {
@@ -128,6 +178,7 @@ impl TermLedger {
             match written {
                 Ok(cm) => {
                     self.shards.insert(key, cm);
+                    self.blocks.insert(lease_key, block);
                     return Ok(next);
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
@@ -223,6 +274,34 @@ mod tests {
         assert_eq!(next_term(3, 7), Some(8), "a Lease above the mark wins");
         assert_eq!(next_term(i32::MAX, 0), None);
         assert_eq!(next_term(0, i32::MAX), None);
+    }
+
+    #[test]
+    fn a_block_hands_out_each_term_once_and_never_above_its_mark() {
+        let mut b = Block::reserved_with(5);
+        assert_eq!(b.mark, 5 + BLOCK - 1);
+        let mut handed = vec![5];
+        while let Some(n) = b.next(*handed.last().unwrap()) {
+            b.last = n;
+            handed.push(n);
+        }
+        assert_eq!(handed, (5..5 + BLOCK).collect::<Vec<_>>());
+        assert_eq!(b.next(0), None, "a Lease behind the block cannot reuse it");
+    }
+
+    #[test]
+    fn a_block_skips_ahead_of_the_lease_and_leaves_it_when_the_lease_is_above() {
+        let b = Block::reserved_with(10);
+        assert_eq!(
+            b.next(3),
+            Some(11),
+            "a recreated Lease at a low term still gets a term above the block's last"
+        );
+        assert_eq!(b.next(20), Some(21), "a hand-raised term within the block");
+        assert_eq!(b.next(b.mark), None, "above the block needs a mark write");
+        let end = Block::reserved_with(i32::MAX - 2);
+        assert_eq!(end.mark, i32::MAX);
+        assert_eq!(end.next(i32::MAX), None);
     }
 
     #[test]
