@@ -22,7 +22,9 @@
 //! and the block lies at or below the recorded mark, so a later recreation (which always writes
 //! a mark, from a fresh shard if its copy is stale) still starts above it. Nobody else can hand
 //! out a term of the block: another ledger (a restarted operator, the next HA replica) reads the
-//! mark and starts above it. A block is forgotten with the process; its unused terms are skipped.
+//! mark and starts above it. A block is forgotten with the process, and when a mark write fails;
+//! its unused terms are skipped. A mark raised by hand takes effect at the lease's next mark
+//! write (at the latest 15 assignments later, or when the operator restarts).
 //!
 //! The hash and the number of shards must never change: an operator that looked for a mark in
 //! another shard would find none and could restart a deleted lease's terms from 1.
@@ -140,6 +142,9 @@ impl TermLedger {
                 return Ok(next);
             }
         }
+        // The block is used up or cannot serve: forget it now, so that a mark write whose
+        // outcome is unknown (applied, answer lost) leaves no block behind to draw from.
+        self.blocks.remove(&lease_key);
         let current = current.unwrap_or(0);
         let shard = shard_of(lease);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
