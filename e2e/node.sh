@@ -25,7 +25,7 @@ node_tools_check() {
   done
   [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] \
     || missing+=(containernetworking-plugins)
-  [[ -x /bin/busybox ]] && /bin/busybox --list 2>/dev/null | grep -qx httpd || missing+=(busybox-static)
+  [[ -x /bin/busybox ]] && /bin/busybox --list 2>/dev/null | grep -x httpd >/dev/null || missing+=(busybox-static)
   ((${#missing[@]} == 0)) || die "the real node needs ${missing[*]} (make setup installs them)"
 }
 

@@ -23,7 +23,7 @@ fi
 node_need=()
 for tool in containerd runc ctr iptables ip; do command -v "$tool" >/dev/null || node_need+=("$tool"); done
 [[ -x /usr/lib/cni/bridge ]] || node_need+=(cni)
-[[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx httpd || node_need+=(busybox)
+[[ -x /bin/busybox ]] && /bin/busybox --list | grep -x httpd >/dev/null || node_need+=(busybox)
 if ((${#node_need[@]})); then
   echo "[setup] missing for the real node: ${node_need[*]}; installing from Debian" >&2
   sudo=""
