@@ -29,6 +29,28 @@ pub const USER_AGENT: &str = concat!("arbiter/", env!("CARGO_PKG_VERSION"));
 /// The request timeout of [`connect`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest wait between two attempts to reach an API server that could not be reached.
+pub const RECONNECT_AT_MOST: Duration = Duration::from_secs(2);
+
+/// How every watch reconnects, and a registration is retried, while the API server cannot be
+/// reached: 0.5 s doubling to [`RECONNECT_AT_MOST`] (the leader-election retry period),
+/// jittered, and back to 0.5 s after two minutes without an error.
+///
+/// kube-runtime's default climbs to 30 s. After a kube-apiserver restart of ten seconds a watch
+/// could then sleep another ten or more past the server's return, and so could a candidate's
+/// watch that must see the arbiter's ping: the lease stayed without a leader that much longer.
+/// Leader election already retries every 2 s; a watch reconnecting as often costs no more.
+pub fn reconnect_backoff()
+-> kube::runtime::utils::ResetTimerBackoff<kube::runtime::watcher::ExponentialBackoff> {
+    let delays = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(RECONNECT_AT_MOST)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    kube::runtime::utils::ResetTimerBackoff::new(delays.into(), Duration::from_secs(120))
+}
+
 /// A client from the environment (in-cluster, or `KUBECONFIG`), with kube's automatic retries
 /// turned off (a request that fails must fail promptly to the caller, who owns the deadline: a
 /// renew retried inside the client for minutes would outlive the lease it renews) and a

@@ -44,6 +44,7 @@ crate::tests![operator:
     standby_operator_takes_over_after_sigkill,
     a_cut_off_operator_stops_acting_before_the_standby_takes_over,
     a_briefly_cut_off_operator_resumes_without_a_failover,
+    an_outage_seen_by_both_replicas_is_ridden_out_by_the_active_one,
     deleting_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_after_a_release_does_not_make_two_arbiters,
@@ -658,6 +659,82 @@ async fn a_briefly_cut_off_operator_resumes_without_a_failover(env: Arc<TestEnv>
     let _r = Responder::start(env.client.clone(), &env.ns, &["r1"]);
     create_candidate(&env, "r1", "resumed", "1.0.0", Some("1.0.0"), OEV, None).await;
     wait_for_holder(&env, "resumed", "r1", DEADLINE).await;
+}
+
+/// Both replicas lose the API server (as in a kube-apiserver restart) for longer than the HA
+/// lease. The standby must not count that time as the active one's silence: it gets the server
+/// back first, and still the active one, back a second later, resumes and the standby never
+/// acts. (Before: the standby took over at once, and being fresh it waited a full lease
+/// duration before judging any lease expired; after a restart, leases stayed leaderless that
+/// much longer.)
+async fn an_outage_seen_by_both_replicas_is_ridden_out_by_the_active_one(env: Arc<TestEnv>) {
+    use crate::support::agent::{Proxy, apiserver};
+    let dir = tempfile::tempdir().unwrap();
+    let (proxy_a, proxy_b) = (
+        Proxy::start(apiserver(&env.kubeconfig)).await,
+        Proxy::start(apiserver(&env.kubeconfig)).await,
+    );
+    let (dir_a, dir_b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let (via_a, via_b) = (
+        proxy_a.kubeconfig(&env.kubeconfig, &dir_a),
+        proxy_b.kubeconfig(&env.kubeconfig, &dir_b),
+    );
+    // HA lease 6 s, renew deadline 3 s: the outage (8 s) outlasts both.
+    let timings = |id: &'static str| {
+        vec![
+            "--ha-lease-duration",
+            "6s",
+            "--ha-renew-deadline",
+            "3s",
+            "--ha-retry-period",
+            "1s",
+            "--identity",
+            id,
+        ]
+    };
+    let mut a = Operator::start_with(&via_a, &env.ns, &timings("both-a"));
+    let a_id = eventually("the first replica to be active", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| h.starts_with("both-a-"))
+    })
+    .await;
+    let b = Operator::start_with(&via_b, &env.ns, &timings("both-b"));
+    eventually(
+        "the standby to watch the operator lease",
+        DEADLINE,
+        || async {
+            b.logs()
+                .contains("watching the operator lease")
+                .then_some(())
+        },
+    )
+    .await;
+    proxy_a.cut();
+    proxy_b.cut();
+    let cut = Instant::now();
+    eventually("the active replica to stop writing", DEADLINE, || async {
+        a.logs().contains("stopped writing").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(8).saturating_sub(cut.elapsed())).await;
+    proxy_b.restore();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxy_a.restore();
+    eventually("the active replica to resume", DEADLINE, || async {
+        a.logs().contains("resumed").then_some(())
+    })
+    .await;
+    // Past the standby's own lease duration after it got the server back: it would have acted
+    // by now if it had counted the outage, or if the resume had not reached it.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(!a.exited(), "{}", a.logs());
+    assert_eq!(ha_holder(&env).await.as_deref(), Some(a_id.as_str()));
+    assert!(
+        !b.logs().contains("acquired operator lease"),
+        "the standby took over: {}",
+        b.logs()
+    );
 }
 
 /// The active replica's connection goes dead (black-holed: requests hang, nothing answers). Its

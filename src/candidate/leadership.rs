@@ -113,7 +113,9 @@ pub async fn run(
     let store = LeaseStore::new(client.clone(), &config.namespace);
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.lease));
-    let mut events = watcher(api, cfg).default_backoff().boxed();
+    let mut events = watcher(api, cfg)
+        .backoff(crate::client::reconnect_backoff())
+        .boxed();
     let mut latest = Latest::default();
     loop {
         // Following: wait for the arbiter to name us.

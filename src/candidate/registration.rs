@@ -25,11 +25,11 @@ const REFRESH: Duration = Duration::from_secs(30);
 /// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
 ///
 /// While the API server cannot be reached (connection refused or reset, a timeout, 5xx, 429),
-/// it retries with backoff (kube-runtime's watcher backoff: 0.8 s doubling to 30 s, jittered)
+/// it retries with backoff ([`crate::client::reconnect_backoff`]: 0.5 s doubling to 2 s, jittered)
 /// and logs each attempt; anything the API server refuses outright (no CRD, no RBAC, an invalid
 /// candidate, a changed leaseName) fails at once.
 pub async fn register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
-    let mut backoff = kube::runtime::watcher::DefaultBackoff::default();
+    let mut backoff = crate::client::reconnect_backoff();
     let mut attempt = 1u32;
     loop {
         let e = match try_register(client, config, incarnation).await {
@@ -42,7 +42,7 @@ pub async fn register(client: &Client, config: &Config, incarnation: &str) -> an
         if !transient {
             return Err(e);
         }
-        let wait = backoff.next().unwrap_or(Duration::from_secs(30));
+        let wait = backoff.next().unwrap_or(crate::client::RECONNECT_AT_MOST);
         tracing::warn!(
             attempt,
             retry_in = ?wait,
@@ -162,7 +162,7 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
     let api: Api<LeaseCandidate> = Api::namespaced(client, &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.identity));
     let mut events = watcher(api.clone(), cfg)
-        .default_backoff()
+        .backoff(crate::client::reconnect_backoff())
         .applied_objects()
         .boxed();
     let mut refresh = tokio::time::interval(REFRESH);

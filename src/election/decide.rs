@@ -7,7 +7,8 @@
 //! - Only an **eligible** candidate can be elected: its versions parse, its pod (if it has one)
 //!   is running, it did not ignore the last ping, and it does not break the skew rule when
 //!   skew is refused. Before electing, the arbiter **pings** (`spec.pingTime`) the eligible
-//!   candidates whose liveness it does not know, waits up to the ack window for their
+//!   candidates whose liveness it does not know (one it saw renew on its own lately counts as
+//!   alive: [`Candidate::renewed_lately`]), waits up to the ack window for their
 //!   `renewTime >= pingTime`, and elects only among those that acknowledged. It stops waiting
 //!   as soon as the best candidate that could still answer has answered: no later answer could
 //!   change the outcome.
@@ -85,6 +86,11 @@ pub struct Candidate {
     pub created: Timestamp,
     pub ping_time: Option<Timestamp>,
     pub renew_time: Option<Timestamp>,
+    /// The arbiter saw it renew on its own within the ack validity (judged by the caller on
+    /// its own clocks): alive without a ping, unless a ping it ignored says otherwise. Never
+    /// enough where an answer to a ping sent after an event is required (a handover's target,
+    /// the next holder after a release).
+    pub renewed_lately: bool,
     pub pod: PodState,
     /// Its agent said it is gone (it stopped its workload and exited without being able to
     /// remove the candidate): never elected, until a new process of it registers.
@@ -275,17 +281,25 @@ pub struct Decision {
 }
 
 /// A candidate's liveness at `now`, judged from the arbiter's own ping time.
+/// A candidate that renewed on its own lately ([`Candidate::renewed_lately`]) and whose
+/// liveness would otherwise be unknown counts as having answered.
 pub fn liveness(candidate: &Candidate, now: Timestamp, rules: &Rules) -> Liveness {
-    let Some(ping) = candidate.ping_time else {
-        return Liveness::Unknown;
+    let from_ping = match candidate.ping_time {
+        None => Liveness::Unknown,
+        Some(ping) => {
+            let since_ping = Duration::try_from(now.duration_since(ping)).unwrap_or(Duration::ZERO);
+            let acked = candidate.renew_time.is_some_and(|renew| renew >= ping);
+            match (acked, since_ping) {
+                (true, age) if age <= rules.ack_valid_for => Liveness::Acked,
+                (true, _) => Liveness::Unknown,
+                (false, age) if age < rules.ack_window => Liveness::Pending,
+                (false, _) => Liveness::Unresponsive,
+            }
+        }
     };
-    let since_ping = Duration::try_from(now.duration_since(ping)).unwrap_or(Duration::ZERO);
-    let acked = candidate.renew_time.is_some_and(|renew| renew >= ping);
-    match (acked, since_ping) {
-        (true, age) if age <= rules.ack_valid_for => Liveness::Acked,
-        (true, _) => Liveness::Unknown,
-        (false, age) if age < rules.ack_window => Liveness::Pending,
-        (false, _) => Liveness::Unresponsive,
+    match from_ping {
+        Liveness::Unknown if candidate.renewed_lately => Liveness::Acked,
+        l => l,
     }
 }
 

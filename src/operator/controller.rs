@@ -170,6 +170,12 @@ impl Worker {
                     .unwrap_or_else(jiff::Timestamp::now),
                 ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
                 renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
+                renewed_lately: self.caches.renewals.lately(
+                    &key.namespace,
+                    &c.name_any(),
+                    jiff::Timestamp::now(),
+                    self.settings.rules.ack_valid_for,
+                ),
                 pod: pod_state(c, &self.caches),
                 withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
             })

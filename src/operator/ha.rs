@@ -3,7 +3,10 @@
 //! Replicas race for the Lease by compare-and-swap. A holder renews every retry period; one
 //! that has not renewed for the renew deadline (on its monotonic clock) gives up by exiting the
 //! process. Others take over only after the record has been unchanged for the lease duration on
-//! *their* monotonic clock, or at once when the holder released it (on SIGTERM).
+//! *their* monotonic clock, or at once when the holder released it (on SIGTERM). That silence is
+//! counted only while the standby could read the Lease: one that could not reach the API server
+//! for longer than the renew deadline starts counting again from its next read, which leaves
+//! the active replica, cut off the same way, the time to resume (below).
 //!
 //! The renew deadline counts from when the last successful renew was **sent**, not from when its
 //! answer came back, and each renew is cut off at the deadline: an answer delayed by a slow or
@@ -52,6 +55,17 @@ pub struct Elector {
     /// The Lease as this replica last wrote it successfully: what a renew, and
     /// [`Elector::resume`], swap from.
     written: std::sync::Mutex<Option<Lease>>,
+}
+
+/// What a standby replica has seen of the Lease.
+#[derive(Default)]
+struct Observed {
+    /// The Lease's record (or "missing") and when this replica first saw it so.
+    seen: Option<(String, Instant)>,
+    /// Whether it ever saw the Lease exist.
+    ever_seen: bool,
+    /// When it last read the Lease.
+    last_read: Option<Instant>,
 }
 
 /// What an acquire attempt did.
@@ -105,11 +119,10 @@ impl Elector {
     /// Waits until this replica holds the Lease; returns when the write that took it was sent
     /// (the renew deadline counts from there).
     pub async fn acquire(&self) -> Instant {
-        let mut seen: Option<(String, Instant)> = None;
-        let mut ever_seen = false;
+        let mut observed = Observed::default();
         loop {
             let sent = Instant::now();
-            match self.try_acquire(&mut seen, &mut ever_seen).await {
+            match self.try_acquire(&mut observed).await {
                 Ok(Acquired::Took) => {
                     self.gate.open_until(sent + self.timings.renew_deadline);
                     return sent;
@@ -135,18 +148,28 @@ impl Elector {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        seen: &mut Option<(String, Instant)>,
-        ever_seen: &mut bool,
-    ) -> anyhow::Result<Acquired> {
+    async fn try_acquire(&self, observed: &mut Observed) -> anyhow::Result<Acquired> {
         let current = self.store.get(&self.name).await?;
+        let now = Instant::now();
+        // Silence counts only while this replica could see the Lease: after it could not read
+        // it for longer than the renew deadline (an API server restart, most likely, in which
+        // the active replica may have stopped writing only to resume once the server is back),
+        // the count starts again from this read.
+        if observed
+            .last_read
+            .is_none_or(|t| now - t > self.timings.renew_deadline)
+        {
+            observed.seen = None;
+        }
+        observed.last_read = Some(now);
+        let Observed {
+            seen, ever_seen, ..
+        } = observed;
         // How long the Lease has looked like this (missing included), on this clock.
         let fingerprint = match &current {
             None => "missing".to_string(),
             Some(l) => serde_json::to_string(&l.spec)?,
         };
-        let now = Instant::now();
         let first_seen = match seen {
             Some((f, t)) if *f == fingerprint => *t,
             _ => {

@@ -22,6 +22,7 @@ use super::identity::IncarnationLog;
 use super::index::{CandidateIndex, key_of, owner_pod};
 use super::pods::{FollowedPods, fetch_loop, has_role};
 use super::queue::{Enqueue, LeaseKey};
+use super::renewals::Renewals;
 use super::stopped::StoppedPods;
 use crate::api::LeaseCandidate;
 use crate::election::decide::PodState;
@@ -41,6 +42,8 @@ pub struct Caches {
     pub workloads: AnnotatedWorkloads,
     /// Every candidate's recent incarnation stamps (duplicate identities).
     pub incarnations: IncarnationLog,
+    /// When each candidate was last seen renewing on its own (liveness without a ping).
+    pub renewals: Renewals,
     /// The candidates of each lease.
     pub by_lease: CandidateIndex,
     /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
@@ -129,6 +132,7 @@ pub fn watch_all(
         stateful_sets,
         workloads,
         incarnations: IncarnationLog::default(),
+        renewals: Renewals::default(),
         by_lease,
         stopped_pods: stopped_pods.clone(),
         single_active_locks: NamespaceLocks::default(),
@@ -136,19 +140,21 @@ pub fn watch_all(
 
     let e = enqueue.clone();
     let log = caches.incarnations.clone();
+    let renewals = caches.renewals.clone();
     let index = caches.by_lease.clone();
     let followed = pods.clone();
     let candidate_events = watcher(
         api::<LeaseCandidate>(&client, namespace),
         watcher::Config::default(),
     )
-    .default_backoff()
+    .backoff(crate::client::reconnect_backoff())
     .reflect(cw)
     .map(move |ev| {
         let ev = ev?;
         match &ev {
             watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
                 log.record(c);
+                renewals.observe(c, matches!(ev, watcher::Event::Apply(_)));
                 index.insert(c);
                 if let Some((name, uid)) = owner_pod(c) {
                     followed.need_pod(&c.namespace().unwrap_or_default(), &name, &uid);
@@ -156,6 +162,7 @@ pub fn watch_all(
             }
             watcher::Event::Delete(c) => {
                 log.forget(c);
+                renewals.forget(c);
                 index.remove(c);
             }
             _ => {}
@@ -168,7 +175,7 @@ pub fn watch_all(
     let e = enqueue.clone();
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
     let lease_events = watcher(api::<Lease>(&client, namespace), managed)
-        .default_backoff()
+        .backoff(crate::client::reconnect_backoff())
         .reflect(lw)
         .map(move |ev| {
             for l in touched(ev?) {
@@ -200,7 +207,7 @@ pub fn watch_all(
     let pod_events = futures::stream::once(listed).flat_map(move |()| {
         let (pods, all_candidates, on_pod) = (pods.clone(), all_candidates.clone(), on_pod.clone());
         watcher(pod_watch_api.clone(), watcher::Config::default())
-            .default_backoff()
+            .backoff(crate::client::reconnect_backoff())
             .map(move |ev| {
                 let ev = ev?;
                 let listed = matches!(ev, watcher::Event::InitDone);
@@ -278,7 +285,7 @@ where
 {
     let (annotated, pods) = (caches.workloads.clone(), caches.pods.clone());
     watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(crate::client::reconnect_backoff())
         .reflect(writer)
         .map(move |ev| {
             let ev = ev?;

@@ -27,6 +27,7 @@ fn acked(name: &str, version: &str, now: Timestamp) -> Candidate {
         created: t0(),
         ping_time: Some(now),
         renew_time: Some(now),
+        renewed_lately: false,
         pod: PodState::Running,
         withdrawn: false,
     }
@@ -36,6 +37,7 @@ fn never_pinged(name: &str, version: &str) -> Candidate {
     Candidate {
         ping_time: None,
         renew_time: Some(t0()),
+        renewed_lately: false,
         ..acked(name, version, t0())
     }
 }
@@ -114,6 +116,69 @@ fn candidates_are_pinged_before_an_election() {
 }
 
 #[test]
+fn candidates_seen_renewing_lately_are_elected_without_a_ping() {
+    let now = t0() + secs(60);
+    let lately = |name: &str| Candidate {
+        renewed_lately: true,
+        ..never_pinged(name, "1.19.0")
+    };
+    assert_eq!(
+        act(&[lately("id-2"), lately("id-1")], None, now),
+        create("id-1")
+    );
+    // Only the one whose liveness is unknown is pinged; the election waits for it if it could
+    // win.
+    let unknown_better = never_pinged("id-0", "1.18.0");
+    assert_eq!(
+        act(&[lately("id-1"), unknown_better], None, now),
+        Action::Ping {
+            candidates: vec!["id-0".into()]
+        }
+    );
+}
+
+#[test]
+fn renewing_lately_does_not_outweigh_an_ignored_ping() {
+    let now = t0() + secs(60);
+    let ignored = Candidate {
+        ping_time: Some(now - secs(6)),
+        renew_time: Some(now - secs(8)),
+        renewed_lately: true,
+        ..acked("id-1", "1.18.0", now)
+    };
+    let rules = Rules::default();
+    assert_eq!(liveness(&ignored, now, &rules), Liveness::Unresponsive);
+    let pending = Candidate {
+        ping_time: Some(now - secs(1)),
+        ..ignored.clone()
+    };
+    assert_eq!(liveness(&pending, now, &rules), Liveness::Pending);
+    assert_eq!(
+        act(&[ignored, acked("id-2", "1.19.0", now)], None, now),
+        create("id-2")
+    );
+}
+
+#[test]
+fn a_handover_target_seen_renewing_lately_must_still_answer_a_ping_of_this_term() {
+    let now = t0() + secs(60);
+    let target = Candidate {
+        renewed_lately: true,
+        ..never_pinged("id-2", "1.18.0")
+    };
+    let live = Lease {
+        acquired: Some(now - secs(30)),
+        ..lease(Some("id-1"), 1)
+    };
+    assert_eq!(
+        act(&[acked("id-1", "1.19.0", now), target], Some(&live), now),
+        Action::Ping {
+            candidates: vec!["id-2".into()]
+        }
+    );
+}
+
+#[test]
 fn better_candidate_gets_a_handover_request_not_the_lease() {
     let now = t0();
     let cands = [acked("id-1", "1.19.0", now), acked("id-2", "1.18.0", now)];
@@ -138,6 +203,7 @@ fn only_candidates_that_acknowledged_are_elected() {
     let silent = Candidate {
         ping_time: Some(now - secs(10)),
         renew_time: Some(now - secs(20)),
+        renewed_lately: false,
         ..acked("id-1", "1.19.0", now)
     };
     let cands = [silent, acked("id-2", "1.20.0", now)];
@@ -194,11 +260,13 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
     let silent = Candidate {
         ping_time: Some(now - secs(6)),
         renew_time: Some(now - secs(20)),
+        renewed_lately: false,
         ..acked("equal", "1.19.0", now)
     };
     let stepped_down = Candidate {
         ping_time: Some(now - secs(30)),
         renew_time: Some(now - secs(30)),
+        renewed_lately: false,
         ..acked("lapsed", "1.19.0", now)
     };
     let released_now = Lease {
@@ -223,6 +291,7 @@ fn no_acknowledged_candidate_is_reported() {
     let silent = Candidate {
         ping_time: Some(now - secs(60)),
         renew_time: Some(now - secs(120)),
+        renewed_lately: false,
         ..acked("id-1", "1.19.0", now)
     };
     let d = decide(&[silent], None, None, now, &Rules::default());
@@ -239,6 +308,7 @@ fn candidates_that_could_not_win_are_not_waited_for() {
     let pending = Candidate {
         ping_time: Some(now),
         renew_time: Some(now - secs(60)),
+        renewed_lately: false,
         ..acked("id-2", "1.20.0", now)
     };
     let cands = [
@@ -263,6 +333,7 @@ fn outstanding_ping_is_waited_for() {
     let pinged = Candidate {
         ping_time: Some(now),
         renew_time: Some(now - secs(60)),
+        renewed_lately: false,
         ..acked("id-1", "1.19.0", now)
     };
     assert_eq!(
@@ -617,6 +688,7 @@ fn liveness_from_the_arbiters_own_ping_time() {
         let c = Candidate {
             ping_time: ping.map(|s| now - secs(s)),
             renew_time: renew.map(|s| now - secs(s)),
+            renewed_lately: false,
             ..acked("c", "1.0.0", now)
         };
         liveness(&c, now, &rules)
@@ -826,18 +898,22 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
         prop::option::of(0i64..30),
         pods,
         prop::bool::weighted(0.15),
+        prop::bool::weighted(0.3),
     )
         .prop_map(
-            |(binary, emulation, strategy, created, ping, renew, pod, withdrawn)| Candidate {
-                name: String::new(),
-                binary_version: binary.into(),
-                emulation_version: emulation.map(str::to_string),
-                strategy: strategy.into(),
-                created: t0() + secs(created),
-                ping_time: ping.map(|s| t0() + secs(100 - s)),
-                renew_time: renew.map(|s| t0() + secs(100 - s)),
-                pod,
-                withdrawn,
+            |(binary, emulation, strategy, created, ping, renew, pod, withdrawn, lately)| {
+                Candidate {
+                    name: String::new(),
+                    binary_version: binary.into(),
+                    emulation_version: emulation.map(str::to_string),
+                    strategy: strategy.into(),
+                    created: t0() + secs(created),
+                    ping_time: ping.map(|s| t0() + secs(100 - s)),
+                    renew_time: renew.map(|s| t0() + secs(100 - s)),
+                    renewed_lately: lately,
+                    pod,
+                    withdrawn,
+                }
             },
         )
 }
