@@ -29,17 +29,20 @@ pub const USER_AGENT: &str = concat!("arbiter/", env!("CARGO_PKG_VERSION"));
 /// The request timeout of [`connect`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The longest wait between two attempts to reach an API server that could not be reached.
+/// The delay between two attempts to reach an API server that could not be reached, once it
+/// has climbed; jitter adds up to as much again.
 pub const RECONNECT_AT_MOST: Duration = Duration::from_secs(2);
 
-/// How every watch reconnects, and a registration is retried, while the API server cannot be
-/// reached: 0.5 s doubling to [`RECONNECT_AT_MOST`] (the leader-election retry period),
-/// jittered, and back to 0.5 s after two minutes without an error.
+/// How the watches an election depends on (LeaseCandidates and Leases, in the operator and in
+/// every agent) reconnect, and a registration is retried, while the API server cannot be
+/// reached: 0.5 s doubling to [`RECONNECT_AT_MOST`], each delay jittered up to twice itself (so
+/// 2 to 4 s once it has climbed), back to 0.5 s after a success.
 ///
 /// kube-runtime's default climbs to 30 s. After a kube-apiserver restart of ten seconds a watch
 /// could then sleep another ten or more past the server's return, and so could a candidate's
 /// watch that must see the arbiter's ping: the lease stayed without a leader that much longer.
-/// Leader election already retries every 2 s; a watch reconnecting as often costs no more.
+/// Leader election already retries every 2 s; these watches are small (an agent's are scoped to
+/// one object each). The operator's cluster-wide pod and workload watches keep the default.
 pub fn reconnect_backoff()
 -> kube::runtime::utils::ResetTimerBackoff<kube::runtime::watcher::ExponentialBackoff> {
     let delays = backon::ExponentialBuilder::default()

@@ -359,7 +359,7 @@ impl Handle {
         .await
         .unwrap_or_else(|_| Err(anyhow::anyhow!("timed out")));
         if let Err(e) = withdrawn {
-            tracing::warn!(error = %format!("{e:#}"), "withdrawing the candidate failed; the arbiter will find it unresponsive");
+            tracing::warn!(error = %format!("{e:#}"), "withdrawing the candidate failed; the arbiter will find it unresponsive (if it renewed in the last seconds, only once it is elected and lets the lease expire)");
         }
         if let Err(e) = &released {
             tracing::warn!(error = %e, "releasing the lease failed; it will expire");

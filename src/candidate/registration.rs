@@ -25,7 +25,7 @@ const REFRESH: Duration = Duration::from_secs(30);
 /// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
 ///
 /// While the API server cannot be reached (connection refused or reset, a timeout, 5xx, 429),
-/// it retries with backoff ([`crate::client::reconnect_backoff`]: 0.5 s doubling to 2 s, jittered)
+/// it retries with backoff ([`crate::client::reconnect_backoff`]: 0.5 s doubling to 2 s, each jittered up to twice itself)
 /// and logs each attempt; anything the API server refuses outright (no CRD, no RBAC, an invalid
 /// candidate, a changed leaseName) fails at once.
 pub async fn register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {

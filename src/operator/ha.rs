@@ -4,9 +4,9 @@
 //! that has not renewed for the renew deadline (on its monotonic clock) gives up by exiting the
 //! process. Others take over only after the record has been unchanged for the lease duration on
 //! *their* monotonic clock, or at once when the holder released it (on SIGTERM). That silence is
-//! counted only while the standby could read the Lease: one that could not reach the API server
-//! for longer than the renew deadline starts counting again from its next read, which leaves
-//! the active replica, cut off the same way, the time to resume (below).
+//! counted only while the standby could read the Lease ([`Silence`]): a time it could not
+//! reach the API server for longer than the renew deadline does not count, which leaves the
+//! active replica, cut off the same way, the time to resume (below).
 //!
 //! The renew deadline counts from when the last successful renew was **sent**, not from when its
 //! answer came back, and each renew is cut off at the deadline: an answer delayed by a slow or
@@ -60,12 +60,51 @@ pub struct Elector {
 /// What a standby replica has seen of the Lease.
 #[derive(Default)]
 struct Observed {
-    /// The Lease's record (or "missing") and when this replica first saw it so.
-    seen: Option<(String, Instant)>,
+    silence: Silence,
     /// Whether it ever saw the Lease exist.
     ever_seen: bool,
-    /// When it last read the Lease.
-    last_read: Option<Instant>,
+}
+
+/// How long a standby has seen the Lease's record unchanged, counting only the time it could
+/// read it: an interval between two answers counts only if the second read was sent within the
+/// renew deadline of the first answer. A longer gap (most likely an API server restart, in
+/// which the active replica may have stopped writing only to resume once the server is back)
+/// adds nothing, and takes nothing away: a standby whose reads fail now and then still gets
+/// there. Intervals run from answer to answer, so the count never exceeds the time since the
+/// record was first seen in an answer.
+#[derive(Default)]
+struct Silence {
+    /// The record (or "missing") and how long it has been seen unchanged.
+    record: Option<(String, Duration)>,
+    /// When the last successful read answered.
+    last_answer: Option<Instant>,
+}
+
+impl Silence {
+    /// A read sent at `asked` answered at `answered` with `record`; returns how long the
+    /// record has now been seen unchanged.
+    fn observe(
+        &mut self,
+        record: String,
+        asked: Instant,
+        answered: Instant,
+        gap: Duration,
+    ) -> Duration {
+        let quiet = match (self.last_answer, &mut self.record) {
+            (Some(last), Some((seen, quiet))) if *seen == record => {
+                if asked.saturating_duration_since(last) <= gap {
+                    *quiet += answered.saturating_duration_since(last);
+                }
+                *quiet
+            }
+            _ => {
+                self.record = Some((record, Duration::ZERO));
+                Duration::ZERO
+            }
+        };
+        self.last_answer = Some(answered);
+        quiet
+    }
 }
 
 /// What an acquire attempt did.
@@ -149,39 +188,26 @@ impl Elector {
     }
 
     async fn try_acquire(&self, observed: &mut Observed) -> anyhow::Result<Acquired> {
+        let asked = Instant::now();
         let current = self.store.get(&self.name).await?;
-        let now = Instant::now();
-        // Silence counts only while this replica could see the Lease: after it could not read
-        // it for longer than the renew deadline (an API server restart, most likely, in which
-        // the active replica may have stopped writing only to resume once the server is back),
-        // the count starts again from this read.
-        if observed
-            .last_read
-            .is_none_or(|t| now - t > self.timings.renew_deadline)
-        {
-            observed.seen = None;
-        }
-        observed.last_read = Some(now);
-        let Observed {
-            seen, ever_seen, ..
-        } = observed;
-        // How long the Lease has looked like this (missing included), on this clock.
+        // How long the Lease has looked like this (missing included), on this clock, counted
+        // while this replica could read it ([`Silence`]).
         let fingerprint = match &current {
             None => "missing".to_string(),
             Some(l) => serde_json::to_string(&l.spec)?,
         };
-        let first_seen = match seen {
-            Some((f, t)) if *f == fingerprint => *t,
-            _ => {
-                *seen = Some((fingerprint, now));
-                now
-            }
-        };
+        let unchanged_for = observed.silence.observe(
+            fingerprint,
+            asked,
+            Instant::now(),
+            self.timings.renew_deadline,
+        );
+        let ever_seen = &mut observed.ever_seen;
         // A full duration of silence, judged with the longest duration either side knows: a
         // deleted Lease, a holder cleared by hand, or a lowered duration do not shorten it.
         let quiet = |l: Option<&Lease>| {
             let written = l.and_then(lease::duration).unwrap_or_default();
-            now - first_seen >= written.max(self.timings.lease_duration)
+            unchanged_for >= written.max(self.timings.lease_duration)
         };
         let existed = *ever_seen;
         *ever_seen |= current.is_some();
@@ -366,5 +392,78 @@ impl Elector {
         self.store.replace(&l).await?;
         tracing::info!(lease = %l.name_any(), "released operator lease");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GAP: Duration = Duration::from_secs(10);
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn silence_counts_from_answer_to_answer_while_reads_go_through() {
+        let (t0, mut s) = (Instant::now(), Silence::default());
+        assert_eq!(s.observe("a".into(), t0, t0 + secs(1), GAP), secs(0));
+        assert_eq!(
+            s.observe("a".into(), t0 + secs(3), t0 + secs(4), GAP),
+            secs(3)
+        );
+        assert_eq!(
+            s.observe("a".into(), t0 + secs(6), t0 + secs(7), GAP),
+            secs(6)
+        );
+        assert_eq!(
+            s.observe("b".into(), t0 + secs(9), t0 + secs(10), GAP),
+            secs(0),
+            "a changed record starts again"
+        );
+    }
+
+    #[test]
+    fn a_gap_longer_than_the_renew_deadline_adds_nothing_and_takes_nothing_away() {
+        let (t0, mut s) = (Instant::now(), Silence::default());
+        s.observe("a".into(), t0, t0, GAP);
+        assert_eq!(
+            s.observe("a".into(), t0 + secs(2), t0 + secs(2), GAP),
+            secs(2)
+        );
+        // Unreachable for 20 s (an API server restart): the active replica may resume.
+        assert_eq!(
+            s.observe("a".into(), t0 + secs(22), t0 + secs(22), GAP),
+            secs(2)
+        );
+        assert_eq!(
+            s.observe("a".into(), t0 + secs(24), t0 + secs(24), GAP),
+            secs(4)
+        );
+    }
+
+    #[test]
+    fn a_slow_answer_counts_up_to_the_answer_only() {
+        let (t0, mut s) = (Instant::now(), Silence::default());
+        s.observe("a".into(), t0, t0 + secs(9), GAP);
+        assert_eq!(
+            s.observe("a".into(), t0 + secs(11), t0 + secs(12), GAP),
+            secs(3),
+            "from the first answer, not from when the first read was sent"
+        );
+    }
+
+    #[test]
+    fn a_standby_whose_reads_fail_now_and_then_still_gets_there() {
+        let (t0, mut s) = (Instant::now(), Silence::default());
+        let mut at = t0;
+        let mut quiet = s.observe("a".into(), at, at, GAP);
+        // Every third read times out (a 10 s timeout, then the 2 s retry period).
+        for i in 0..30 {
+            at += if i % 3 == 2 { secs(14) } else { secs(2) };
+            quiet = s.observe("a".into(), at, at, GAP);
+        }
+        assert!(quiet >= secs(15), "{quiet:?}");
     }
 }

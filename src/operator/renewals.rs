@@ -5,8 +5,9 @@
 //! changed `renewTime`, or created the candidate; not a relist, which may deliver writes of long
 //! ago), the arbiter notes when, on its monotonic clock. For the ack validity (10 s) after that,
 //! the candidate counts as alive without a ping, as if it had answered one: provided its
-//! `renewTime` is also that recent on the arbiter's own clock, so that a watch which delivered
-//! an old write late does not pass for a fresh one.
+//! `renewTime` is also that recent on the arbiter's own clock and not ahead of it by more than
+//! [`AHEAD`], so that a watch which delivered an old write late does not pass for a fresh one
+//! (a candidate whose clock runs further ahead is simply pinged).
 //!
 //! This saves the pings of a first election (every candidate just registered), and of any
 //! election among candidates that refreshed lately. It decides nothing about safety: a
@@ -22,6 +23,9 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::api::LeaseCandidate;
+
+/// How far ahead of the arbiter's clock a `renewTime` may be and still count.
+pub const AHEAD: Duration = Duration::from_secs(1);
 
 /// A candidate's last seen `renewTime`, and when the arbiter saw it written, if it saw that
 /// live.
@@ -67,6 +71,14 @@ impl Renewals {
             .remove(&(c.namespace().unwrap_or_default(), c.name_any()));
     }
 
+    /// Keeps only the candidates `exists` knows (after a relist, which reports no deletions).
+    pub fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
+        self.0
+            .lock()
+            .unwrap()
+            .retain(|(ns, name), _| exists(ns, name));
+    }
+
     /// Whether `name` renewed on its own within `window`, by both clocks: the arbiter saw the
     /// write live within `window` on its monotonic clock, and the `renewTime` it wrote is
     /// within `window` of `now` on the arbiter's wall clock.
@@ -83,8 +95,10 @@ fn lately(s: &Seen, at: Instant, now: Timestamp, window: Duration) -> bool {
     let (Some(renew), Some(live_at)) = (s.renew, s.live_at) else {
         return false;
     };
-    let age = now.duration_since(renew).unsigned_abs();
-    at.saturating_duration_since(live_at) <= window && age <= window
+    let age = now.duration_since(renew);
+    let recent = age <= jiff::SignedDuration::try_from(window).unwrap_or(jiff::SignedDuration::MAX)
+        && age >= -jiff::SignedDuration::try_from(AHEAD).unwrap_or_default();
+    at.saturating_duration_since(live_at) <= window && recent
 }
 
 #[cfg(test)]
@@ -118,10 +132,15 @@ mod tests {
             !lately(&s, t0, later, WINDOW),
             "a renewTime that old on the arbiter's clock (an event delivered late)"
         );
-        let earlier = now - jiff::SignedDuration::from_secs(11);
+        let slightly_behind = now - jiff::SignedDuration::from_millis(900);
         assert!(
-            !lately(&s, t0, earlier, WINDOW),
-            "a renewTime that far ahead of the arbiter's clock"
+            lately(&s, t0, slightly_behind, WINDOW),
+            "a renewTime less than a second ahead of the arbiter's clock"
+        );
+        let behind = now - jiff::SignedDuration::from_secs(2);
+        assert!(
+            !lately(&s, t0, behind, WINDOW),
+            "a renewTime two seconds ahead of the arbiter's clock"
         );
     }
 

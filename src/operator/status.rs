@@ -55,18 +55,13 @@ pub fn conditions(
             format!("holds lease {} at term {}", facts.lease, facts.term),
             generation,
         ),
-        Some(h) => cond(
+        // Not who holds it, nor whether anyone does: every candidate's status would be
+        // rewritten at every election, when only the old and the new holder's changed.
+        _ => cond(
             LEADER,
             false,
             "NotHolder",
-            format!("lease {} is held by {h}", facts.lease),
-            generation,
-        ),
-        None => cond(
-            LEADER,
-            false,
-            "NoHolder",
-            format!("lease {} has no holder", facts.lease),
+            format!("does not hold lease {}", facts.lease),
             generation,
         ),
     };

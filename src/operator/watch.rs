@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
@@ -141,6 +141,7 @@ pub fn watch_all(
     let e = enqueue.clone();
     let log = caches.incarnations.clone();
     let renewals = caches.renewals.clone();
+    let listed_candidates = caches.candidates.clone();
     let index = caches.by_lease.clone();
     let followed = pods.clone();
     let candidate_events = watcher(
@@ -164,6 +165,15 @@ pub fn watch_all(
                 log.forget(c);
                 renewals.forget(c);
                 index.remove(c);
+            }
+            // A relist reports no deletions: forget what it no longer lists (the store is
+            // replaced before this runs).
+            watcher::Event::InitDone => {
+                renewals.retain(|ns, name| {
+                    listed_candidates
+                        .get(&ObjectRef::new(name).within(ns))
+                        .is_some()
+                });
             }
             _ => {}
         }
@@ -206,8 +216,11 @@ pub fn watch_all(
     );
     let pod_events = futures::stream::once(listed).flat_map(move |()| {
         let (pods, all_candidates, on_pod) = (pods.clone(), all_candidates.clone(), on_pod.clone());
+        // Pods and workloads keep kube-runtime's backoff (up to 30 s): relisting every pod in
+        // the cluster every few seconds would weigh on an API server that is struggling, and
+        // elections after a restart need the candidates and Leases, not these.
         watcher(pod_watch_api.clone(), watcher::Config::default())
-            .backoff(crate::client::reconnect_backoff())
+            .default_backoff()
             .map(move |ev| {
                 let ev = ev?;
                 let listed = matches!(ev, watcher::Event::InitDone);
@@ -285,7 +298,7 @@ where
 {
     let (annotated, pods) = (caches.workloads.clone(), caches.pods.clone());
     watcher(api, watcher::Config::default())
-        .backoff(crate::client::reconnect_backoff())
+        .default_backoff()
         .reflect(writer)
         .map(move |ev| {
             let ev = ev?;
