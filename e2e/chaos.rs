@@ -340,6 +340,8 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         Api::namespaced(client.clone(), NS);
     let mut rng = Rng(seed);
     let mut leaderless: BTreeMap<Fault, Vec<f64>> = BTreeMap::new();
+    // For kube-apiserver and etcd restarts: the leaderless time minus the outage itself.
+    let mut beyond_outage: BTreeMap<Fault, Vec<f64>> = BTreeMap::new();
     let mut paused: Vec<(String, f64, f64)> = Vec::new();
     let mut slow_recoveries = 0;
 
@@ -544,6 +546,12 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             .map(|n| (n - last_old).max(0.0))
             .unwrap_or(0.0);
         leaderless.entry(fault).or_default().push(gap);
+        if matches!(fault, Fault::RestartApiserver | Fault::RestartEtcd) {
+            beyond_outage
+                .entry(fault)
+                .or_default()
+                .push(gap - (healed - t0));
+        }
         let recovered_in = resumed.map(|r| r - healed);
         // A kube-apiserver or etcd restart also makes the active operator fail over (it cannot
         // renew its own lease meanwhile), so its bound adds the operator's HA lease duration.
@@ -597,19 +605,29 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
     println!(
         "  trials without a workload for more than lease + 2 s after healing: {slow_recoveries}"
     );
+    let print = |per_fault: &BTreeMap<Fault, Vec<f64>>| {
+        for (fault, gaps) in per_fault {
+            let mut g = gaps.clone();
+            g.sort_by(|a, b| a.total_cmp(b));
+            let p = |q: f64| g[((g.len() - 1) as f64 * q).round() as usize];
+            let name = format!("{fault:?}");
+            println!(
+                "    {name:<18} n={:<4} p50={:<6.2} p95={:<6.2} max={:.2}",
+                g.len(),
+                p(0.5),
+                p(0.95),
+                g[g.len() - 1]
+            );
+        }
+    };
     println!("  leaderless time per fault (s):");
-    for (fault, gaps) in &leaderless {
-        let mut g = gaps.clone();
-        g.sort_by(|a, b| a.total_cmp(b));
-        let p = |q: f64| g[((g.len() - 1) as f64 * q).round() as usize];
-        let name = format!("{fault:?}");
+    print(&leaderless);
+    if !beyond_outage.is_empty() {
         println!(
-            "    {name:<18} n={:<4} p50={:<6.2} p95={:<6.2} max={:.2}",
-            g.len(),
-            p(0.5),
-            p(0.95),
-            g[g.len() - 1]
+            "  leaderless time beyond the outage, for restarts (s; the outage is the restart's"
         );
+        println!("  duration, from the kill to the server answering again):");
+        print(&beyond_outage);
     }
     for a in agents.iter_mut() {
         if let Some(c) = a.child.as_mut() {

@@ -104,14 +104,19 @@ impl LeaseStore {
     }
 
     /// Replaces `lease`, which must carry the resourceVersion it was read at.
+    ///
+    /// Its managed fields are not sent: the API server then keeps the live object's (a cached
+    /// copy may hold them pruned, and sent back they would replace the real ones).
     pub async fn replace(&self, lease: &Lease) -> Result<Lease, CasError> {
         let name = lease.name_any();
         assert!(
             lease.resource_version().is_some(),
             "a Lease replace without resourceVersion is not a CAS"
         );
+        let mut lease = lease.clone();
+        lease.metadata.managed_fields = None;
         self.api
-            .replace(&name, &params(), lease)
+            .replace(&name, &params(), &lease)
             .await
             .map_err(|e| classify(name, e))
     }

@@ -55,6 +55,14 @@ impl IncarnationLog {
             .remove(&(c.namespace().unwrap_or_default(), c.name_any()));
     }
 
+    /// Keeps only the candidates `exists` knows (after a relist, which reports no deletions).
+    pub fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
+        self.0
+            .lock()
+            .unwrap()
+            .retain(|(ns, name), _| exists(ns, name));
+    }
+
     /// The distinct incarnations of `name`, if two processes are using it.
     pub fn duplicate(&self, ns: &str, name: &str) -> Option<Vec<String>> {
         let log = self.0.lock().unwrap();

@@ -9,6 +9,37 @@
 //! state, last state, restart count, container id and readiness.
 
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
+
+/// Keeps of `meta`'s managed fields only who owns which annotation: what
+/// [`crate::lease::written_by_arbiter`] reads (a release, a withdrawal, an incarnation counts
+/// only as arbiter wrote it). Every other field's owner, the operation, the time and the API
+/// version are dropped: on a LeaseCandidate or a Lease they were most of the cached size.
+/// (Never sent back: [`crate::lease::LeaseStore::replace`] leaves managed fields out.)
+pub fn keep_annotation_owners(meta: &mut ObjectMeta) {
+    let Some(entries) = meta.managed_fields.take() else {
+        return;
+    };
+    let kept: Vec<ManagedFieldsEntry> = entries
+        .into_iter()
+        .filter_map(|e| {
+            let annotations = e
+                .fields_v1?
+                .0
+                .get_mut("f:metadata")?
+                .get_mut("f:annotations")?
+                .take();
+            Some(ManagedFieldsEntry {
+                manager: e.manager,
+                fields_v1: Some(FieldsV1(serde_json::json!({
+                    "f:metadata": { "f:annotations": annotations }
+                }))),
+                ..ManagedFieldsEntry::default()
+            })
+        })
+        .collect();
+    meta.managed_fields = (!kept.is_empty()).then_some(kept);
+}
 
 /// Drops from `pod` everything the operator does not read.
 pub fn keep_what_is_read(pod: &mut Pod) {
@@ -140,5 +171,52 @@ mod tests {
             size(&full)
         );
         assert!(slim.metadata.annotations.is_none() && slim.metadata.managed_fields.is_none());
+    }
+
+    #[test]
+    fn annotation_owners_are_all_that_is_kept_of_managed_fields() {
+        use crate::lease::{RELEASED_BY_ANNOTATION, written_by_arbiter};
+        let mut meta: ObjectMeta = serde_json::from_value(serde_json::json!({
+            "name": "l",
+            "managedFields": [
+                {"manager": "arbiter", "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
+                 "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:metadata": {"f:annotations": {(format!("f:{RELEASED_BY_ANNOTATION}")): {}},
+                                             "f:labels": {"f:arbiter.dev/managed": {}}},
+                              "f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}}},
+                {"manager": "kubectl-annotate", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:metadata": {"f:annotations": {"f:example.com/note": {}}}}},
+                {"manager": "kubectl-edit", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:leaseDurationSeconds": {}}}},
+            ],
+        }))
+        .unwrap();
+        let before = meta.clone();
+        keep_annotation_owners(&mut meta);
+        for key in [
+            RELEASED_BY_ANNOTATION,
+            "example.com/note",
+            "example.com/other",
+        ] {
+            assert_eq!(
+                written_by_arbiter(&meta, key),
+                written_by_arbiter(&before, key),
+                "{key}"
+            );
+        }
+        assert!(written_by_arbiter(&meta, RELEASED_BY_ANNOTATION));
+        let kept = meta.managed_fields.as_ref().unwrap();
+        assert_eq!(
+            kept.len(),
+            2,
+            "the entry that owns no annotation is dropped"
+        );
+        let text = serde_json::to_string(kept).unwrap();
+        for gone in ["f:spec", "f:labels", "time", "operation", "apiVersion"] {
+            assert!(!text.contains(gone), "{gone} kept: {text}");
+        }
+        let mut none = ObjectMeta::default();
+        keep_annotation_owners(&mut none);
+        assert_eq!(none.managed_fields, None);
     }
 }

@@ -200,16 +200,21 @@ pub fn conditions(
 }
 
 /// `desired` with the transition times of unchanged conditions carried over from `current`;
-/// `None` if nothing but those times would change.
+/// `None` if nothing but those times, or the generation they were observed at, would change.
+///
+/// The generation alone is not worth a write: `pingTime` and `renewTime` are in the spec (as
+/// upstream's LeaseCandidate has them), so every ping, every answer and every refresh of the
+/// candidate bumps it. Writing the status for each would triple the status writes of an
+/// election and add one per candidate at every refresh (every 30 s). `observedGeneration` is
+/// therefore the generation at which a condition last changed; a change of version or strategy
+/// changes a condition (or not, and then there is nothing to report).
 pub fn merge(current: &[Condition], mut desired: Vec<Condition>) -> Option<Vec<Condition>> {
     let mut changed = current.len() != desired.len();
     for d in &mut desired {
         match current.iter().find(|c| c.type_ == d.type_) {
             Some(c) if c.status == d.status => {
                 d.last_transition_time = c.last_transition_time.clone();
-                changed |= c.reason != d.reason
-                    || c.message != d.message
-                    || c.observed_generation != d.observed_generation;
+                changed |= c.reason != d.reason || c.message != d.message;
             }
             _ => changed = true,
         }
@@ -222,4 +227,50 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions
         .iter()
         .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leader(holds: bool, generation: i64) -> Vec<Condition> {
+        let (reason, message) = if holds {
+            ("Holder", "holds lease l at term 1")
+        } else {
+            ("NotHolder", "does not hold lease l")
+        };
+        vec![cond(
+            LEADER,
+            holds,
+            reason,
+            message.into(),
+            Some(generation),
+        )]
+    }
+
+    #[test]
+    fn a_new_generation_alone_writes_nothing() {
+        // A ping, its answer, a refresh: each bumps the generation.
+        assert_eq!(merge(&leader(false, 1), leader(false, 4)), None);
+    }
+
+    #[test]
+    fn a_changed_condition_is_written_with_the_current_generation() {
+        let merged = merge(&leader(false, 1), leader(true, 4)).expect("a change");
+        assert_eq!(merged[0].observed_generation, Some(4));
+        assert_eq!(merged[0].status, "True");
+    }
+
+    #[test]
+    fn an_unchanged_status_keeps_its_transition_time() {
+        let mut current = leader(false, 1);
+        current[0].last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
+        let mut desired = leader(false, 2);
+        desired[0].message = "does not hold lease l2".into();
+        let merged = merge(&current, desired).expect("the message changed");
+        assert_eq!(
+            merged[0].last_transition_time,
+            Time(jiff::Timestamp::UNIX_EPOCH)
+        );
+    }
 }

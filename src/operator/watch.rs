@@ -149,6 +149,7 @@ pub fn watch_all(
         watcher::Config::default(),
     )
     .backoff(crate::client::reconnect_backoff())
+    .modify(|c| super::slim::keep_annotation_owners(&mut c.metadata))
     .reflect(cw)
     .map(move |ev| {
         let ev = ev?;
@@ -169,11 +170,13 @@ pub fn watch_all(
             // A relist reports no deletions: forget what it no longer lists (the store is
             // replaced before this runs).
             watcher::Event::InitDone => {
-                renewals.retain(|ns, name| {
+                let listed = |ns: &str, name: &str| {
                     listed_candidates
                         .get(&ObjectRef::new(name).within(ns))
                         .is_some()
-                });
+                };
+                renewals.retain(listed);
+                log.retain(listed);
             }
             _ => {}
         }
@@ -186,6 +189,7 @@ pub fn watch_all(
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
     let lease_events = watcher(api::<Lease>(&client, namespace), managed)
         .backoff(crate::client::reconnect_backoff())
+        .modify(|l| super::slim::keep_annotation_owners(&mut l.metadata))
         .reflect(lw)
         .map(move |ev| {
             for l in touched(ev?) {
@@ -299,6 +303,7 @@ where
     let (annotated, pods) = (caches.workloads.clone(), caches.pods.clone());
     watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(|w| w.managed_fields_mut().clear())
         .reflect(writer)
         .map(move |ev| {
             let ev = ev?;
