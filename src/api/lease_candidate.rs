@@ -106,7 +106,9 @@ pub struct LeaseCandidateStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 
-    /// The `metadata.generation` the conditions were computed from.
+    /// Not set by arbiter (kept so that a value an earlier version wrote can be read and
+    /// removed): `pingTime` and `renewTime` are in the spec, so the generation changes at every
+    /// ping and refresh while the conditions do not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

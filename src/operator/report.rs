@@ -52,7 +52,7 @@ pub(super) async fn report(
             .as_ref()
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
-        let desired = status::conditions(&name, c.meta().generation, decision, &facts);
+        let desired = status::conditions(&name, decision, &facts);
         let Some(conditions) = status::merge(current, desired) else {
             continue;
         };
@@ -106,7 +106,8 @@ pub(super) async fn report(
                 message(&conditions, status::SKEW_VIOLATION),
             ));
         }
-        let patch = json!({ "status": { "conditions": conditions, "observedGeneration": c.meta().generation } });
+        // No observedGeneration (see status::conditions); null removes one an earlier version wrote.
+        let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
         let api = &api;
         updates.push(async move {
             if let Err(e) = api

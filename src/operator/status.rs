@@ -23,37 +23,31 @@ pub struct LeaseFacts<'a> {
     pub overruns: &'a [(String, i32)],
 }
 
-fn cond(
-    type_: &str,
-    ok: bool,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-) -> Condition {
+/// A condition. Without `observedGeneration`: `pingTime` and `renewTime` are in the spec (as
+/// upstream's LeaseCandidate has them), so every ping, every answer and every 30 s refresh bumps
+/// the generation while changing no condition. Carrying it, the status would have to be
+/// rewritten at each (up to three status writes per candidate per election, and one per
+/// candidate every 30 s in steady state), or else fall behind and make `kubectl wait
+/// --for=condition` and kstatus-based health checks wait forever.
+fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
     Condition {
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),
         reason: reason.into(),
         message,
-        observed_generation: generation,
+        observed_generation: None,
         last_transition_time: Time(jiff::Timestamp::now()),
     }
 }
 
 /// The conditions `candidate` should carry.
-pub fn conditions(
-    candidate: &str,
-    generation: Option<i64>,
-    decision: &Decision,
-    facts: &LeaseFacts,
-) -> Vec<Condition> {
+pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> Vec<Condition> {
     let leader = match facts.holder {
         Some(h) if h == candidate => cond(
             LEADER,
             true,
             "Holder",
             format!("holds lease {} at term {}", facts.lease, facts.term),
-            generation,
         ),
         // Not who holds it, nor whether anyone does: every candidate's status would be
         // rewritten at every election, when only the old and the new holder's changed.
@@ -62,19 +56,12 @@ pub fn conditions(
             false,
             "NotHolder",
             format!("does not hold lease {}", facts.lease),
-            generation,
         ),
     };
     let eligible = match decision.standings.get(candidate) {
         // Not the candidate's liveness, which changes with every ping: the condition would be
         // rewritten several times per election for no one's benefit.
-        Some(Standing::Eligible(_)) => cond(
-            ELIGIBLE,
-            true,
-            "Eligible",
-            "can be elected".into(),
-            generation,
-        ),
+        Some(Standing::Eligible(_)) => cond(ELIGIBLE, true, "Eligible", "can be elected".into()),
         Some(Standing::Ineligible(reason)) => {
             let (r, msg) = match reason {
                 Reason::InvalidVersion(e) => ("InvalidVersion", e.to_string()),
@@ -102,15 +89,9 @@ pub fn conditions(
                     ),
                 ),
             };
-            cond(ELIGIBLE, false, r, msg, generation)
+            cond(ELIGIBLE, false, r, msg)
         }
-        None => cond(
-            ELIGIBLE,
-            false,
-            "Unknown",
-            "not considered".into(),
-            generation,
-        ),
+        None => cond(ELIGIBLE, false, "Unknown", "not considered".into()),
     };
     let conflict = match &decision.strategy {
         Resolution::Conflict {
@@ -125,14 +106,12 @@ pub fn conditions(
                 "candidates at binaryVersion {version} declare different strategies ({}); the lease is left unchanged until they agree",
                 strategies.join(", ")
             ),
-            generation,
         ),
         _ => cond(
             STRATEGY_CONFLICT,
             false,
             "NoConflict",
             "strategies agree".into(),
-            generation,
         ),
     };
     let skew = match decision
@@ -148,14 +127,12 @@ pub fn conditions(
                 "binaryVersion {} is more minor versions than allowed from the oldest live {}",
                 v.version, v.oldest
             ),
-            generation,
         ),
         None => cond(
             SKEW_VIOLATION,
             false,
             "WithinSkew",
             "within the allowed version skew".into(),
-            generation,
         ),
     };
     let duplicate = match facts.duplicates.iter().find(|(n, _)| n == candidate) {
@@ -167,14 +144,12 @@ pub fn conditions(
                 "more than one live process uses this identity (incarnations {}): give each replica its own name",
                 incarnations.join(", ")
             ),
-            generation,
         ),
         None => cond(
             DUPLICATE_IDENTITY,
             false,
             "UniqueIdentity",
             "one process uses this identity".into(),
-            generation,
         ),
     };
     let double = match facts.overruns.iter().find(|(n, _)| n == candidate) {
@@ -186,35 +161,29 @@ pub fn conditions(
                 "its workload of term {t} ran past the term's end (the candidate was paused) while the lease moved on (now term {}): two workloads may have run at once; only a resource that checks the fencing token was protected",
                 facts.term
             ),
-            generation,
         ),
         None => cond(
             DOUBLE_HOLDER,
             false,
             "NoOverrun",
             "no workload of this candidate is known to have outlived its term".into(),
-            generation,
         ),
     };
     vec![leader, eligible, conflict, skew, duplicate, double]
 }
 
 /// `desired` with the transition times of unchanged conditions carried over from `current`;
-/// `None` if nothing but those times, or the generation they were observed at, would change.
-///
-/// The generation alone is not worth a write: `pingTime` and `renewTime` are in the spec (as
-/// upstream's LeaseCandidate has them), so every ping, every answer and every refresh of the
-/// candidate bumps it. Writing the status for each would triple the status writes of an
-/// election and add one per candidate at every refresh (every 30 s). `observedGeneration` is
-/// therefore the generation at which a condition last changed; a change of version or strategy
-/// changes a condition (or not, and then there is nothing to report).
+/// `None` if nothing but those times would change. (A condition an earlier version wrote with an
+/// `observedGeneration` is rewritten once without it.)
 pub fn merge(current: &[Condition], mut desired: Vec<Condition>) -> Option<Vec<Condition>> {
     let mut changed = current.len() != desired.len();
     for d in &mut desired {
         match current.iter().find(|c| c.type_ == d.type_) {
             Some(c) if c.status == d.status => {
                 d.last_transition_time = c.last_transition_time.clone();
-                changed |= c.reason != d.reason || c.message != d.message;
+                changed |= c.reason != d.reason
+                    || c.message != d.message
+                    || c.observed_generation != d.observed_generation;
             }
             _ => changed = true,
         }
@@ -233,39 +202,37 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn leader(holds: bool, generation: i64) -> Vec<Condition> {
+    fn leader(holds: bool) -> Vec<Condition> {
         let (reason, message) = if holds {
             ("Holder", "holds lease l at term 1")
         } else {
             ("NotHolder", "does not hold lease l")
         };
-        vec![cond(
-            LEADER,
-            holds,
-            reason,
-            message.into(),
-            Some(generation),
-        )]
+        vec![cond(LEADER, holds, reason, message.into())]
     }
 
     #[test]
-    fn a_new_generation_alone_writes_nothing() {
-        // A ping, its answer, a refresh: each bumps the generation.
-        assert_eq!(merge(&leader(false, 1), leader(false, 4)), None);
+    fn conditions_carry_no_generation_and_the_same_ones_write_nothing() {
+        // A ping, its answer, a refresh: each bumps the generation and changes no condition.
+        assert_eq!(leader(false)[0].observed_generation, None);
+        assert_eq!(merge(&leader(false), leader(false)), None);
+        assert!(merge(&leader(false), leader(true)).is_some());
     }
 
     #[test]
-    fn a_changed_condition_is_written_with_the_current_generation() {
-        let merged = merge(&leader(false, 1), leader(true, 4)).expect("a change");
-        assert_eq!(merged[0].observed_generation, Some(4));
-        assert_eq!(merged[0].status, "True");
+    fn a_generation_an_earlier_version_wrote_is_dropped_once() {
+        let mut old = leader(false);
+        old[0].observed_generation = Some(3);
+        let merged = merge(&old, leader(false)).expect("rewritten without it");
+        assert_eq!(merged[0].observed_generation, None);
+        assert_eq!(merge(&merged, leader(false)), None);
     }
 
     #[test]
     fn an_unchanged_status_keeps_its_transition_time() {
-        let mut current = leader(false, 1);
+        let mut current = leader(false);
         current[0].last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
-        let mut desired = leader(false, 2);
+        let mut desired = leader(false);
         desired[0].message = "does not hold lease l2".into();
         let merged = merge(&current, desired).expect("the message changed");
         assert_eq!(
