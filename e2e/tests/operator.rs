@@ -603,6 +603,20 @@ async fn standby_operator_takes_over_after_sigkill(env: Arc<TestEnv>) {
     );
 }
 
+/// Operator flags: an HA lease of `lease`, renew deadline 3 s, retry every second, identity `id`.
+fn short_ha(lease: &'static str, id: &'static str) -> Vec<&'static str> {
+    vec![
+        "--ha-lease-duration",
+        lease,
+        "--ha-renew-deadline",
+        "3s",
+        "--ha-retry-period",
+        "1s",
+        "--identity",
+        id,
+    ]
+}
+
 /// The active replica is cut off from the API server past its renew deadline, but not for as
 /// long as the HA lease: it stops writing, then, once it can reach the API server again, finds
 /// nobody wrote its lease meanwhile and resumes, with what it remembers, instead of a standby
@@ -614,18 +628,7 @@ async fn a_briefly_cut_off_operator_resumes_without_a_failover(env: Arc<TestEnv>
     let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
     let proxied = proxy.kubeconfig(&env.kubeconfig, dir.path());
     // HA lease 10 s, renew deadline 3 s: a cut of 4 s passes the deadline, not the lease.
-    let timings = |id: &'static str| {
-        vec![
-            "--ha-lease-duration",
-            "10s",
-            "--ha-renew-deadline",
-            "3s",
-            "--ha-retry-period",
-            "1s",
-            "--identity",
-            id,
-        ]
-    };
+    let timings = |id| short_ha("10s", id);
     let mut a = Operator::start_with(&proxied, &env.ns, &timings("brief-a"));
     let a_id = eventually("the proxied operator to be active", DEADLINE, || async {
         ha_holder(&env).await.filter(|h| h.starts_with("brief-a-"))
@@ -682,18 +685,7 @@ async fn an_outage_seen_by_both_replicas_is_ridden_out_by_the_active_one(env: Ar
         proxy_b.kubeconfig(&env.kubeconfig, &dir_b),
     );
     // HA lease 6 s, renew deadline 3 s: the outage (8 s) outlasts both.
-    let timings = |id: &'static str| {
-        vec![
-            "--ha-lease-duration",
-            "6s",
-            "--ha-renew-deadline",
-            "3s",
-            "--ha-retry-period",
-            "1s",
-            "--identity",
-            id,
-        ]
-    };
+    let timings = |id| short_ha("6s", id);
     let mut a = Operator::start_with(&via_a, &env.ns, &timings("both-a"));
     let a_id = eventually("the first replica to be active", DEADLINE, || async {
         ha_holder(&env).await.filter(|h| h.starts_with("both-a-"))

@@ -6,12 +6,11 @@
 //! returns to a value it had (A, B, A) within a short window. The log is fed by the candidate
 //! watch, which sees every update in order.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
+use super::index::PerCandidate;
 use crate::api::LeaseCandidate;
 use crate::lease::INCARNATION_ANNOTATION;
 
@@ -22,7 +21,7 @@ type Stamps = Vec<(String, Instant)>;
 
 /// The recent incarnation stamps of every candidate, by (namespace, name).
 #[derive(Clone, Default)]
-pub struct IncarnationLog(Arc<Mutex<HashMap<(String, String), Stamps>>>);
+pub struct IncarnationLog(PerCandidate<Stamps>);
 
 impl IncarnationLog {
     /// Records the stamp on `c` (from a watch event).
@@ -39,7 +38,7 @@ impl IncarnationLog {
     }
 
     fn record_at(&self, ns: &str, name: &str, inc: &str, at: Instant) {
-        let mut log = self.0.lock().unwrap();
+        let mut log = self.0.lock();
         let seen = log.entry((ns.to_string(), name.to_string())).or_default();
         seen.retain(|(_, t)| at.saturating_duration_since(*t) < WINDOW);
         if seen.last().map(|(i, _)| i.as_str()) != Some(inc) {
@@ -49,23 +48,17 @@ impl IncarnationLog {
 
     /// Forgets a deleted candidate.
     pub fn forget(&self, c: &LeaseCandidate) {
-        self.0
-            .lock()
-            .unwrap()
-            .remove(&(c.namespace().unwrap_or_default(), c.name_any()));
+        self.0.forget(c);
     }
 
     /// Keeps only the candidates `exists` knows (after a relist, which reports no deletions).
     pub fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
-        self.0
-            .lock()
-            .unwrap()
-            .retain(|(ns, name), _| exists(ns, name));
+        self.0.retain(exists);
     }
 
     /// The distinct incarnations of `name`, if two processes are using it.
     pub fn duplicate(&self, ns: &str, name: &str) -> Option<Vec<String>> {
-        let log = self.0.lock().unwrap();
+        let log = self.0.lock();
         let seen = log.get(&(ns.to_string(), name.to_string()))?;
         let returned = seen
             .iter()

@@ -16,6 +16,39 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::queue::LeaseKey;
 use crate::api::LeaseCandidate;
 
+/// Something the watch keeps per candidate, by (namespace, name), shared with the workers.
+pub struct PerCandidate<T>(Arc<Mutex<HashMap<(String, String), T>>>);
+
+impl<T> Clone for PerCandidate<T> {
+    fn clone(&self) -> Self {
+        PerCandidate(self.0.clone())
+    }
+}
+
+impl<T> Default for PerCandidate<T> {
+    fn default() -> Self {
+        PerCandidate(Arc::default())
+    }
+}
+
+impl<T> PerCandidate<T> {
+    /// The map, locked.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), T>> {
+        self.0.lock().unwrap()
+    }
+
+    /// Forgets a deleted candidate.
+    pub fn forget(&self, c: &LeaseCandidate) {
+        self.lock()
+            .remove(&(c.namespace().unwrap_or_default(), c.name_any()));
+    }
+
+    /// Keeps only the candidates `exists` knows (after a relist, which reports no deletions).
+    pub fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
+        self.lock().retain(|(ns, name), _| exists(ns, name));
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct CandidateIndex(Arc<Mutex<Inner>>);
 

@@ -15,13 +15,12 @@
 //! answering a ping may, and its lease then expires. The stricter checks still need an answer
 //! to a ping sent after the fact: the target of a handover, the next holder after a release.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::index::PerCandidate;
 use crate::api::LeaseCandidate;
 
 /// How far ahead of the arbiter's clock a `renewTime` may be and still count.
@@ -37,7 +36,7 @@ struct Seen {
 
 /// When each candidate was last seen renewing, by (namespace, name).
 #[derive(Clone, Default)]
-pub struct Renewals(Arc<Mutex<HashMap<(String, String), Seen>>>);
+pub struct Renewals(PerCandidate<Seen>);
 
 impl Renewals {
     /// A candidate from the watch: `live` for an event as it happened, not for a (re)list.
@@ -52,7 +51,7 @@ impl Renewals {
     }
 
     fn observe_at(&self, key: (String, String), renew: Option<Timestamp>, live: bool, at: Instant) {
-        let mut seen = self.0.lock().unwrap();
+        let mut seen = self.0.lock();
         let before = seen.get(&key).copied();
         let live_at = match before {
             // Unchanged: whatever was known (a relist of a write seen live keeps it).
@@ -65,25 +64,19 @@ impl Renewals {
 
     /// Forgets a deleted candidate.
     pub fn forget(&self, c: &LeaseCandidate) {
-        self.0
-            .lock()
-            .unwrap()
-            .remove(&(c.namespace().unwrap_or_default(), c.name_any()));
+        self.0.forget(c);
     }
 
     /// Keeps only the candidates `exists` knows (after a relist, which reports no deletions).
     pub fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
-        self.0
-            .lock()
-            .unwrap()
-            .retain(|(ns, name), _| exists(ns, name));
+        self.0.retain(exists);
     }
 
     /// Whether `name` renewed on its own within `window`, by both clocks: the arbiter saw the
     /// write live within `window` on its monotonic clock, and the `renewTime` it wrote is
     /// within `window` of `now` on the arbiter's wall clock.
     pub fn lately(&self, namespace: &str, name: &str, now: Timestamp, window: Duration) -> bool {
-        let seen = self.0.lock().unwrap();
+        let seen = self.0.lock();
         let Some(s) = seen.get(&(namespace.to_string(), name.to_string())) else {
             return false;
         };
@@ -112,7 +105,7 @@ mod tests {
     }
 
     fn seen(r: &Renewals) -> Seen {
-        *r.0.lock().unwrap().get(&key()).unwrap()
+        *r.0.lock().get(&key()).unwrap()
     }
 
     #[test]
