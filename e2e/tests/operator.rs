@@ -603,6 +603,21 @@ async fn standby_operator_takes_over_after_sigkill(env: Arc<TestEnv>) {
     );
 }
 
+/// Waits until `standby` has read the operator's HA lease.
+async fn watching_the_operator_lease(standby: &Operator) {
+    eventually(
+        "the standby to watch the operator lease",
+        DEADLINE,
+        || async {
+            standby
+                .logs()
+                .contains("watching the operator lease")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Operator flags: an HA lease of `lease`, renew deadline 3 s, retry every second, identity `id`.
 fn short_ha(lease: &'static str, id: &'static str) -> Vec<&'static str> {
     vec![
@@ -635,16 +650,7 @@ async fn a_briefly_cut_off_operator_resumes_without_a_failover(env: Arc<TestEnv>
     })
     .await;
     let b = Operator::start(&env, &timings("brief-b"));
-    eventually(
-        "the standby to watch the operator lease",
-        DEADLINE,
-        || async {
-            b.logs()
-                .contains("watching the operator lease")
-                .then_some(())
-        },
-    )
-    .await;
+    watching_the_operator_lease(&b).await;
     proxy.cut();
     eventually("the cut-off replica to stop writing", DEADLINE, || async {
         a.logs().contains("stopped writing").then_some(())
@@ -692,16 +698,7 @@ async fn an_outage_seen_by_both_replicas_is_ridden_out_by_the_active_one(env: Ar
     })
     .await;
     let b = Operator::start_with(&via_b, &env.ns, &timings("both-b"));
-    eventually(
-        "the standby to watch the operator lease",
-        DEADLINE,
-        || async {
-            b.logs()
-                .contains("watching the operator lease")
-                .then_some(())
-        },
-    )
-    .await;
+    watching_the_operator_lease(&b).await;
     proxy_a.cut();
     proxy_b.cut();
     let cut = Instant::now();
