@@ -557,14 +557,8 @@ async fn a_container_sharing_its_pid_namespace_waits_for_expiry(env: Arc<TestEnv
     create::<Pod>(&env, pod).await;
     let first = wait_for_holder(&env, "job", "job-a", DEADLINE).await;
     let leases: Api<Lease> = env.api();
-    // The agent took the term (its renew wrote the incarnation), then is killed.
-    eventually("job-a to take its term", DEADLINE, || async {
-        let l = leases.get("job").await.ok()?;
-        l.annotations()
-            .contains_key(arbiter::lease::INCARNATION_ANNOTATION)
-            .then_some(())
-    })
-    .await;
+    // The agent took the term, then is killed.
+    took_term(&env, arbiter::lease::term(&first)).await;
     kill_agent(&env, "job-a").await;
     // The container restarts with no message of the agent's; the next term comes from expiry.
     let pods: Api<Pod> = env.api();
@@ -587,11 +581,17 @@ async fn a_container_sharing_its_pid_namespace_waits_for_expiry(env: Arc<TestEnv
     })
     .await;
     assert_eq!(arbiter::lease::holder(&next), Some("job-a"));
-    let metrics = op.http_get("/metrics").await;
-    assert!(
-        metrics.contains(r#"arbiter_leader_changes_total{reason="expired"} 1"#),
-        "{metrics}"
-    );
+    // (Counted right after the Lease write, which the poll above may see first.)
+    let metrics = eventually(
+        "the leader change counted as an expiry",
+        DEADLINE,
+        || async {
+            let m = op.http_get("/metrics").await;
+            m.contains(r#"arbiter_leader_changes_total{reason="expired"} 1"#)
+                .then_some(m)
+        },
+    )
+    .await;
     assert!(
         !metrics.contains(r#"reason="container_restarted""#),
         "{metrics}"
@@ -599,6 +599,23 @@ async fn a_container_sharing_its_pid_namespace_waits_for_expiry(env: Arc<TestEnv
 }
 
 /// Kills the agent (its container's first process) of pod `name`.
+/// Waits until the holder's agent took `term` of lease `job`: its renew wrote its incarnation.
+async fn took_term(env: &TestEnv, term: i32) {
+    let leases: Api<Lease> = env.api();
+    eventually(
+        &format!("the holder to take term {term}"),
+        DEADLINE,
+        || async {
+            let l = leases.get("job").await.ok()?;
+            (arbiter::lease::term(&l) == term
+                && l.annotations()
+                    .contains_key(arbiter::lease::INCARNATION_ANNOTATION))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
 async fn kill_agent(env: &TestEnv, name: &str) {
     container_id(env, name).await;
     let agent = node::first_container_pid(&env.client, &env.ns, &env.kubeconfig, name)
@@ -629,23 +646,19 @@ async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv
     let shared = node::shared_dir();
     let first = restartable_pair(&env, shared.path()).await;
     crate::support::agent::wait_eligible(&env, "job-b").await;
-    // The first crash: the container restarts at once and job-a, the oldest version, leads again.
-    kill_agent(&env, "job-a").await;
     let leases: Api<Lease> = env.api();
     let term = |l: &Lease| arbiter::lease::term(l);
+    // job-a took its term: a process killed before that leaves no proof that it was the one
+    // holding it, and the term runs out instead.
+    took_term(&env, term(&first)).await;
+    // The first crash: the container restarts at once and job-a, the oldest version, leads again.
+    kill_agent(&env, "job-a").await;
     let again = eventually("job-a to lead again", DEADLINE, || async {
         let l = leases.get("job").await.ok()?;
         (term(&l) > term(&first) && arbiter::lease::holder(&l) == Some("job-a")).then_some(l)
     })
     .await;
-    eventually("job-a to take its new term", DEADLINE, || async {
-        let l = leases.get("job").await.ok()?;
-        (term(&l) == term(&again)
-            && l.annotations()
-                .contains_key(arbiter::lease::INCARNATION_ANNOTATION))
-        .then_some(())
-    })
-    .await;
+    took_term(&env, term(&again)).await;
     // The second: the kubelet backs off; job-b gets the lease while job-a's container waits.
     kill_agent(&env, "job-a").await;
     let next = eventually("another holder", Duration::from_secs(40), || async {

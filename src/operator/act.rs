@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::controller::{CONCURRENT_WRITES, HOLDER_POD_ANNOTATION, Worker};
 use super::depose::{self, RESTARTS_ANNOTATION};
+use super::index::owner_pod;
 use super::queue::LeaseKey;
 use super::report::publish;
 use crate::api::LeaseCandidate;
@@ -35,10 +36,19 @@ impl Worker {
         let duration = crate::flags::lease_seconds(self.settings.lease_duration);
         // The new holder's pod: its restarts (to recognise a lapsed holder that never exited)
         // and its uid (to recognise its death even after its candidate is gone).
-        let pod_of_holder = |holder: &str| {
-            let c = candidates.iter().find(|c| c.name_any() == holder)?;
-            self.pod_of(c)
-                .map(|p| (depose::restarts(&p), p.uid().unwrap_or_default()))
+        // A holder whose pod left the cache since the decision is not assigned: a term recorded
+        // without its pod could not be ended by the pod's stop.
+        let pod_of_holder = |holder: &str| -> anyhow::Result<Option<(i64, String)>> {
+            let Some(c) = candidates.iter().find(|c| c.name_any() == holder) else {
+                return Ok(None);
+            };
+            match self.pod_of(c) {
+                Some(p) => Ok(Some((depose::restarts(&p), p.uid().unwrap_or_default()))),
+                None if owner_pod(c).is_some() => {
+                    anyhow::bail!("the pod of {holder} is gone; deciding again")
+                }
+                None => Ok(None),
+            }
         };
         let written = match (&decision.action, lease) {
             (Action::CreateLease { holder, strategy }, _) => {
@@ -53,14 +63,14 @@ impl Worker {
                 });
                 lease::set_strategy(&mut l, strategy);
                 if let Some(holder) = holder {
-                    let pod = pod_of_holder(holder);
+                    let pod = pod_of_holder(holder)?;
                     let term = self.terms.next(&key.namespace, &key.name, None).await?;
                     assign(&mut l, holder, term, duration, pod);
                 }
                 Some(store.create(&l).await?)
             }
             (Action::Assign { holder, .. }, Some(current)) => {
-                let pod = pod_of_holder(holder);
+                let pod = pod_of_holder(holder)?;
                 let term = self
                     .terms
                     .next(&key.namespace, &key.name, Some(lease::term(current)))

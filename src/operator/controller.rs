@@ -124,6 +124,19 @@ impl Worker {
         (pod.uid().as_deref() == Some(uid.as_str())).then_some(pod)
     }
 
+    /// Whether `candidate`'s pod, as the caches stand now, can still take a term: running (and,
+    /// for a single-active workload's pod, ready), or no pod at all.
+    fn still_electable(&self, candidate: &LeaseCandidate) -> bool {
+        match pod_state(candidate, &self.caches) {
+            decide::PodState::NoPod => true,
+            decide::PodState::Running if crate::workloads::sync::managed(candidate) => self
+                .pod_of(candidate)
+                .is_some_and(|p| crate::workloads::pod_ready(&p)),
+            decide::PodState::Running => true,
+            _ => false,
+        }
+    }
+
     async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Option<Duration>> {
         let mut candidates = self
             .caches
@@ -231,6 +244,21 @@ impl Worker {
             &rules,
         );
         tracing::debug!(lease = %key, action = ?decision.action, standings = ?decision.standings, "decided");
+        // The decision read the pods at several moments (the workload's pods, each candidate's
+        // pod, the stopped pods): a new holder whose pod stopped meanwhile is not given a term
+        // it cannot take (its pod, gone, would then prove nothing, and the term would run its
+        // full duration); the lease is decided again on the caches as they stand now.
+        if let Action::Assign { holder, .. }
+        | Action::CreateLease {
+            holder: Some(holder),
+            ..
+        } = &decision.action
+            && let Some(c) = candidates.iter().find(|c| c.name_any() == *holder)
+            && !self.still_electable(c)
+        {
+            tracing::debug!(lease = %key, %holder, "the elected candidate's pod stopped while deciding; deciding again");
+            return Ok(Some(Duration::ZERO));
+        }
         let policy = plan
             .as_ref()
             .map(|p| p.workload.on_depose)
@@ -321,6 +349,13 @@ impl Worker {
                 .map(String::as_str);
             self.held
                 .assigned(key, h, lease::term(w), duration, pod_uid, Instant::now());
+            // Counted as soon as the Lease is written, not after the statuses and Events.
+            self.metrics
+                .leader_changes
+                .get_or_create(&super::metrics::ReasonLabels {
+                    reason: term_ended.to_string(),
+                })
+                .inc();
         }
         if candidates.is_empty() && lease_view.is_none() && written.is_none() {
             // Nothing left of this lease: its series go (a deleted lease is not leaderless).
@@ -370,7 +405,6 @@ impl Worker {
             term,
             &duplicates,
             &overruns,
-            term_ended,
         )
         .await;
 

@@ -31,7 +31,6 @@ pub(super) async fn report(
     term: i32,
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
-    term_ended: &str,
 ) {
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
@@ -152,21 +151,6 @@ pub(super) async fn report(
             note,
         )
         .await;
-    }
-    if matches!(
-        decision.action,
-        Action::Assign { .. }
-            | Action::CreateLease {
-                holder: Some(_),
-                ..
-            }
-    ) {
-        metrics
-            .leader_changes
-            .get_or_create(&super::metrics::ReasonLabels {
-                reason: term_ended.to_string(),
-            })
-            .inc();
     }
 }
 

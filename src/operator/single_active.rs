@@ -13,6 +13,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
+use super::index::owner_pod;
 use super::queue::LeaseKey;
 use super::report::publish;
 use super::watch::Caches;
@@ -144,7 +145,9 @@ impl Plan {
             if !managed(c) {
                 continue;
             }
-            match self.pod(&c.name_any()) {
+            // Its own pod only (a pod recreated under the same name is another pod).
+            let own = |p: &&Arc<Pod>| owner_pod(c).is_some_and(|(_, uid)| p.uid() == Some(uid));
+            match self.pod(&c.name_any()).filter(own) {
                 Some(p) if pod_ready(p) => {
                     input.pod = PodState::Running;
                     input.ping_time = Some(now);
