@@ -17,8 +17,9 @@
 //!   memory of an operator watching every namespace.
 //!
 //! `cargo test --release --test bench -- [--only failover|scale|pods] [--runs N] [--leases N,N]
-//! [--unrelated-pods N] [--window SECONDS] [--pods N]`; `ARBITER_OPERATOR_BIN` runs another
-//! build of the operator.
+//! [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]`; `ARBITER_OPERATOR_BIN`
+//! runs another build of the operator; `--concurrency` is passed to the scale bench's operator
+//! (default: the operator's own default).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -57,6 +58,7 @@ fn main() {
     let unrelated: usize = arg("--unrelated-pods")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let concurrency = arg("--concurrency");
     let audit = scale::Audit::prepare();
     // SAFETY: no other thread exists yet.
     unsafe {
@@ -84,7 +86,13 @@ fn main() {
         }
         if only.as_deref().is_none_or(|o| o == "scale") {
             for n in &leases {
-                scale::run(&cluster.kubeconfig, &audit, *n, unrelated, window).await;
+                let setup = scale::Setup {
+                    leases: *n,
+                    unrelated,
+                    window,
+                    concurrency: concurrency.clone(),
+                };
+                scale::run(&cluster.kubeconfig, &audit, &setup).await;
             }
         }
     });

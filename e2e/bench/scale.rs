@@ -178,10 +178,22 @@ fn usage(pid: i32) -> (f64, f64) {
     (ticks / 100.0, hwm_kb / 1024.0)
 }
 
-/// Runs the scale benchmark with `n` leases, counting steady-state requests over `window`.
-/// `unrelated` pods that are not candidates are created first, in a namespace of their own, and
-/// the operator then watches every namespace.
-pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, unrelated: usize, window: Duration) {
+/// One scale run.
+pub struct Setup {
+    /// Leases, each with 3 candidates.
+    pub leases: usize,
+    /// Pods that are not candidates, created first in a namespace of their own; the operator
+    /// then watches every namespace.
+    pub unrelated: usize,
+    /// How long steady-state requests are counted.
+    pub window: Duration,
+    /// The operator's `--concurrency`, if not its default.
+    pub concurrency: Option<String>,
+}
+
+/// Runs the scale benchmark.
+pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
+    let (n, unrelated, window) = (setup.leases, setup.unrelated, setup.window);
     let client = support::client_for(kubeconfig).await;
     arbiter::api::apply_crds(client.clone(), Duration::from_secs(30))
         .await
@@ -197,20 +209,16 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, n: usize, unrelated: usize, w
     }
 
     let lease_duration = format!("{LEASE_SECONDS}s");
+    let mut flags = vec!["--lease-duration", &lease_duration];
+    if let Some(c) = &setup.concurrency {
+        flags.extend(["--concurrency", c]);
+        println!("operator --concurrency {c}");
+    }
     let operator = if unrelated > 0 {
-        Operator::start_args(
-            kubeconfig,
-            &[
-                "--namespace",
-                &ns,
-                "--metrics-address",
-                "127.0.0.1:0",
-                "--lease-duration",
-                &lease_duration,
-            ],
-        )
+        flags.extend(["--namespace", &ns, "--metrics-address", "127.0.0.1:0"]);
+        Operator::start_args(kubeconfig, &flags)
     } else {
-        Operator::start_with(kubeconfig, &ns, &["--lease-duration", &lease_duration])
+        Operator::start_with(kubeconfig, &ns, &flags)
     };
     let fleet = Arc::new(Mutex::new(Fleet::default()));
     let tasks = [
