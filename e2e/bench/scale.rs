@@ -150,6 +150,9 @@ struct Fleet {
     last_renew: HashMap<String, Instant>,
     /// Per lease: every assignment seen (holder, when).
     assignments: HashMap<String, Vec<(String, Instant)>>,
+    /// Per lease: when a renew by its holder completed after the holder was marked dead (it
+    /// was in flight then): the lease expires counting from it.
+    renewed_after_death: HashMap<String, Instant>,
 }
 
 /// CPU seconds and peak RSS (MiB) of a process, from /proc.
@@ -336,7 +339,11 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
                 .get(lease)?
                 .iter()
                 .find(|(h, t)| h != old && *t > failed_at)?;
-            let expiry = *last_renew + Duration::from_secs(LEASE_SECONDS as u64);
+            let last_renew = f
+                .renewed_after_death
+                .get(lease)
+                .map_or(*last_renew, |t| (*t).max(*last_renew));
+            let expiry = last_renew + Duration::from_secs(LEASE_SECONDS as u64);
             out.push((
                 next.1.saturating_duration_since(expiry).as_secs_f64(),
                 (next.1 - failed_at).as_secs_f64(),
@@ -523,7 +530,11 @@ async fn renew_held(client: Client, ns: String, fleet: Arc<Mutex<Fleet>>) {
                     spec.lease_duration_seconds = Some(LEASE_SECONDS);
                     if let Ok(written) = store.replace(&l).await {
                         let mut f = fleet.lock().unwrap();
-                        f.last_renew.insert(written.name_any(), Instant::now());
+                        let now = Instant::now();
+                        if arbiter::lease::holder(&written).is_some_and(|h| f.dead.contains(h)) {
+                            f.renewed_after_death.insert(written.name_any(), now);
+                        }
+                        f.last_renew.insert(written.name_any(), now);
                     }
                 }
             })

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -104,18 +105,34 @@ impl Worker {
                 lease::set_strategy(&mut l, strategy);
                 Some(store.replace(&l).await?)
             }
-            (Action::Ping { candidates }, _) => {
+            (Action::Ping { candidates: pinged }, _) => {
                 let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
-                let ping = json!({ "spec": { "pingTime": lease::now() } });
+                // To the microsecond, as the API server keeps it.
+                let at = jiff::Timestamp::from_microsecond(jiff::Timestamp::now().as_microsecond())
+                    .map(MicroTime)?;
+                let ping = json!({ "spec": { "pingTime": at } });
                 let (api, ping) = (&api, &ping);
-                futures::stream::iter(candidates)
+                let sent = futures::stream::iter(pinged)
                     .map(|name| async move {
                         api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
                             .await
+                            .map(|_| name)
                     })
                     .buffer_unordered(CONCURRENT_WRITES)
-                    .try_collect::<Vec<_>>()
-                    .await?;
+                    .collect::<Vec<_>>()
+                    .await;
+                // Remembered until the cache shows them, so the next reconcile does not ping
+                // again the ones whose ping it has not seen yet.
+                let now = std::time::Instant::now();
+                for name in sent.iter().flatten() {
+                    let read = candidates
+                        .iter()
+                        .find(|c| c.name_any() == **name)
+                        .and_then(|c| c.spec.ping_time.as_ref().map(|t| t.0));
+                    let id = (key.namespace.clone(), name.to_string());
+                    self.pings.record(id, read, Some(at.0), now);
+                }
+                sent.into_iter().collect::<Result<Vec<_>, _>>()?;
                 None
             }
             _ => None,

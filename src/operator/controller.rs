@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
@@ -27,6 +28,7 @@ use super::single_active::{self, Prepared};
 use super::terms::TermLedger;
 use super::view::{Seen, View};
 use super::watch::{Caches, pod_state};
+use super::written::Written;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action};
 use crate::lease;
@@ -61,6 +63,8 @@ pub async fn run(
             timers: HashMap::new(),
             reported: HashSet::new(),
             held: Held::default(),
+            statuses: Written::default(),
+            pings: Written::default(),
         };
         Box::pin(work(index, worker, queue))
     });
@@ -108,6 +112,10 @@ pub(super) struct Worker {
     pub(super) reported: HashSet<(String, String)>,
     /// Each lease's holder as this process last saw or assigned it.
     pub(super) held: Held,
+    /// Candidates' statuses this worker wrote that its cache may not show yet.
+    statuses: Written<Vec<Condition>>,
+    /// Ping times this worker wrote that its cache may not show yet.
+    pub(super) pings: Written<Option<jiff::Timestamp>>,
 }
 
 /// When a lease became leaderless, and when a handover was requested (for metrics).
@@ -181,7 +189,14 @@ impl Worker {
                     .creation_timestamp()
                     .map(|t| t.0)
                     .unwrap_or_else(jiff::Timestamp::now),
-                ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
+                ping_time: {
+                    let cached = c.spec.ping_time.as_ref().map(|t| t.0);
+                    let id = (key.namespace.clone(), c.name_any());
+                    // A ping sent that the cache does not show yet.
+                    self.pings
+                        .current(&id, &cached, Instant::now())
+                        .unwrap_or(cached)
+                },
                 renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
                 renewed_lately: self.caches.renewals.lately(
                     &key.namespace,
@@ -405,6 +420,7 @@ impl Worker {
             term,
             &duplicates,
             &overruns,
+            &mut self.statuses,
         )
         .await;
 

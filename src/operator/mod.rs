@@ -25,6 +25,7 @@ pub mod stopped;
 pub mod terms;
 mod view;
 pub mod watch;
+mod written;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
@@ -12,6 +13,7 @@ use serde_json::json;
 use super::metrics::Metrics;
 use super::queue::LeaseKey;
 use super::status;
+use super::written::Written;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
 
@@ -31,6 +33,7 @@ pub(super) async fn report(
     term: i32,
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
+    written: &mut Written<Vec<Condition>>,
 ) {
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
@@ -44,13 +47,18 @@ pub(super) async fn report(
     };
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
     let mut updates = Vec::new();
+    let now = std::time::Instant::now();
     for c in candidates {
         let name = c.name_any();
-        let current = c
+        let cached = c
             .status
             .as_ref()
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
+        let id = (key.namespace.clone(), name.clone());
+        // What this worker wrote last, if the cache does not show it yet.
+        let mine = written.current(&id, cached, now);
+        let current = mine.as_deref().unwrap_or(cached);
         let desired = status::conditions(&name, decision, &facts);
         let Some(conditions) = status::merge(current, desired) else {
             continue;
@@ -107,24 +115,32 @@ pub(super) async fn report(
         }
         // No observedGeneration (see status::conditions); null removes one an earlier version wrote.
         let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
-        let api = &api;
+        let (api, read) = (&api, cached.to_vec());
         updates.push(async move {
-            if let Err(e) = api
+            let done = match api
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
-            }
+                Ok(_) => Some((id, read, conditions)),
+                Err(e) => {
+                    tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
+                    None
+                }
+            };
             for (type_, reason, note) in events {
                 publish(recorder, &c.object_ref(&()), type_, reason, note).await;
             }
+            done
         });
     }
     // Candidates' statuses are independent of each other: written side by side.
-    futures::stream::iter(updates)
+    let done = futures::stream::iter(updates)
         .buffer_unordered(CONCURRENT_WRITES)
-        .collect::<Vec<()>>()
+        .collect::<Vec<_>>()
         .await;
+    for (id, read, wrote) in done.into_iter().flatten() {
+        written.record(id, read, wrote, now);
+    }
     if let Action::RefuseSwitchover { reason } = &decision.action
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
     {
@@ -154,10 +170,7 @@ pub(super) async fn report(
     }
 }
 
-fn message(
-    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-    type_: &str,
-) -> String {
+fn message(conditions: &[Condition], type_: &str) -> String {
     conditions
         .iter()
         .find(|c| c.type_ == type_)
