@@ -111,26 +111,30 @@ impl Worker {
                 let at = jiff::Timestamp::from_microsecond(jiff::Timestamp::now().as_microsecond())
                     .map(MicroTime)?;
                 let ping = json!({ "spec": { "pingTime": at } });
+                let now = std::time::Instant::now();
+                // Not pinged again while the cache does not show the last ping this worker sent
+                // (its answer is on its way in the same watch).
+                let due: Vec<(&LeaseCandidate, Option<jiff::Timestamp>)> = pinged
+                    .iter()
+                    .filter_map(|name| candidates.iter().find(|c| c.name_any() == *name))
+                    .map(|c| (&**c, c.spec.ping_time.as_ref().map(|t| t.0)))
+                    .filter(|(c, cached)| {
+                        let uid = c.uid().unwrap_or_default();
+                        self.pings.current(&uid, cached, now).is_none()
+                    })
+                    .collect();
                 let (api, ping) = (&api, &ping);
-                let sent = futures::stream::iter(pinged)
-                    .map(|name| async move {
-                        api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
+                let sent = futures::stream::iter(due)
+                    .map(|(c, cached)| async move {
+                        api.patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(ping))
                             .await
-                            .map(|_| name)
+                            .map(|_| (c.uid().unwrap_or_default(), cached))
                     })
                     .buffer_unordered(CONCURRENT_WRITES)
                     .collect::<Vec<_>>()
                     .await;
-                // Remembered until the cache shows them, so the next reconcile does not ping
-                // again the ones whose ping it has not seen yet.
-                let now = std::time::Instant::now();
-                for name in sent.iter().flatten() {
-                    let read = candidates
-                        .iter()
-                        .find(|c| c.name_any() == **name)
-                        .and_then(|c| c.spec.ping_time.as_ref().map(|t| t.0));
-                    let id = (key.namespace.clone(), name.to_string());
-                    self.pings.record(id, read, Some(at.0), now);
+                for (uid, cached) in sent.iter().flatten() {
+                    self.pings.record(uid, *cached, Some(at.0), now);
                 }
                 sent.into_iter().collect::<Result<Vec<_>, _>>()?;
                 None

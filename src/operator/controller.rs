@@ -114,7 +114,7 @@ pub(super) struct Worker {
     pub(super) held: Held,
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     statuses: Written<Vec<Condition>>,
-    /// Ping times this worker wrote that its cache may not show yet.
+    /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
     pub(super) pings: Written<Option<jiff::Timestamp>>,
 }
 
@@ -189,14 +189,7 @@ impl Worker {
                     .creation_timestamp()
                     .map(|t| t.0)
                     .unwrap_or_else(jiff::Timestamp::now),
-                ping_time: {
-                    let cached = c.spec.ping_time.as_ref().map(|t| t.0);
-                    let id = (key.namespace.clone(), c.name_any());
-                    // A ping sent that the cache does not show yet.
-                    self.pings
-                        .current(&id, &cached, Instant::now())
-                        .unwrap_or(cached)
-                },
+                ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
                 renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
                 renewed_lately: self.caches.renewals.lately(
                     &key.namespace,

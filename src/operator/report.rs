@@ -55,9 +55,9 @@ pub(super) async fn report(
             .as_ref()
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
-        let id = (key.namespace.clone(), name.clone());
+        let uid = c.uid().unwrap_or_default();
         // What this worker wrote last, if the cache does not show it yet.
-        let mine = written.current(&id, cached, now);
+        let mine = written.current(&uid, cached, now);
         let current = mine.as_deref().unwrap_or(cached);
         let desired = status::conditions(&name, decision, &facts);
         let Some(conditions) = status::merge(current, desired) else {
@@ -121,7 +121,7 @@ pub(super) async fn report(
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => Some((id, read, conditions)),
+                Ok(_) => Some((uid, read, conditions)),
                 Err(e) => {
                     tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
                     None
@@ -138,8 +138,8 @@ pub(super) async fn report(
         .buffer_unordered(CONCURRENT_WRITES)
         .collect::<Vec<_>>()
         .await;
-    for (id, read, wrote) in done.into_iter().flatten() {
-        written.record(id, read, wrote, now);
+    for (uid, read, wrote) in done.into_iter().flatten() {
+        written.record(&uid, read, wrote, now);
     }
     if let Action::RefuseSwitchover { reason } = &decision.action
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))

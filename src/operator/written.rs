@@ -5,13 +5,16 @@
 //! (the answers to a ping arrive while the other pings and the statuses are being written).
 //! Judged from the cache alone, a status would be written again, with its transition's Event
 //! (`Elected`, `Deposed`, ...) published again, and a candidate pinged again. So the worker
-//! remembers, per candidate, the value it read and the one it wrote: while the cache still shows
-//! the one it read, the one it wrote stands for it. Once the cache shows anything else (the
-//! write, or someone else's), the cache counts again. A memory is kept at most [`KEPT_FOR`], so
-//! a hand edit that puts back exactly the value read before is overlooked no longer than that.
+//! remembers, per candidate (by uid: one recreated under the same name is another), the value
+//! it read and the values it wrote over it since: while the cache still shows the value read,
+//! or one of the earlier values written, the last one written stands for it. Once the cache
+//! shows the last one, or anything else (someone else's write), the cache counts again. A
+//! memory is kept at most [`KEPT_FOR`], so a hand edit that puts back exactly the value read
+//! before is overlooked no longer than that.
 //!
-//! For pings this is also the stricter view: a newer ping time can only turn an acknowledgement
-//! into one still awaited.
+//! Pings use it only to not send a ping again, never as the candidate's ping time: a ping the
+//! cache does not show yet would otherwise age into "unanswered" while its answer is merely
+//! late in the same watch.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -22,13 +25,26 @@ pub const KEPT_FOR: Duration = Duration::from_secs(30);
 
 struct Write<T> {
     read: T,
-    wrote: T,
+    /// Every value written over `read`, the last one last.
+    wrote: Vec<T>,
     at: Instant,
 }
 
-/// Per candidate (namespace, name): the value read and the value written.
+impl<T> Write<T> {
+    /// Whether the cache, showing `cached`, has not caught up with the last write yet.
+    fn behind<Q>(&self, cached: &Q) -> bool
+    where
+        T: Borrow<Q>,
+        Q: PartialEq + ?Sized,
+    {
+        let earlier = &self.wrote[..self.wrote.len().saturating_sub(1)];
+        self.read.borrow() == cached || earlier.iter().any(|w| w.borrow() == cached)
+    }
+}
+
+/// Per candidate uid: the value read and the values written since.
 pub struct Written<T> {
-    writes: HashMap<(String, String), Write<T>>,
+    writes: HashMap<String, Write<T>>,
     prune_at: usize,
 }
 
@@ -42,36 +58,41 @@ impl<T> Default for Written<T> {
 }
 
 impl<T: Clone> Written<T> {
-    /// The value this worker wrote, while `cached` is still what it read before writing it;
-    /// `None` when the cache counts.
-    pub fn current<Q>(
-        &mut self,
-        candidate: &(String, String),
-        cached: &Q,
-        now: Instant,
-    ) -> Option<T>
+    /// The last value this worker wrote, while the cache, showing `cached`, has not caught up
+    /// with it; `None` when the cache counts.
+    pub fn current<Q>(&mut self, uid: &str, cached: &Q, now: Instant) -> Option<T>
     where
         T: Borrow<Q>,
         Q: PartialEq + ?Sized,
     {
-        let w = self.writes.get(candidate)?;
-        if w.read.borrow() == cached && now.saturating_duration_since(w.at) < KEPT_FOR {
-            return Some(w.wrote.clone());
+        let w = self.writes.get(uid)?;
+        if w.behind(cached) && now.saturating_duration_since(w.at) < KEPT_FOR {
+            return w.wrote.last().cloned();
         }
-        self.writes.remove(candidate);
+        self.writes.remove(uid);
         None
     }
 
-    /// Records that `wrote` was written over `read`.
-    pub fn record(&mut self, candidate: (String, String), read: T, wrote: T, now: Instant) {
-        self.writes.insert(
-            candidate,
-            Write {
-                read,
-                wrote,
-                at: now,
-            },
-        );
+    /// Records that `wrote` was written while the cache showed `cached`.
+    pub fn record(&mut self, uid: &str, cached: T, wrote: T, now: Instant)
+    where
+        T: PartialEq,
+    {
+        match self.writes.get_mut(uid) {
+            // Written over a write the cache does not show yet: the chain goes on.
+            Some(w) if w.behind(&cached) => {
+                w.wrote.push(wrote);
+                w.at = now;
+            }
+            _ => {
+                let w = Write {
+                    read: cached,
+                    wrote: vec![wrote],
+                    at: now,
+                };
+                self.writes.insert(uid.to_string(), w);
+            }
+        }
         if self.writes.len() >= self.prune_at.max(64) {
             self.writes
                 .retain(|_, w| now.saturating_duration_since(w.at) < KEPT_FOR);
@@ -96,40 +117,49 @@ mod tests {
         }]
     }
 
-    fn key() -> (String, String) {
-        ("ns".into(), "c".into())
-    }
+    const UID: &str = "uid-1";
 
     #[test]
     fn a_write_stands_for_a_cache_that_has_not_shown_it() {
         let mut w = Written::default();
         let t0 = Instant::now();
-        w.record(key(), cond("False"), cond("True"), t0);
-        assert_eq!(
-            w.current(&key(), &cond("False")[..], t0),
-            Some(cond("True"))
-        );
+        w.record(UID, cond("False"), cond("True"), t0);
+        assert_eq!(w.current(UID, &cond("False")[..], t0), Some(cond("True")));
         // Shown: the cache counts again, and the memory goes.
-        assert_eq!(w.current(&key(), &cond("True")[..], t0), None);
+        assert_eq!(w.current(UID, &cond("True")[..], t0), None);
         assert!(w.writes.is_empty());
+    }
+
+    #[test]
+    fn writes_in_a_row_stand_until_the_cache_shows_the_last() {
+        let mut w = Written::default();
+        let t0 = Instant::now();
+        w.record(UID, cond("False"), cond("True"), t0);
+        // Written again before the cache showed the first write.
+        let current = w.current(UID, &cond("False")[..], t0).unwrap();
+        w.record(UID, cond("False"), cond("Unknown"), t0);
+        assert_eq!(current, cond("True"));
+        // The first write arrives: still behind, the last write stands.
+        assert_eq!(w.current(UID, &cond("True")[..], t0), Some(cond("Unknown")));
+        assert_eq!(w.current(UID, &cond("Unknown")[..], t0), None);
     }
 
     #[test]
     fn someone_elses_status_counts_at_once() {
         let mut w = Written::default();
         let t0 = Instant::now();
-        w.record(key(), cond("False"), cond("True"), t0);
-        assert_eq!(w.current(&key(), &cond("Unknown")[..], t0), None);
+        w.record(UID, cond("False"), cond("True"), t0);
+        assert_eq!(w.current(UID, &cond("Unknown")[..], t0), None);
         // ... and the memory is gone even if the cache goes back to what was read.
-        assert_eq!(w.current(&key(), &cond("False")[..], t0), None);
+        assert_eq!(w.current(UID, &cond("False")[..], t0), None);
     }
 
     #[test]
     fn a_write_stands_no_longer_than_kept_for() {
         let mut w = Written::default();
         let t0 = Instant::now();
-        w.record(key(), cond("False"), cond("True"), t0);
-        assert_eq!(w.current(&key(), &cond("False")[..], t0 + KEPT_FOR), None);
+        w.record(UID, cond("False"), cond("True"), t0);
+        assert_eq!(w.current(UID, &cond("False")[..], t0 + KEPT_FOR), None);
     }
 
     #[test]
@@ -137,9 +167,9 @@ mod tests {
         let mut w: Written<Vec<Condition>> = Written::default();
         let t0 = Instant::now();
         for i in 0..63 {
-            w.record(("ns".into(), format!("c{i}")), vec![], cond("True"), t0);
+            w.record(&format!("other-{i}"), vec![], cond("True"), t0);
         }
-        w.record(key(), vec![], cond("True"), t0 + KEPT_FOR);
+        w.record(UID, vec![], cond("True"), t0 + KEPT_FOR);
         assert_eq!(w.writes.len(), 1);
     }
 }
