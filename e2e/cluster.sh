@@ -174,6 +174,9 @@ cmd_up() {
   DIR=${1:-$(mktemp -d "${TMPDIR:-/tmp}/arbiter-e2e.XXXXXX")}
   mkdir -p "$DIR/logs" "$DIR/pki" "$DIR/etcd"
   : >"$DIR/pids"
+  # A start that fails half way stops what it started (an API server and etcd left running
+  # would weigh on every later test and benchmark); the logs are kept beside it.
+  trap 'abandon_up "$DIR"' EXIT
   read -r ETCD_PORT ETCD_PEER_PORT API_PORT KCM_PORT SCHED_PORT KWOK_PORT KUBELET_PORT \
     PROXY_HEALTHZ_PORT PROXY_METRICS_PORT <<<"$(free_ports 9)"
   # Without a node the API server is reachable on loopback only. With one, pods reach it on
@@ -263,9 +266,19 @@ EOF
   if ((node)); then
     node_up "$bin" "$KUBELET_PORT" "$PROXY_HEALTHZ_PORT" "$PROXY_METRICS_PORT"
   fi
+  trap - EXIT
   log "cluster up in $((SECONDS - t0))s: $DIR"
   echo "export KUBECONFIG=$DIR/kubeconfig"
   echo "export ARBITER_E2E_DIR=$DIR"
+}
+
+# Stops a cluster whose start failed, keeping its logs in DIR.logs.
+abandon_up() {
+  local dir=$1
+  rm -rf "$dir.logs"
+  cp -r "$dir/logs" "$dir.logs" 2>/dev/null || true
+  cmd_down "$dir" >/dev/null 2>&1 || true
+  log "the cluster did not start; what it started is stopped; its logs: $dir.logs"
 }
 
 cmd_down() {
