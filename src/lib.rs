@@ -12,6 +12,7 @@ pub mod election;
 pub mod flags;
 pub mod handover;
 pub mod lease;
+pub mod memory;
 pub mod operator;
 pub mod status;
 pub mod workloads;

@@ -176,6 +176,8 @@ impl FollowedPods {
                     inner.pods = fresh;
                 }
                 drop(inner);
+                // The list's pages (every pod in the cluster, a page at a time) are freed.
+                crate::memory::release_free_memory();
                 // Counted before the cache says it is ready.
                 self.kept.set(self.count() as i64);
                 self.ready.send_replace(true);
