@@ -223,6 +223,13 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     } else {
         Operator::start_with(kubeconfig, &ns, &flags)
     };
+    // What the operator holds before any lease: its caches, filled from the initial lists.
+    wait_logged(&operator, "caches synced").await;
+    let synced = settled_rss(operator.pid()).await;
+    println!(
+        "operator RSS with its caches synced, before any candidate: {synced:.1} MiB (peak {:.1} MiB)",
+        usage(operator.pid()).1
+    );
     let fleet = Arc::new(Mutex::new(Fleet::default()));
     let tasks = [
         tokio::spawn(answer_pings(client.clone(), ns.clone(), fleet.clone())),
