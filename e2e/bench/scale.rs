@@ -620,6 +620,29 @@ pub async fn create_unrelated_pods(client: &Client, count: usize) {
         "({count} unrelated pods created in {:.0} s)",
         started.elapsed().as_secs_f64()
     );
+    // kwok then writes every pod's status (Running, Ready): 30,000 writes that would compete
+    // with the elections measured next. A cluster full of pods is one whose pods have started.
+    let settling = Instant::now();
+    let until = settling + Duration::from_secs(1800);
+    let starting = kube::api::ListParams::default()
+        .fields("status.phase!=Running")
+        .limit(1);
+    loop {
+        match pods.list_metadata(&starting).await {
+            Ok(l)
+                if l.items.is_empty()
+                    && l.metadata.continue_.as_deref().is_none_or(str::is_empty) =>
+            {
+                break;
+            }
+            _ if Instant::now() > until => panic!("the unrelated pods did not all start in 30 min"),
+            _ => tokio::time::sleep(Duration::from_secs(5)).await,
+        }
+    }
+    println!(
+        "({count} unrelated pods running {:.0} s later)",
+        settling.elapsed().as_secs_f64()
+    );
 }
 
 pub async fn delete_unrelated_pods(client: &Client) {
