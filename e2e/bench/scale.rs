@@ -140,6 +140,70 @@ fn print_writes_per_election(what: &str, elections: usize, writes: &BTreeMap<Str
     }
 }
 
+/// The operator's `arbiter_queue_wait_seconds` histogram, as scraped: how long leases that
+/// were due waited for a worker (cumulative buckets by upper bound, sum, count).
+#[derive(Default)]
+struct QueueWait {
+    buckets: Vec<(f64, u64)>,
+    sum: f64,
+    count: u64,
+}
+
+impl QueueWait {
+    async fn read(operator: &Operator) -> QueueWait {
+        let text = operator.http_get("/metrics").await;
+        let mut q = QueueWait::default();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("arbiter_queue_wait_seconds") else {
+                continue;
+            };
+            let value = rest.rsplit(' ').next().unwrap_or_default();
+            if let Some(le) = rest.strip_prefix("_bucket{le=\"") {
+                let le = le.split('"').next().unwrap_or_default();
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap_or(f64::NAN)
+                };
+                q.buckets.push((le, value.parse().unwrap_or(0)));
+            } else if rest.starts_with("_sum ") {
+                q.sum = value.parse().unwrap_or(0.0);
+            } else if rest.starts_with("_count ") {
+                q.count = value.parse().unwrap_or(0);
+            }
+        }
+        q
+    }
+
+    /// The waits between `earlier` and this reading: their number, mean, and the bucket
+    /// bounds the p50 and p99 fall under.
+    fn since(&self, earlier: &QueueWait) -> String {
+        let count = self.count.saturating_sub(earlier.count);
+        if count == 0 {
+            return "(none)".into();
+        }
+        let before = |le: f64| {
+            earlier
+                .buckets
+                .iter()
+                .find(|(l, _)| *l == le)
+                .map_or(0, |(_, c)| *c)
+        };
+        let under = |q: f64| {
+            self.buckets
+                .iter()
+                .find(|(le, c)| c.saturating_sub(before(*le)) as f64 >= q * count as f64)
+                .map_or("?".to_string(), |(le, _)| format!("{le} s"))
+        };
+        format!(
+            "{count} reconciles, mean {:.3} s, p50 <= {}, p99 <= {}",
+            (self.sum - earlier.sum) / count as f64,
+            under(0.5),
+            under(0.99)
+        )
+    }
+}
+
 /// What the simulated candidates know.
 #[derive(Default)]
 struct Fleet {
@@ -272,6 +336,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     let all_held = wait(&fleet, limit, |f| (f.last_renew.len() >= n).then_some(())).await;
     let converged = started.elapsed();
     let (cpu_start, rss) = usage(operator.pid());
+    let queue_at_held = QueueWait::read(&operator).await;
     if all_held.is_none() {
         let held = fleet.lock().unwrap().last_renew.len();
         println!(
@@ -315,6 +380,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     let lease_hours = n as f64 * window.as_secs_f64() / 3600.0;
 
     // 10% of the holders die at once.
+    let queue_at_failure = QueueWait::read(&operator).await;
     let failed_at = Instant::now();
     let failed_at_wall = jiff::Timestamp::now();
     let victims: Vec<(String, String, Instant)> = {
@@ -362,6 +428,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     // The burst's after-effects (the deposed candidates' statuses, Events).
     tokio::time::sleep(Duration::from_secs(10)).await;
     let burst_writes = writes(&audit.count(failed_at_wall, jiff::Timestamp::now()));
+    let queue_after_burst = QueueWait::read(&operator).await;
     let (cpu_end, rss_peak) = usage(operator.pid());
 
     println!("| {n} leases x 3 candidates | value |");
@@ -396,6 +463,14 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
         println!("|   {what} | {c} |");
     }
     print_writes_per_election("first election of each lease", n, &first_elections);
+    println!(
+        "| operator queue wait (due to picked up), registration to every lease held | {} |",
+        queue_at_held.since(&QueueWait::default())
+    );
+    println!(
+        "| operator queue wait, from the failure to 10 s after the last new holder | {} |",
+        queue_after_burst.since(&queue_at_failure)
+    );
     match latencies {
         Some(l) => {
             print_writes_per_election("re-election of a failed holder", l.len(), &burst_writes);

@@ -73,6 +73,10 @@ pub struct Metrics {
     /// Deposed holders' pods forced out, by method (evict, delete).
     pub forced_depositions: Family<MethodLabels, Counter>,
     pub reconcile_duration: Histogram,
+    /// How long leases waited in their worker's queue, from due to picked up.
+    pub queue_wait: Histogram,
+    /// Leases due for a reconcile that no worker has picked up yet.
+    pub queue_depth: Gauge,
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
     /// Pods labelled `arbiter.dev/role=active` per single-active lease, as observed.
     pub active_pods: Family<LeaseLabels, Gauge>,
@@ -176,6 +180,8 @@ impl Metrics {
             reconcile_errors: Counter::default(),
             forced_depositions: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            queue_wait: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            queue_depth: Gauge::default(),
             candidates_per_lease: Family::default(),
             active_pods: Family::default(),
             double_holders: Counter::default(),
@@ -254,6 +260,16 @@ impl Metrics {
             "reconcile_duration_seconds",
             "Time per reconcile",
             m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "Time a lease waited in its worker's queue, from due to picked up (high: raise --concurrency, unless the API server is the bottleneck)",
+            m.queue_wait.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Leases due for a reconcile that no worker has picked up yet",
+            m.queue_depth.clone(),
         );
         registry.register(
             "handover_seconds",

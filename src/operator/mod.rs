@@ -181,7 +181,13 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
     let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
-    let (enqueue, queues) = queue::queues(usize::from(settings.concurrency));
+    let (enqueue, queues) = queue::queues(
+        usize::from(settings.concurrency),
+        queue::QueueMetrics {
+            wait: metrics.queue_wait.clone(),
+            depth: metrics.queue_depth.clone(),
+        },
+    );
     let (caches, mut watch_errors) = watch::watch_all(
         client.clone(),
         settings.watch_namespace.as_deref(),

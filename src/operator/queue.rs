@@ -5,7 +5,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::mpsc;
 use tokio_util::time::{DelayQueue, delay_queue};
 
@@ -24,13 +26,13 @@ impl std::fmt::Display for LeaseKey {
 
 /// The sending side: anything that notices a change enqueues the affected lease.
 #[derive(Clone)]
-pub struct Enqueue(Vec<mpsc::UnboundedSender<LeaseKey>>);
+pub struct Enqueue(Vec<mpsc::UnboundedSender<(LeaseKey, tokio::time::Instant)>>);
 
 impl Enqueue {
     pub fn key(&self, key: LeaseKey) {
         let worker = worker_of(&key, self.0.len());
         // The receiver lives as long as the worker; if it is gone the process is exiting.
-        let _ = self.0[worker].send(key);
+        let _ = self.0[worker].send((key, tokio::time::Instant::now()));
     }
 }
 
@@ -43,24 +45,47 @@ pub fn worker_of(key: &LeaseKey, workers: usize) -> usize {
     (h.finish() % workers.max(1) as u64) as usize
 }
 
+/// What the queues report: how long a due lease waits for its worker, and how many wait.
+#[derive(Clone)]
+pub struct QueueMetrics {
+    pub wait: Histogram,
+    pub depth: Gauge,
+}
+
+impl QueueMetrics {
+    /// Metrics no registry reads (tests).
+    #[cfg(test)]
+    fn unregistered() -> QueueMetrics {
+        QueueMetrics {
+            wait: Histogram::new([1.0]),
+            depth: Gauge::default(),
+        }
+    }
+}
+
 /// The receiving side, owned by the worker.
 pub struct Queue {
-    rx: mpsc::UnboundedReceiver<LeaseKey>,
+    rx: mpsc::UnboundedReceiver<(LeaseKey, tokio::time::Instant)>,
+    /// Due now, lowest key first; with when each became due.
     ready: BTreeSet<LeaseKey>,
+    due_since: HashMap<LeaseKey, tokio::time::Instant>,
     delayed: DelayQueue<LeaseKey>,
     delay_keys: HashMap<LeaseKey, delay_queue::Key>,
+    metrics: QueueMetrics,
 }
 
 /// One queue per worker (at least one).
-pub fn queues(workers: usize) -> (Enqueue, Vec<Queue>) {
+pub fn queues(workers: usize, metrics: QueueMetrics) -> (Enqueue, Vec<Queue>) {
     let (senders, queues) = (0..workers.max(1))
         .map(|_| {
             let (tx, rx) = mpsc::unbounded_channel();
             let q = Queue {
                 rx,
                 ready: BTreeSet::new(),
+                due_since: HashMap::new(),
                 delayed: DelayQueue::new(),
                 delay_keys: HashMap::new(),
+                metrics: metrics.clone(),
             };
             (tx, q)
         })
@@ -70,7 +95,7 @@ pub fn queues(workers: usize) -> (Enqueue, Vec<Queue>) {
 
 #[cfg(test)]
 fn queue() -> (Enqueue, Queue) {
-    let (tx, mut qs) = queues(1);
+    let (tx, mut qs) = queues(1, QueueMetrics::unregistered());
     (tx, qs.remove(0))
 }
 
@@ -79,23 +104,49 @@ impl Queue {
     pub async fn next(&mut self) -> Option<LeaseKey> {
         loop {
             // Drain whatever is already waiting so duplicates collapse.
-            while let Ok(key) = self.rx.try_recv() {
-                self.ready.insert(key);
+            while let Ok((key, sent)) = self.rx.try_recv() {
+                self.make_ready(key, sent);
+            }
+            // Timers that fired are due like any change (an expiry must not wait behind a
+            // stream of watch events).
+            while !self.delayed.is_empty()
+                && let Some(Some(expired)) = self.delayed.next().now_or_never()
+            {
+                let deadline = expired.deadline();
+                let key = expired.into_inner();
+                self.delay_keys.remove(&key);
+                self.make_ready(key, deadline);
             }
             if let Some(key) = self.ready.pop_first() {
                 if let Some(k) = self.delay_keys.remove(&key) {
                     self.delayed.remove(&k);
                 }
+                if let Some(since) = self.due_since.remove(&key) {
+                    self.metrics.wait.observe(since.elapsed().as_secs_f64());
+                }
+                self.metrics.depth.dec();
                 return Some(key);
             }
             tokio::select! {
-                key = self.rx.recv() => { self.ready.insert(key?); }
+                key = self.rx.recv() => {
+                    let (key, sent) = key?;
+                    self.make_ready(key, sent);
+                }
                 Some(expired) = self.delayed.next(), if !self.delayed.is_empty() => {
+                    let deadline = expired.deadline();
                     let key = expired.into_inner();
                     self.delay_keys.remove(&key);
-                    self.ready.insert(key);
+                    self.make_ready(key, deadline);
                 }
             }
+        }
+    }
+
+    /// `key` is due since `since`.
+    fn make_ready(&mut self, key: LeaseKey, since: tokio::time::Instant) {
+        if self.ready.insert(key.clone()) {
+            self.due_since.insert(key, since);
+            self.metrics.depth.inc();
         }
     }
 
@@ -145,9 +196,54 @@ mod tests {
         assert_eq!(q.next().await, None);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_fired_timer_does_not_wait_for_the_events_to_run_dry() {
+        let (tx, mut q) = queue();
+        q.requeue(key("a"), Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        // Events keep coming for other leases: the expired lease is due among them.
+        tx.key(key("b"));
+        assert_eq!(q.next().await, Some(key("a")));
+        tx.key(key("c"));
+        assert_eq!(q.next().await, Some(key("b")));
+        assert_eq!(q.next().await, Some(key("c")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_of_due_leases_is_measured_and_their_number_kept() {
+        let metrics = QueueMetrics {
+            wait: Histogram::new([0.5, 2.5, 5.0]),
+            depth: Gauge::default(),
+        };
+        let (tx, mut qs) = queues(1, metrics.clone());
+        let q = &mut qs[0];
+        tx.key(key("a"));
+        tx.key(key("a"));
+        tx.key(key("b"));
+        q.requeue(key("c"), Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        // a and b waited 3 s; c became due after 1 s and waited 2 s.
+        assert_eq!(q.next().await, Some(key("a")));
+        assert_eq!(
+            metrics.depth.get(),
+            2,
+            "b and c (its timer fired) still due"
+        );
+        assert_eq!(q.next().await, Some(key("b")));
+        assert_eq!(q.next().await, Some(key("c")));
+        assert_eq!(metrics.depth.get(), 0);
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("wait", "", metrics.wait.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("wait_sum 8.0"), "{text}");
+        assert!(text.contains("wait_count 3"), "{text}");
+        assert!(text.contains("wait_bucket{le=\"2.5\"} 1"), "{text}");
+    }
+
     #[tokio::test]
     async fn a_lease_always_goes_to_one_worker_and_the_work_is_spread() {
-        let (tx, mut qs) = queues(4);
+        let (tx, mut qs) = queues(4, QueueMetrics::unregistered());
         let keys: Vec<LeaseKey> = (0..200).map(|i| key(&format!("lease-{i}"))).collect();
         for k in &keys {
             tx.key(k.clone());
@@ -168,7 +264,7 @@ mod tests {
         let mut per_worker = Vec::new();
         for q in qs.iter_mut() {
             let mut n = 0;
-            while let Ok(k) = q.rx.try_recv() {
+            while let Ok((k, _)) = q.rx.try_recv() {
                 assert_eq!(worker_of(&k, 4), per_worker.len());
                 n += 1;
             }
