@@ -75,7 +75,7 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// How long leases waited in their worker's queue, from due to picked up.
     pub queue_wait: Histogram,
-    /// Leases due for a reconcile that no worker has picked up yet.
+    /// Leases due for a reconcile in the workers' queues (deduplicated), not yet picked up.
     pub queue_depth: Gauge,
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
     /// Pods labelled `arbiter.dev/role=active` per single-active lease, as observed.
@@ -268,7 +268,7 @@ impl Metrics {
         );
         registry.register(
             "queue_depth",
-            "Leases due for a reconcile that no worker has picked up yet",
+            "Leases due for a reconcile in the workers' queues (deduplicated), not yet picked up",
             m.queue_depth.clone(),
         );
         registry.register(
