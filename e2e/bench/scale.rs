@@ -193,7 +193,10 @@ impl QueueWait {
             self.buckets
                 .iter()
                 .find(|(le, c)| c.saturating_sub(before(*le)) as f64 >= q * count as f64)
-                .map_or("?".to_string(), |(le, _)| format!("{le} s"))
+                .map_or("?".to_string(), |(le, _)| match le.is_finite() {
+                    true => format!("{le} s"),
+                    false => "(over the largest bucket)".to_string(),
+                })
         };
         format!(
             "{count} reconciles, mean {:.3} s, p50 <= {}, p99 <= {}",

@@ -123,10 +123,7 @@ impl Queue {
             while !self.delayed.is_empty()
                 && let Some(Some(expired)) = self.delayed.next().now_or_never()
             {
-                let deadline = expired.deadline();
-                let key = expired.into_inner();
-                self.delay_keys.remove(&key);
-                self.make_ready(key, deadline);
+                self.fired(expired);
             }
             if let Some(key) = self.ready.pop_first() {
                 if let Some(k) = self.delay_keys.remove(&key) {
@@ -144,13 +141,18 @@ impl Queue {
                     self.make_ready(key, sent);
                 }
                 Some(expired) = self.delayed.next(), if !self.delayed.is_empty() => {
-                    let deadline = expired.deadline();
-                    let key = expired.into_inner();
-                    self.delay_keys.remove(&key);
-                    self.make_ready(key, deadline);
+                    self.fired(expired);
                 }
             }
         }
+    }
+
+    /// A timer that fired: its key is due since its deadline.
+    fn fired(&mut self, expired: delay_queue::Expired<LeaseKey>) {
+        let deadline = expired.deadline();
+        let key = expired.into_inner();
+        self.delay_keys.remove(&key);
+        self.make_ready(key, deadline);
     }
 
     /// `key` is due since `since` (or since the worker started, if that is later).
@@ -178,6 +180,15 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The histogram as /metrics shows it, named `wait`.
+    fn exposed(wait: &Histogram) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("wait", "", wait.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    }
 
     fn key(n: &str) -> LeaseKey {
         LeaseKey {
@@ -247,10 +258,7 @@ mod tests {
         assert_eq!(q.next().await, Some(key("b")));
         assert_eq!(q.next().await, Some(key("c")));
         assert_eq!(metrics.depth.get(), 0);
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register("wait", "", metrics.wait.clone());
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = exposed(&metrics.wait);
         assert!(text.contains("wait_sum 8.0"), "{text}");
         assert!(text.contains("wait_count 4"), "{text}");
         assert!(text.contains("wait_bucket{le=\"2.5\"} 2"), "{text}");
@@ -267,10 +275,7 @@ mod tests {
         tx.key(key("a"));
         tokio::time::advance(Duration::from_secs(3600)).await;
         assert_eq!(qs[0].next().await, Some(key("a")));
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register("wait", "", metrics.wait.clone());
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let text = exposed(&metrics.wait);
         assert!(text.contains("wait_sum 0.0"), "{text}");
     }
 
