@@ -1137,7 +1137,7 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
         }
     })
     .await;
-    let history = history.lock().unwrap().clone();
+    let history = history.until_held("d2", term).await;
     assert!(
         history
             .iter()

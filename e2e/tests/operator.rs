@@ -145,7 +145,7 @@ async fn better_candidate_gets_the_lease_through_handover(env: Arc<TestEnv>) {
         "the preferred holder is cleared on assignment"
     );
     // The sequence the Lease went through: asked, released, assigned; bar1 never replaced live.
-    let seen = history.lock().unwrap().clone();
+    let seen = history.until_held("bar2", 2).await;
     let asked = seen
         .iter()
         .position(|(h, p, _)| h.as_deref() == Some("bar1") && p.as_deref() == Some("bar2"));
@@ -227,8 +227,8 @@ async fn an_abandoned_handover_falls_back_to_the_best_live_candidate(env: Arc<Te
     crate::support::agent::wait_eligible(&env, "c").await;
     let history = record_lease(&env, "fall").await;
     create_candidate(&env, "t", "fall", "1.18.0", Some("1.18.0"), OEV, None).await;
-    wait_for_holder(&env, "fall", "c", DEADLINE).await;
-    let seen = history.lock().unwrap().clone();
+    let held = wait_for_holder(&env, "fall", "c", DEADLINE).await;
+    let seen = history.until_held("c", lease::term(&held)).await;
     assert!(
         seen.iter()
             .any(|(h, p, _)| h.as_deref() == Some("a") && p.as_deref() == Some("t")),

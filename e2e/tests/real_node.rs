@@ -616,6 +616,44 @@ async fn took_term(env: &TestEnv, term: i32) {
     .await;
 }
 
+/// Waits until the candidate `name` is Eligible and was registered by a process its pod's
+/// container still runs: not by one whose container ended since (the kubelet reports the
+/// ended container's termination message, which names that process's incarnation).
+async fn registered_by_running_container(env: &TestEnv, name: &str) {
+    let pods: Api<Pod> = env.api();
+    let candidates: Api<arbiter::api::LeaseCandidate> = env.api();
+    eventually(
+        &format!("{name}'s running process to be an eligible candidate"),
+        DEADLINE,
+        || async {
+            let pod = pods.get(name).await.ok()?;
+            let candidate = candidates.get(name).await.ok()?;
+            let incarnation = candidate
+                .annotations()
+                .get(arbiter::lease::INCARNATION_ANNOTATION)?
+                .clone();
+            let running = pod
+                .status
+                .as_ref()?
+                .container_statuses
+                .as_ref()?
+                .first()?
+                .state
+                .as_ref()?
+                .running
+                .is_some();
+            let eligible = candidate
+                .status?
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Eligible" && c.status == "True");
+            let ended = arbiter::operator::stopped::incarnation_ended(&pod, &incarnation);
+            (running && eligible && !ended).then_some(())
+        },
+    )
+    .await;
+}
+
 async fn kill_agent(env: &TestEnv, name: &str) {
     container_id(env, name).await;
     let agent = node::first_container_pid(&env.client, &env.ns, &env.kubeconfig, name)
@@ -659,6 +697,9 @@ async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv
     })
     .await;
     took_term(&env, term(&again)).await;
+    // If job-b held a term in between (job-a's restart registered after the election), it
+    // handed back to job-a and its agent exited: wait until its restarted process stands.
+    registered_by_running_container(&env, "job-b").await;
     // The second: the kubelet backs off; job-b gets the lease while job-a's container waits.
     kill_agent(&env, "job-a").await;
     let next = eventually("another holder", Duration::from_secs(40), || async {

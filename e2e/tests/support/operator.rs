@@ -278,8 +278,31 @@ pub fn hold_and_release_with(
     })
 }
 
-/// (holder, preferred holder, term) of each version of a Lease.
-pub type LeaseHistory = Arc<Mutex<Vec<(Option<String>, Option<String>, i32)>>>;
+/// (holder, preferred holder, term) of one version of a Lease.
+pub type LeaseVersion = (Option<String>, Option<String>, i32);
+
+/// Every version of a Lease a watch saw, in order (consecutive repeats dropped).
+#[derive(Clone)]
+pub struct LeaseHistory(Arc<Mutex<Vec<LeaseVersion>>>);
+
+impl LeaseHistory {
+    /// The versions seen so far, once the watch has seen `holder` hold `term`: a watch lags
+    /// the GET a test polls with, so reading the history as soon as the GET shows the outcome
+    /// may miss the last versions.
+    pub async fn until_held(&self, holder: &str, term: i32) -> Vec<LeaseVersion> {
+        eventually(
+            &format!("the lease watch to see {holder} hold term {term}"),
+            Duration::from_secs(30),
+            || async {
+                let seen = self.0.lock().unwrap();
+                seen.iter()
+                    .any(|(h, _, t)| h.as_deref() == Some(holder) && *t == term)
+                    .then(|| seen.clone())
+            },
+        )
+        .await
+    }
+}
 
 /// Every (holder, preferred holder, term) the Lease goes through, recorded by a watch. Returns
 /// once the watch has seen the Lease as it is now (which must exist), so that nothing written
@@ -310,7 +333,7 @@ pub async fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
         || async { (!seen.lock().unwrap().is_empty()).then_some(()) },
     )
     .await;
-    seen
+    LeaseHistory(seen)
 }
 
 /// Waits until the Lease names `holder`, and returns it.
