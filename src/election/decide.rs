@@ -11,7 +11,10 @@
 //!   alive: [`Candidate::renewed_lately`]), waits up to the ack window for their
 //!   `renewTime >= pingTime`, and elects only among those that acknowledged. It stops waiting
 //!   as soon as the best candidate that could still answer has answered: no later answer could
-//!   change the outcome.
+//!   change the outcome. So it asks only candidates that would outrank every one that
+//!   answered, and the best of them alone: when it answers, nobody else is asked. Once a
+//!   candidate of the lease has ignored a ping (it is Unresponsive), all of those are asked at
+//!   once, so dead candidates cost an election one ack window more, not one each.
 //! - A **live holder** (lease not expired on the arbiter's clock, holder not released, its pod
 //!   not confirmed stopped) is never replaced directly. A better candidate gets it only through
 //!   a **handover request** (`preferredHolder`), after which the holder releases, and only once
@@ -28,7 +31,7 @@
 //!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
 //!   stopped renewing) is passed over while anyone else can lead; one that released it (and can
 //!   still lead) only for a candidate at its versions or older, and among equals the handover's
-//!   target (the preferred holder) goes first.
+//!   target (the preferred holder) goes first: it is the one asked, and waited for.
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
 //!   holder, and never touches the holder.
 //! - A **strategy conflict** changes nothing; it is reported.
@@ -520,52 +523,76 @@ pub fn decide(
             (r, lv)
         })
         .collect();
+    // The order of the election: among equals, the candidate the handover was for (the
+    // preferred holder, e.g. a switchover's target) rather than the older or alphabetically
+    // first.
+    let preferred = lease.and_then(|l| l.preferred_holder.as_deref());
+    let order = |a: &Ranked, b: &Ranked| oldest_emulation::compare_preferring(a, b, preferred);
+    let top_of = |rs: &mut dyn Iterator<Item = &Ranked<'_>>| -> Option<String> {
+        rs.min_by(|a, b| order(a, b)).map(|r| r.name.to_string())
+    };
     // Those not yet heard from only matter if one of them could outrank every candidate that
     // acknowledged: when the best that could still answer has already answered, waiting could
     // not change the outcome, so it is elected at once.
-    let best_possible = oldest_emulation::pick_best(
-        pool.iter()
+    let best_possible = top_of(
+        &mut pool
+            .iter()
             .filter(|(_, l)| *l != Liveness::Unresponsive)
             .map(|(r, _)| r),
     );
-    let best_answered = best_possible.is_some_and(|best| {
+    let best_answered = best_possible.as_deref().is_some_and(|best| {
         pool.iter()
-            .any(|(r, l)| r.name == best.name && *l == Liveness::Acked)
+            .any(|(r, l)| r.name == best && *l == Liveness::Acked)
     });
     if !best_answered {
-        let mut unknown: Vec<String> = pool
+        // Only those that could outrank every candidate that answered are asked. The best of
+        // them is asked alone: it usually answers, and then nobody else needs a ping (nor
+        // writes an answer). Once a candidate of this lease has ignored a ping, all of them
+        // are asked at once, so that a dead candidate costs an election one ack window, not
+        // one per dead candidate.
+        let best_acked = pool
             .iter()
-            .filter(|(_, l)| *l == Liveness::Unknown)
-            .map(|(r, _)| r.name.to_string())
+            .filter(|(_, l)| *l == Liveness::Acked)
+            .map(|(r, _)| r)
+            .min_by(|a, b| order(a, b));
+        let open: Vec<&(Ranked, Liveness)> = pool
+            .iter()
+            .filter(|(_, l)| matches!(l, Liveness::Unknown | Liveness::Pending))
+            .filter(|(r, _)| best_acked.is_none_or(|b| order(r, b).is_lt()))
             .collect();
-        if !unknown.is_empty() {
+        let someone_silent = standings
+            .values()
+            .any(|s| *s == Standing::Ineligible(Reason::Unresponsive));
+        let to_ping: Vec<String> = if someone_silent {
+            let mut unknown: Vec<String> = open
+                .iter()
+                .filter(|(_, l)| *l == Liveness::Unknown)
+                .map(|(r, _)| r.name.to_string())
+                .collect();
             unknown.sort();
+            unknown
+        } else {
+            open.iter()
+                .min_by(|(a, _), (b, _)| order(a, b))
+                .filter(|(_, l)| *l == Liveness::Unknown)
+                .map(|(r, _)| vec![r.name.to_string()])
+                .unwrap_or_default()
+        };
+        if !to_ping.is_empty() {
             return decision(Action::Ping {
-                candidates: unknown,
+                candidates: to_ping,
             });
         }
-        if pool.iter().any(|(_, l)| *l == Liveness::Pending) {
+        if open.iter().any(|(_, l)| *l == Liveness::Pending) {
             return decision(Action::WaitForAcks);
         }
     }
-    let acked = pool
-        .iter()
-        .filter(|(_, l)| *l == Liveness::Acked)
-        .map(|(r, _)| r);
-    let best = oldest_emulation::pick_best(acked.clone());
-    // Among equals, the candidate the handover was for (the preferred holder, e.g. a
-    // switchover's target) rather than the older or alphabetically first.
-    let preferred = lease.and_then(|l| l.preferred_holder.as_deref());
-    let best = match (best, preferred) {
-        (Some(b), Some(p)) => Some(
-            acked
-                .clone()
-                .find(|r| r.name == p && (r.emulation, r.binary) == (b.emulation, b.binary))
-                .unwrap_or(b),
-        ),
-        (b, _) => b,
-    }
-    .map(|r| r.name.to_string());
+    let best = top_of(
+        &mut pool
+            .iter()
+            .filter(|(_, l)| *l == Liveness::Acked)
+            .map(|(r, _)| r),
+    );
     let action = match (best, lease) {
         (None, _) => Action::NoEligibleCandidate,
         (Some(holder), None) => Action::CreateLease {

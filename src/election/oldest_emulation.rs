@@ -29,6 +29,16 @@ pub fn compare(a: &Ranked<'_>, b: &Ranked<'_>) -> Ordering {
         .then_with(|| a.name.cmp(b.name))
 }
 
+/// Like [`compare`], but among candidates at the same versions `preferred` (a handover's
+/// target) comes first.
+pub fn compare_preferring(a: &Ranked<'_>, b: &Ranked<'_>, preferred: Option<&str>) -> Ordering {
+    let not_preferred = |r: &Ranked<'_>| Some(r.name) != preferred;
+    (a.emulation, a.binary)
+        .cmp(&(b.emulation, b.binary))
+        .then_with(|| not_preferred(a).cmp(&not_preferred(b)))
+        .then_with(|| compare(a, b))
+}
+
 /// The best of `candidates`, if any.
 pub fn pick_best<'a, 'b>(
     candidates: impl IntoIterator<Item = &'b Ranked<'a>>,
@@ -164,6 +174,25 @@ mod tests {
             c("baz4", "1.19.0", "1.20.0", t),
         ];
         assert_eq!(best(&cs), Some("baz3"));
+    }
+
+    #[test]
+    fn the_preferred_goes_first_among_equals_only() {
+        let t = Timestamp::now();
+        let cs = [
+            c("a", "1.0.0", "1.0.0", t),
+            c("b", "1.0.0", "1.0.0", t),
+            c("old", "0.9.0", "1.0.0", t),
+        ];
+        let r = ranked(&cs);
+        assert_eq!(
+            compare_preferring(&r[0], &r[1], Some("b")),
+            Ordering::Greater
+        );
+        assert_eq!(compare_preferring(&r[1], &r[0], Some("b")), Ordering::Less);
+        assert_eq!(compare_preferring(&r[0], &r[1], None), Ordering::Less);
+        // A lower version still leads.
+        assert_eq!(compare_preferring(&r[2], &r[1], Some("b")), Ordering::Less);
     }
 
     #[test]

@@ -409,6 +409,7 @@ impl Worker {
             key,
             &candidates,
             &decision,
+            lease.is_some() || written.is_some(),
             holder,
             term,
             &duplicates,

@@ -29,6 +29,7 @@ pub(super) async fn report(
     key: &LeaseKey,
     candidates: &[Arc<LeaseCandidate>],
     decision: &Decision,
+    lease_exists: bool,
     holder: Option<&str>,
     term: i32,
     duplicates: &[(String, Vec<String>)],
@@ -48,6 +49,14 @@ pub(super) async fn report(
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
     let mut updates = Vec::new();
     let now = std::time::Instant::now();
+    // A lease's first election: while the arbiter waits for answers to its pings, a candidate
+    // never reported on waits for the outcome (an ack window or two): written now, the new
+    // holder's status would be written again a moment later. (Once the Lease exists, or for a
+    // candidate with a status, every decision is reported: a holder that released and is
+    // elected again shows both, and a wait that lasts, such as for a ping stamped ahead of this
+    // clock, does not hold reports back.)
+    let first_election_settling =
+        !lease_exists && matches!(decision.action, Action::Ping { .. } | Action::WaitForAcks);
     for c in candidates {
         let name = c.name_any();
         let cached = c
@@ -59,6 +68,9 @@ pub(super) async fn report(
         // What this worker wrote last, if the cache does not show it yet.
         let mine = written.current(&uid, cached, now);
         let current = mine.as_deref().unwrap_or(cached);
+        if first_election_settling && current.is_empty() {
+            continue;
+        }
         let desired = status::conditions(&name, decision, &facts);
         let Some(conditions) = status::merge(current, desired) else {
             continue;

@@ -106,11 +106,60 @@ fn candidates_are_pinged_before_an_election() {
     let cands = [
         never_pinged("id-2", "1.19.0"),
         never_pinged("id-1", "1.19.0"),
+        never_pinged("id-3", "1.20.0"),
     ];
+    // The best is asked alone ...
     assert_eq!(
         act(&cands, None, now),
         Action::Ping {
-            candidates: vec!["id-1".into(), "id-2".into()]
+            candidates: vec!["id-1".into()]
+        }
+    );
+    // ... waited for ...
+    let pinged = |name: &str, at: Timestamp| Candidate {
+        ping_time: Some(at),
+        ..never_pinged(name, "1.19.0")
+    };
+    let waiting = [pinged("id-1", now), cands[0].clone(), cands[2].clone()];
+    assert_eq!(act(&waiting, None, now + secs(2)), Action::WaitForAcks);
+    // ... and elected when it answers, nobody else asked.
+    let answered = [
+        acked("id-1", "1.19.0", now),
+        cands[0].clone(),
+        cands[2].clone(),
+    ];
+    assert_eq!(act(&answered, None, now + secs(2)), create("id-1"));
+    // When it ignores the ping, every other one that could win is asked at once.
+    let later = now + secs(5);
+    let ignored = [pinged("id-1", now), cands[0].clone(), cands[2].clone()];
+    assert_eq!(
+        act(&ignored, None, later),
+        Action::Ping {
+            candidates: vec!["id-2".into(), "id-3".into()]
+        }
+    );
+}
+
+#[test]
+fn only_candidates_that_could_outrank_every_answer_are_pinged() {
+    let now = t0() + secs(60);
+    let silent = Candidate {
+        ping_time: Some(now - secs(30)),
+        renew_time: Some(t0()),
+        ..acked("silent", "1.17.0", now)
+    };
+    let cands = [
+        acked("id-1", "1.19.0", now),
+        never_pinged("id-0", "1.18.0"),
+        never_pinged("id-00", "1.18.0"),
+        never_pinged("id-3", "1.21.0"),
+        silent,
+    ];
+    // id-3 could not win over id-1, which answered: not asked, even in the wide round.
+    assert_eq!(
+        act(&cands, None, now),
+        Action::Ping {
+            candidates: vec!["id-0".into(), "id-00".into()]
         }
     );
 }
@@ -863,7 +912,62 @@ fn a_planned_switchover_goes_to_an_equal_and_never_to_a_newer_version() {
         ..lease(None, 0)
     };
     assert_eq!(
-        act(&[h, twin, twin2], Some(&released_for_twin2), now),
+        act(
+            &[h.clone(), twin.clone(), twin2],
+            Some(&released_for_twin2),
+            now
+        ),
+        assign("twin2")
+    );
+    // Released for twin2, whose last answer predates the release (as does the older twin's):
+    // twin2 is the one asked, and waited for even when the older twin answers first.
+    let released_later = Lease {
+        unchanged_for: Duration::ZERO,
+        ..released_for_twin2
+    };
+    let before_release = |name: &str, created: i64| Candidate {
+        created: t0() + secs(created),
+        ..acked(name, "1.30.0", now - secs(1))
+    };
+    let (old_twin, twin2) = (before_release("twin", 0), before_release("twin2", 1));
+    assert_eq!(
+        act(
+            &[h.clone(), old_twin.clone(), twin2.clone()],
+            Some(&released_later),
+            now
+        ),
+        Action::Ping {
+            candidates: vec!["twin2".into()]
+        }
+    );
+    let twin2_pinged = Candidate {
+        ping_time: Some(now),
+        ..twin2.clone()
+    };
+    // (Seen released at `now`, one second before.)
+    let later = now + secs(1);
+    let released_later = Lease {
+        unchanged_for: Duration::from_secs(1),
+        ..released_later
+    };
+    assert_eq!(
+        act(
+            &[
+                h.clone(),
+                acked("twin", "1.30.0", later),
+                twin2_pinged.clone()
+            ],
+            Some(&released_later),
+            later
+        ),
+        Action::WaitForAcks
+    );
+    let twin2_answered = Candidate {
+        renew_time: Some(later),
+        ..twin2_pinged
+    };
+    assert_eq!(
+        act(&[h, old_twin, twin2_answered], Some(&released_later), later),
         assign("twin2")
     );
 }
@@ -1148,6 +1252,63 @@ proptest! {
         let pod_stopped = cands.iter().any(|c| c.name == holder && c.pod == PodState::Stopped);
         if let Some(e) = elected(&d.action) && !names_it && !released && !pod_stopped {
             prop_assert!(quiet >= 15, "{e} elected {quiet}s after {holder}'s last record: {:?}", d.action);
+        }
+    }
+
+    #[test]
+    fn pings_go_only_to_unknown_eligible_candidates_that_could_win(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
+        if let Action::Ping { candidates } = &d.action {
+            prop_assert!(!candidates.is_empty());
+            let mut sorted = candidates.clone();
+            sorted.sort();
+            sorted.dedup();
+            prop_assert_eq!(&sorted, candidates, "sorted, no repeats");
+            let someone_silent = d
+                .standings
+                .values()
+                .any(|s| *s == Standing::Ineligible(Reason::Unresponsive));
+            prop_assert!(someone_silent || candidates.len() == 1, "{:?} asked at once", candidates);
+            // In an election with no release to answer after (a first one, or after expiry):
+            // only candidates never heard from are asked, and only those that would outrank
+            // every candidate that answered (the lapsed holder, passed over, aside).
+            let election = match &lease {
+                None => true,
+                Some(l) => l.released_by.is_none() && (l.holder.is_none() || l.expired()),
+            };
+            if election {
+                let lapsed = lease.as_ref().and_then(|l| l.holder.clone());
+                let preferred = lease.as_ref().and_then(|l| l.preferred_holder.clone());
+                // The election's order: versions, the handover's target among equals, age, name.
+                let key = |c: &Candidate| (
+                    Version::parse(c.emulation_version.as_deref().unwrap()).unwrap(),
+                    Version::parse(&c.binary_version).unwrap(),
+                    Some(&c.name) != preferred.as_ref(),
+                    c.created,
+                    c.name.clone(),
+                );
+                let (standings, lapsed) = (&d.standings, lapsed.as_ref());
+                let rivals = |l: Liveness| cands.iter().filter(move |c| {
+                    standings[&c.name] == Standing::Eligible(l) && Some(&c.name) != lapsed
+                });
+                for name in candidates {
+                    prop_assert_eq!(&d.standings[name], &Standing::Eligible(Liveness::Unknown));
+                    let me = cands.iter().find(|c| &c.name == name).unwrap();
+                    for other in rivals(Liveness::Acked) {
+                        prop_assert!(key(me) < key(other), "{} asked though {} answered", name, other.name);
+                    }
+                    // Asked alone: the best of those yet to answer.
+                    if !someone_silent {
+                        for other in rivals(Liveness::Unknown).chain(rivals(Liveness::Pending)) {
+                            prop_assert!(key(me) <= key(other), "{} asked before better {}", name, other.name);
+                        }
+                    }
+                }
+            }
         }
     }
 
