@@ -1308,6 +1308,20 @@ async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
         unlisted.is_empty(),
         "exposed but not in the README: {unlisted:?}"
     );
+    // The queue's metrics count what the workers did: the election's reconciles waited (each
+    // counted once), and the queue is empty once the lease is held and nothing is due.
+    let sample = |text: &str, name: &str| {
+        text.lines()
+            .find(|l| l.split(' ').next() == Some(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let waits = sample(&text, "arbiter_queue_wait_seconds_count").expect("the wait count");
+    assert!(waits >= 1.0, "no reconcile counted: {waits}");
+    eventually("the queue to drain", DEADLINE, || async {
+        let m = op.http_get("/metrics").await;
+        (sample(&m, "arbiter_queue_depth") == Some(0.0)).then_some(())
+    })
+    .await;
 }
 
 /// `arbiter status --watch` while its connection to the API server goes dead (a proxy that
