@@ -548,7 +548,7 @@ pub fn decide(
         // Only those that could outrank every candidate that answered are asked. The best of
         // them is asked alone: it usually answers, and then nobody else needs a ping (nor
         // writes an answer). Once a candidate of this lease has ignored a ping, all of them
-        // are asked at once, so that a dead candidate costs an election one ack window, not
+        // are asked at once, so that a dead candidate costs an election one ack window more, not
         // one per dead candidate.
         let best_acked = pool
             .iter()
