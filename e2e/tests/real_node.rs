@@ -700,6 +700,9 @@ async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv
     // If job-b held a term in between (job-a's restart registered after the election), it
     // handed back to job-a and its agent exited: wait until its restarted process stands.
     registered_by_running_container(&env, "job-b").await;
+    // Every version of job-a's candidate from now on: once the arbiter reports that the
+    // process that registered it exited, it must not ping it (nobody would answer).
+    let a_versions = record_candidate(&env, "job-a").await;
     // The second: the kubelet backs off; job-b gets the lease while job-a's container waits.
     kill_agent(&env, "job-a").await;
     let next = eventually("another holder", Duration::from_secs(40), || async {
@@ -717,4 +720,75 @@ async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv
         c.state.as_ref().is_some_and(|s| s.running.is_none()),
         "{c:?}"
     );
+    // While its container waits, job-a (the older version, so the one the arbiter would hand
+    // the lease back to) is reported as a process that exited, and is not pinged: a ping would
+    // wait out the ack window for nobody (found by the chaos suite: a restarting best candidate
+    // delayed an election by 5 s).
+    const EXITED: &str = "the process that registered it exited";
+    let versions = eventually(
+        "job-a to be reported as a process that exited",
+        DEADLINE,
+        || async {
+            let v = a_versions.lock().unwrap().clone();
+            v.iter().any(|x| x.2.contains(EXITED)).then_some(v)
+        },
+    )
+    .await;
+    let first = versions.iter().position(|x| x.2.contains(EXITED)).unwrap();
+    let (incarnation, pinged, _) = versions[first].clone();
+    for later in &versions[first..] {
+        if later.0 == incarnation {
+            assert_eq!(
+                later.1, pinged,
+                "job-a pinged after its process exited: {versions:#?}"
+            );
+        }
+    }
+}
+
+/// (incarnation, pingTime, Eligible condition's "reason: message") of one version of a
+/// candidate.
+type CandidateVersion = (Option<String>, Option<String>, String);
+
+/// Every version of candidate `name` a watch sees from now on (consecutive repeats dropped).
+async fn record_candidate(
+    env: &TestEnv,
+    name: &str,
+) -> Arc<std::sync::Mutex<Vec<CandidateVersion>>> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = seen.clone();
+    let api: Api<arbiter::api::LeaseCandidate> = env.api();
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut events = watcher(api, cfg).applied_objects().boxed();
+        while let Some(ev) = events.next().await {
+            let Ok(c) = ev else { continue };
+            let eligible = c
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Eligible"))
+                .map(|x| format!("{}: {}", x.reason, x.message))
+                .unwrap_or_default();
+            let entry = (
+                c.annotations()
+                    .get(arbiter::lease::INCARNATION_ANNOTATION)
+                    .cloned(),
+                c.spec.ping_time.as_ref().map(|t| t.0.to_string()),
+                eligible,
+            );
+            let mut v = out.lock().unwrap();
+            if v.last() != Some(&entry) {
+                v.push(entry);
+            }
+        }
+    });
+    eventually(
+        &format!("the watch to see candidate {name}"),
+        Duration::from_secs(30),
+        || async { (!seen.lock().unwrap().is_empty()).then_some(()) },
+    )
+    .await;
+    seen
 }

@@ -201,6 +201,14 @@ impl Worker {
                 withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
             })
             .collect();
+        // The Lease's holder is judged by the process that took its term, which the view below
+        // knows (proof that it ended stops it), not by the one its candidate names now.
+        if let Some(h) = lease.as_deref().and_then(lease::holder)
+            && let Some(i) = inputs.iter_mut().find(|i| i.name == h)
+            && i.pod == decide::PodState::ProcessExited
+        {
+            i.pod = decide::PodState::Running;
+        }
         let View {
             lease: lease_view,
             previous,

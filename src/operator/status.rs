@@ -2,7 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::election::decide::{Decision, Reason, Standing};
+use crate::election::decide::{Decision, PodState, Reason, Standing};
 use crate::election::strategy::Resolution;
 
 pub const LEADER: &str = "Leader";
@@ -68,6 +68,12 @@ pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> V
                 Reason::NoEmulationVersion => (
                     "NoEmulationVersion",
                     "OldestEmulationVersion needs an emulationVersion".to_string(),
+                ),
+                Reason::PodNotRunning(PodState::ProcessExited) => (
+                    "PodNotRunning",
+                    "the process that registered it exited (its container ended or waits to \
+                     restart); eligible again once a new process registers"
+                        .to_string(),
                 ),
                 Reason::PodNotRunning(state) => {
                     ("PodNotRunning", format!("the candidate's pod is {state:?}"))

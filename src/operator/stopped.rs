@@ -121,6 +121,18 @@ pub fn incarnation_ended(pod: &Pod, incarnation: &str) -> bool {
     })
 }
 
+/// The process that registered `candidate` (its incarnation annotation) is gone from its
+/// running pod: the kubelet reported its container's end with that process's message, or no
+/// container of the pod runs. Until a new process registers, nobody would answer a ping.
+pub fn registered_process_exited(candidate: &crate::api::LeaseCandidate, pod: &Pod) -> bool {
+    let incarnation = candidate
+        .annotations()
+        .get(crate::lease::INCARNATION_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or_default();
+    incarnation_ended(pod, incarnation) || nothing_runs(pod)
+}
+
 /// Every container status of a pod: its containers', then its init containers' (a sidecar, a
 /// restartable init container, may run beside them).
 pub fn statuses(pod: &Pod) -> impl Iterator<Item = &ContainerStatus> {
@@ -333,6 +345,58 @@ mod tests {
                 ..Default::default()
             }]);
         assert!(!incarnation_ended(&gc, "a1"));
+    }
+
+    #[test]
+    fn a_candidate_whose_registered_process_exited_waits_for_a_new_one() {
+        let registered_by = |incarnation: Option<&str>| {
+            let mut c = crate::api::LeaseCandidate::new(
+                "c",
+                crate::api::LeaseCandidateSpec {
+                    lease_name: "l".into(),
+                    binary_version: "1.30.0".into(),
+                    emulation_version: None,
+                    strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
+                    ping_time: None,
+                    renew_time: None,
+                },
+            );
+            if let Some(i) = incarnation {
+                c.metadata.annotations = Some(std::collections::BTreeMap::from([(
+                    crate::lease::INCARNATION_ANNOTATION.to_string(),
+                    i.to_string(),
+                )]));
+            }
+            c
+        };
+        let a1 = crate::lease::termination_message("a1");
+        let restarted = with(vec![container("restarted", &a1)], vec![]);
+        // Its container was restarted after a1 wrote its message: a1 is gone, and the process
+        // that runs now has not registered yet.
+        assert!(registered_process_exited(
+            &registered_by(Some("a1")),
+            &restarted
+        ));
+        // The new process registered (a2): it is the one a ping reaches.
+        assert!(!registered_process_exited(
+            &registered_by(Some("a2")),
+            &restarted
+        ));
+        // Waiting in crash-loop back-off: no container runs, whoever registered.
+        let waiting = pod("p", "Running", &[true]);
+        assert!(registered_process_exited(
+            &registered_by(Some("a2")),
+            &waiting
+        ));
+        assert!(registered_process_exited(&registered_by(None), &waiting));
+        // Running, and nothing says the registered process ended (a library user without a
+        // termination log, too).
+        let running = with(vec![container("running", "")], vec![]);
+        assert!(!registered_process_exited(
+            &registered_by(Some("a1")),
+            &running
+        ));
+        assert!(!registered_process_exited(&registered_by(None), &running));
     }
 
     #[test]

@@ -355,6 +355,9 @@ pub(super) fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
             match phase {
                 _ if super::stopped::terminal(&pod) => PodState::Stopped,
                 _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
+                Some("Running") if super::stopped::registered_process_exited(c, &pod) => {
+                    PodState::ProcessExited
+                }
                 Some("Running") => PodState::Running,
                 _ => PodState::NotRunning,
             }

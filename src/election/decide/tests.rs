@@ -992,6 +992,7 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
         PodState::NotRunning,
         PodState::Stopped,
         PodState::Missing,
+        PodState::ProcessExited,
     ]);
     (
         versions.clone(),
