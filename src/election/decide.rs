@@ -72,9 +72,9 @@ pub enum PodState {
     /// The pod is not known (not yet seen, or force-deleted): not electable, and no proof.
     Missing,
     /// The pod runs, but the process that registered the candidate exited: the kubelet
-    /// reported its container's end with that process's termination message, or no container
-    /// of the pod runs (one waits in crash-loop back-off). Not electable until a new process
-    /// registers: a ping would wait out the ack window for nobody.
+    /// reported its container's end with that process's termination message. Not electable
+    /// until a new process registers: a ping would wait out the ack window for nobody. (No
+    /// proof that a term ended: only [`PodState::Stopped`] is.)
     ProcessExited,
 }
 

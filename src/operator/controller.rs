@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
@@ -22,9 +21,10 @@ use super::depose::{self, Deposer, Target};
 use super::held::Held;
 use super::index::owner_pod;
 use super::metrics::{LeaseLabels, Metrics};
-use super::queue::{LeaseKey, Queue};
+use super::queue::{Enqueue, LeaseKey, Queue};
 use super::report::{publish, report};
 use super::single_active::{self, Prepared};
+use super::status_writer::{StatusWriter, write_statuses};
 use super::terms::TermLedger;
 use super::view::{Seen, View};
 use super::watch::{Caches, pod_state};
@@ -45,11 +45,19 @@ pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 pub async fn run(
     client: Client,
     caches: Caches,
-    queues: Vec<Queue>,
+    (enqueue, queues): (Enqueue, Vec<Queue>),
     settings: Settings,
     metrics: Arc<Metrics>,
 ) {
     let recorder = Recorder::new(client.clone(), settings.reporter());
+    let (statuses, pending) = StatusWriter::new();
+    let writer = write_statuses(
+        pending,
+        client.clone(),
+        recorder.clone(),
+        enqueue,
+        metrics.status_writes_pending.clone(),
+    );
     let workers = queues.into_iter().enumerate().map(|(index, queue)| {
         let worker = Worker {
             terms: TermLedger::new(client.clone()),
@@ -63,12 +71,18 @@ pub async fn run(
             timers: HashMap::new(),
             reported: HashSet::new(),
             held: Held::default(),
-            statuses: Written::default(),
+            statuses: statuses.clone(),
             pings: Written::default(),
         };
         Box::pin(work(index, worker, queue))
     });
-    futures::future::select_all(workers).await;
+    let workers: Vec<_> = workers.collect();
+    // The writer ends only when the workers are gone; either ending stops the arbiter.
+    drop(statuses);
+    tokio::select! {
+        _ = futures::future::select_all(workers) => {}
+        _ = writer => {}
+    }
 }
 
 /// One worker's loop: reconciles its queue's leases one at a time.
@@ -112,8 +126,8 @@ pub(super) struct Worker {
     pub(super) reported: HashSet<(String, String)>,
     /// Each lease's holder as this process last saw or assigned it.
     pub(super) held: Held,
-    /// Candidates' statuses this worker wrote that its cache may not show yet.
-    statuses: Written<Vec<Condition>>,
+    /// Writes candidates' statuses apart from the elections, and remembers what it was given.
+    statuses: StatusWriter,
     /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
     pub(super) pings: Written<Option<jiff::Timestamp>>,
 }
@@ -201,20 +215,25 @@ impl Worker {
                 withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
             })
             .collect();
-        // The Lease's holder is judged by the process that took its term, which the view below
-        // knows (proof that it ended stops it), not by the one its candidate names now.
-        if let Some(h) = lease.as_deref().and_then(lease::holder)
-            && let Some(i) = inputs.iter_mut().find(|i| i.name == h)
-            && i.pod == decide::PodState::ProcessExited
-        {
-            i.pod = decide::PodState::Running;
-        }
         let View {
             lease: lease_view,
             previous,
             term_ended,
             released,
         } = self.view(key, lease.as_deref(), &candidates, &mut inputs);
+        // While its term runs, the Lease's holder is judged by the process that took the term,
+        // which the view knows (proof that it ended stops it: `Stopped`), not by the one its
+        // candidate names now. Once the term is over (lapsed, or its pod or process proven
+        // stopped) it is a candidate like any other.
+        if let Some(l) = lease_view
+            .as_ref()
+            .filter(|l| !l.expired() && !l.holder_pod_stopped)
+            && let Some(h) = l.holder.as_deref()
+            && let Some(i) = inputs.iter_mut().find(|i| i.name == h)
+            && i.pod == decide::PodState::ProcessExited
+        {
+            i.pod = decide::PodState::Running;
+        }
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
             let note = format!("released lease {}", key.name);
             publish(
@@ -411,7 +430,6 @@ impl Worker {
             })
             .collect();
         report(
-            &self.client,
             &self.recorder,
             &self.metrics,
             key,
@@ -422,7 +440,7 @@ impl Worker {
             term,
             &duplicates,
             &overruns,
-            &mut self.statuses,
+            &self.statuses,
         )
         .await;
 

@@ -21,6 +21,7 @@ pub mod report;
 pub mod single_active;
 pub mod slim;
 pub mod status;
+pub mod status_writer;
 pub mod stopped;
 pub mod terms;
 mod view;
@@ -191,7 +192,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let (caches, mut watch_errors) = watch::watch_all(
         client.clone(),
         settings.watch_namespace.as_deref(),
-        enqueue,
+        enqueue.clone(),
         metrics.pods_followed.clone(),
     );
     // Watch errors are retried with backoff inside the stream; log them. The stream ends only if
@@ -244,7 +245,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let run = controller::run(
         client.clone(),
         caches,
-        queues,
+        (enqueue, queues),
         settings.clone(),
         metrics.clone(),
     );

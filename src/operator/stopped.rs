@@ -122,15 +122,17 @@ pub fn incarnation_ended(pod: &Pod, incarnation: &str) -> bool {
 }
 
 /// The process that registered `candidate` (its incarnation annotation) is gone from its
-/// running pod: the kubelet reported its container's end with that process's message, or no
-/// container of the pod runs. Until a new process registers, nobody would answer a ping.
+/// running pod: the kubelet reported its container's end with that process's termination
+/// message. Until a new process registers (a new incarnation), nobody would answer a ping.
+/// (Not "no container runs": a new process may register before the kubelet reports its
+/// container running, and would be passed over for a moment.)
 pub fn registered_process_exited(candidate: &crate::api::LeaseCandidate, pod: &Pod) -> bool {
     let incarnation = candidate
         .annotations()
         .get(crate::lease::INCARNATION_ANNOTATION)
         .map(String::as_str)
         .unwrap_or_default();
-    incarnation_ended(pod, incarnation) || nothing_runs(pod)
+    incarnation_ended(pod, incarnation)
 }
 
 /// Every container status of a pod: its containers', then its init containers' (a sidecar, a
@@ -382,13 +384,31 @@ mod tests {
             &registered_by(Some("a2")),
             &restarted
         ));
-        // Waiting in crash-loop back-off: no container runs, whoever registered.
-        let waiting = pod("p", "Running", &[true]);
+        // Waiting to restart with a1's message: a1 is gone.
+        let mut waiting = with(vec![container("restarted", &a1)], vec![]);
+        waiting
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0]
+            .state = Some(ContainerState {
+            waiting: Some(Default::default()),
+            ..ContainerState::default()
+        });
         assert!(registered_process_exited(
-            &registered_by(Some("a2")),
+            &registered_by(Some("a1")),
             &waiting
         ));
-        assert!(registered_process_exited(&registered_by(None), &waiting));
+        // No container runs, but no message names the registered process (a new process may
+        // have registered before the kubelet reports its container): not passed over.
+        let stopped = pod("p", "Running", &[true]);
+        assert!(!registered_process_exited(
+            &registered_by(Some("a2")),
+            &stopped
+        ));
+        assert!(!registered_process_exited(&registered_by(None), &stopped));
         // Running, and nothing says the registered process ended (a library user without a
         // termination log, too).
         let running = with(vec![container("running", "")], vec![]);
