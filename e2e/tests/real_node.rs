@@ -20,7 +20,7 @@ use crate::chart::{install, run_helm};
 use crate::single_active::{Invariant, one_active, wait_ready};
 use crate::support::agent::{Entry, WORKLOAD, read_log};
 use crate::support::node::{self, ARBITER_IMAGE, BUSYBOX_IMAGE};
-use crate::support::operator::{Operator, Responder, create_candidate, wait_for_holder};
+use crate::support::operator::{Operator, Responder, create_candidate, record, wait_for_holder};
 use crate::support::{TestEnv, eventually, repo_root};
 
 crate::tests![real_node:
@@ -755,40 +755,20 @@ async fn record_candidate(
     env: &TestEnv,
     name: &str,
 ) -> Arc<std::sync::Mutex<Vec<CandidateVersion>>> {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let out = seen.clone();
-    let api: Api<arbiter::api::LeaseCandidate> = env.api();
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    tokio::spawn(async move {
-        let mut events = watcher(api, cfg).applied_objects().boxed();
-        while let Some(ev) = events.next().await {
-            let Ok(c) = ev else { continue };
-            let eligible = c
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Eligible"))
-                .map(|x| format!("{}: {}", x.reason, x.message))
-                .unwrap_or_default();
-            let entry = (
-                c.annotations()
-                    .get(arbiter::lease::INCARNATION_ANNOTATION)
-                    .cloned(),
-                c.spec.ping_time.as_ref().map(|t| t.0.to_string()),
-                eligible,
-            );
-            let mut v = out.lock().unwrap();
-            if v.last() != Some(&entry) {
-                v.push(entry);
-            }
-        }
-    });
-    eventually(
-        &format!("the watch to see candidate {name}"),
-        Duration::from_secs(30),
-        || async { (!seen.lock().unwrap().is_empty()).then_some(()) },
-    )
-    .await;
-    seen
+    record(env.api::<arbiter::api::LeaseCandidate>(), name, |c| {
+        let eligible = c
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Eligible"))
+            .map(|x| format!("{}: {}", x.reason, x.message))
+            .unwrap_or_default();
+        (
+            c.annotations()
+                .get(arbiter::lease::INCARNATION_ANNOTATION)
+                .cloned(),
+            c.spec.ping_time.as_ref().map(|t| t.0.to_string()),
+            eligible,
+        )
+    })
+    .await
 }

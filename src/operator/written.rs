@@ -160,11 +160,12 @@ impl<T> Write<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-    fn cond(status: &str) -> Vec<Condition> {
+    /// A status of one `Leader` condition at `status` (shared with the status writer's tests).
+    pub fn cond(status: &str) -> Vec<Condition> {
         vec![Condition {
             type_: "Leader".into(),
             status: status.into(),

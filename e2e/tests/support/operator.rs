@@ -308,32 +308,51 @@ impl LeaseHistory {
 /// once the watch has seen the Lease as it is now (which must exist), so that nothing written
 /// after the call is missed; a watch error does not end the recording.
 pub async fn record_lease(env: &TestEnv, name: &str) -> LeaseHistory {
+    let seen = record(env.api::<Lease>(), name, |l| {
+        (
+            arbiter::lease::holder(l).map(str::to_string),
+            arbiter::lease::preferred_holder(l).map(str::to_string),
+            arbiter::lease::term(l),
+        )
+    })
+    .await;
+    LeaseHistory(seen)
+}
+
+/// What `entry` makes of every version of object `name` a watch sees from now on (consecutive
+/// repeats dropped). Returns once the watch has seen the object as it is now (which must
+/// exist); a watch error does not end the recording.
+pub async fn record<K, T>(
+    api: Api<K>,
+    name: &str,
+    entry: impl Fn(&K) -> T + Send + 'static,
+) -> Arc<Mutex<Vec<T>>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+    T: PartialEq + Send + 'static,
+{
     let seen = Arc::new(Mutex::new(Vec::new()));
     let out = seen.clone();
-    let api: Api<Lease> = env.api();
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     tokio::spawn(async move {
         let mut events = watcher(api, cfg).applied_objects().boxed();
         while let Some(ev) = events.next().await {
-            let Ok(l) = ev else { continue };
-            let entry = (
-                arbiter::lease::holder(&l).map(str::to_string),
-                arbiter::lease::preferred_holder(&l).map(str::to_string),
-                arbiter::lease::term(&l),
-            );
+            let Ok(obj) = ev else { continue };
+            let e = entry(&obj);
             let mut v = out.lock().unwrap();
-            if v.last() != Some(&entry) {
-                v.push(entry);
+            if v.last() != Some(&e) {
+                v.push(e);
             }
         }
     });
     eventually(
-        &format!("the watch to see lease {name}"),
+        &format!("the watch to see {name}"),
         Duration::from_secs(30),
         || async { (!seen.lock().unwrap().is_empty()).then_some(()) },
     )
     .await;
-    LeaseHistory(seen)
+    seen
 }
 
 /// Waits until the Lease names `holder`, and returns it.

@@ -1,20 +1,9 @@
 use std::sync::Mutex as StdMutex;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::oneshot;
 
+use super::super::written::tests::cond as leader;
 use super::*;
-
-fn leader(status: &str) -> Vec<Condition> {
-    vec![Condition {
-        type_: "Leader".into(),
-        status: status.into(),
-        reason: "R".into(),
-        message: "m".into(),
-        last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
-        observed_generation: None,
-    }]
-}
 
 fn update(uid: &str, status: &str, event: &'static str) -> StatusUpdate {
     StatusUpdate {
