@@ -149,25 +149,6 @@ struct QueueWait {
     count: u64,
 }
 
-/// Waits (up to 20 minutes) until the operator has no candidate status left to write;
-/// `None` if it still had some then.
-async fn statuses_drained(operator: &Operator) -> Option<()> {
-    let deadline = Instant::now() + Duration::from_secs(1200);
-    while Instant::now() < deadline {
-        let text = operator.http_get("/metrics").await;
-        let pending = text
-            .lines()
-            .find_map(|l| l.strip_prefix("arbiter_status_writes_pending "))
-            .and_then(|v| v.trim().parse::<f64>().ok());
-        // (An operator without the gauge writes its statuses inline.)
-        if pending.is_none_or(|p| p == 0.0) {
-            return Some(());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    None
-}
-
 impl QueueWait {
     async fn read(operator: &Operator) -> QueueWait {
         let text = operator.http_get("/metrics").await;
@@ -376,11 +357,8 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
         return;
     }
 
-    // The elections' reports (candidates' statuses, Events) are written after the Leases.
-    let statuses_written = statuses_drained(&operator)
-        .await
-        .map(|()| started.elapsed());
-    // Steady state, once the election's after-effects are written.
+    // Steady state, once the election's after-effects (candidates' statuses, Events) are
+    // written.
     tokio::time::sleep(SETTLE).await;
     let from = jiff::Timestamp::now();
     tokio::time::sleep(window).await;
@@ -451,9 +429,6 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     })
     .await;
     // The burst's after-effects (the deposed candidates' statuses, Events).
-    let burst_statuses_written = statuses_drained(&operator)
-        .await
-        .map(|()| failed_at.elapsed());
     tokio::time::sleep(Duration::from_secs(10)).await;
     let burst_writes = writes(&audit.count(failed_at_wall, jiff::Timestamp::now()));
     let queue_after_burst = QueueWait::read(&operator).await;
@@ -469,13 +444,6 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
         "| every lease held after | {:.1} s |",
         converged.as_secs_f64()
     );
-    match statuses_written {
-        Some(t) => println!(
-            "| every candidate's status written after | {:.1} s |",
-            t.as_secs_f64()
-        ),
-        None => println!("| every candidate's status written after | not within 20 min more |"),
-    }
     println!("| operator RSS in steady state | {rss_steady:.1} MiB |");
     println!("| operator peak RSS | {rss_peak:.1} MiB |");
     println!("| operator CPU, start to every lease held | {cpu_start:.1} s |");
@@ -525,12 +493,6 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
             );
         }
         None => println!("| re-election after 10% of holders fail | not all within 600 s |"),
-    }
-    if let Some(t) = burst_statuses_written {
-        println!(
-            "| same, every status written, from the failure | {:.1} s |",
-            t.as_secs_f64()
-        );
     }
     println!("| operator CPU, whole run | {cpu_end:.1} s |");
 

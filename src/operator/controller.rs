@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
@@ -21,10 +22,9 @@ use super::depose::{self, Deposer, Target};
 use super::held::Held;
 use super::index::owner_pod;
 use super::metrics::{LeaseLabels, Metrics};
-use super::queue::{Enqueue, LeaseKey, Queue};
+use super::queue::{LeaseKey, Queue};
 use super::report::{publish, report};
 use super::single_active::{self, Prepared};
-use super::status_writer::{StatusWriter, write_statuses};
 use super::terms::TermLedger;
 use super::view::{Seen, View};
 use super::watch::{Caches, pod_state};
@@ -45,19 +45,11 @@ pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 pub async fn run(
     client: Client,
     caches: Caches,
-    (enqueue, queues): (Enqueue, Vec<Queue>),
+    queues: Vec<Queue>,
     settings: Settings,
     metrics: Arc<Metrics>,
 ) {
     let recorder = Recorder::new(client.clone(), settings.reporter());
-    let (statuses, pending) = StatusWriter::new();
-    let writer = write_statuses(
-        pending,
-        client.clone(),
-        recorder.clone(),
-        enqueue,
-        metrics.status_writes_pending.clone(),
-    );
     let workers = queues.into_iter().enumerate().map(|(index, queue)| {
         let worker = Worker {
             terms: TermLedger::new(client.clone()),
@@ -71,18 +63,12 @@ pub async fn run(
             timers: HashMap::new(),
             reported: HashSet::new(),
             held: Held::default(),
-            statuses: statuses.clone(),
+            statuses: Written::default(),
             pings: Written::default(),
         };
         Box::pin(work(index, worker, queue))
     });
-    let workers: Vec<_> = workers.collect();
-    // The writer ends only when the workers are gone; either ending stops the arbiter.
-    drop(statuses);
-    tokio::select! {
-        _ = futures::future::select_all(workers) => {}
-        _ = writer => {}
-    }
+    futures::future::select_all(workers).await;
 }
 
 /// One worker's loop: reconciles its queue's leases one at a time.
@@ -126,8 +112,8 @@ pub(super) struct Worker {
     pub(super) reported: HashSet<(String, String)>,
     /// Each lease's holder as this process last saw or assigned it.
     pub(super) held: Held,
-    /// Writes candidates' statuses apart from the elections, and remembers what it was given.
-    statuses: StatusWriter,
+    /// Candidates' statuses this worker wrote that its cache may not show yet.
+    statuses: Written<Vec<Condition>>,
     /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
     pub(super) pings: Written<Option<jiff::Timestamp>>,
 }
@@ -430,6 +416,7 @@ impl Worker {
             })
             .collect();
         report(
+            &self.client,
             &self.recorder,
             &self.metrics,
             key,
@@ -440,7 +427,7 @@ impl Worker {
             term,
             &duplicates,
             &overruns,
-            &self.statuses,
+            &mut self.statuses,
         )
         .await;
 

@@ -77,8 +77,6 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     /// Leases due for a reconcile in the workers' queues (deduplicated), not yet picked up.
     pub queue_depth: Gauge,
-    /// Candidates' status writes (with their Events) waiting or in flight.
-    pub status_writes_pending: Gauge,
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
     /// Pods labelled `arbiter.dev/role=active` per single-active lease, as observed.
     pub active_pods: Family<LeaseLabels, Gauge>,
@@ -184,7 +182,6 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             queue_wait: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             queue_depth: Gauge::default(),
-            status_writes_pending: Gauge::default(),
             candidates_per_lease: Family::default(),
             active_pods: Family::default(),
             double_holders: Counter::default(),
@@ -273,11 +270,6 @@ impl Metrics {
             "queue_depth",
             "Leases due for a reconcile in the workers' queues (deduplicated), not yet picked up",
             m.queue_depth.clone(),
-        );
-        registry.register(
-            "status_writes_pending",
-            "Candidates' status writes (with their Events) waiting or in flight (a candidate may have one of each): the elections' own writes go first",
-            m.status_writes_pending.clone(),
         );
         registry.register(
             "handover_seconds",

@@ -21,7 +21,6 @@ pub mod report;
 pub mod single_active;
 pub mod slim;
 pub mod status;
-pub mod status_writer;
 pub mod stopped;
 pub mod terms;
 mod view;
@@ -192,7 +191,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let (caches, mut watch_errors) = watch::watch_all(
         client.clone(),
         settings.watch_namespace.as_deref(),
-        enqueue.clone(),
+        enqueue,
         metrics.pods_followed.clone(),
     );
     // Watch errors are retried with backoff inside the stream; log them. The stream ends only if
@@ -245,7 +244,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let run = controller::run(
         client.clone(),
         caches,
-        (enqueue, queues),
+        queues,
         settings.clone(),
         metrics.clone(),
     );

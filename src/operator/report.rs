@@ -2,21 +2,28 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
 
 use super::metrics::Metrics;
 use super::queue::LeaseKey;
 use super::status;
-use super::status_writer::{Note, StatusUpdate, StatusWriter};
+use super::written::Written;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
+
+/// How many independent writes for one lease (candidates' statuses) are in flight at once.
+const CONCURRENT_WRITES: usize = 8;
 
 /// Conditions on candidates, Events and metrics for what was decided and done.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn report(
+    client: &Client,
     recorder: &Recorder,
     metrics: &Metrics,
     key: &LeaseKey,
@@ -27,7 +34,7 @@ pub(super) async fn report(
     term: i32,
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
-    statuses: &StatusWriter,
+    written: &mut Written<Vec<Condition>>,
 ) {
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
@@ -39,6 +46,8 @@ pub(super) async fn report(
         duplicates,
         overruns,
     };
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+    let mut updates = Vec::new();
     let now = std::time::Instant::now();
     // A lease's first election: while the arbiter waits for answers to its pings, a candidate
     // never reported on waits for the outcome (an ack window or two): written now, the new
@@ -48,7 +57,6 @@ pub(super) async fn report(
     // clock, does not hold reports back.)
     let first_election_settling =
         !lease_exists && matches!(decision.action, Action::Ping { .. } | Action::WaitForAcks);
-    let mut urgent = Vec::new();
     for c in candidates {
         let name = c.name_any();
         let cached = c
@@ -57,8 +65,8 @@ pub(super) async fn report(
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
         let uid = c.uid().unwrap_or_default();
-        // What was handed over last, if the cache does not show it yet.
-        let mine = statuses.current(&uid, cached, now);
+        // What this worker wrote last, if the cache does not show it yet.
+        let mine = written.current(&uid, cached, now);
         let current = mine.as_deref().unwrap_or(cached);
         if first_election_settling && current.is_empty() {
             continue;
@@ -70,80 +78,81 @@ pub(super) async fn report(
         // Events on transitions only, so a steady state is quiet.
         let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
         let mut events = Vec::new();
-        let mut note = |type_, reason, text| {
-            events.push(Note {
-                type_,
-                reason,
-                text,
-            })
-        };
         if became(status::LEADER) {
-            note(
+            events.push((
                 EventType::Normal,
                 "Elected",
                 format!("elected holder of lease {} at term {term}", key.name),
-            );
+            ));
         }
         if status::is_true(current, status::LEADER) && !status::is_true(&conditions, status::LEADER)
         {
-            note(
+            events.push((
                 EventType::Normal,
                 "Deposed",
                 format!("no longer holds lease {}", key.name),
-            );
+            ));
         }
         if became(status::DUPLICATE_IDENTITY) {
-            note(
+            events.push((
                 EventType::Warning,
                 "DuplicateIdentity",
                 message(&conditions, status::DUPLICATE_IDENTITY),
-            );
+            ));
         }
         if became(status::DOUBLE_HOLDER) {
             metrics.double_holders.inc();
             tracing::error!(lease = %key, candidate = %name, "a workload ran past its term: double holder");
-            note(
+            events.push((
                 EventType::Warning,
                 "DoubleHolder",
                 message(&conditions, status::DOUBLE_HOLDER),
-            );
+            ));
         }
         if became(status::STRATEGY_CONFLICT) {
             metrics.strategy_conflicts.inc();
-            note(
+            events.push((
                 EventType::Warning,
                 "StrategyConflict",
                 message(&conditions, status::STRATEGY_CONFLICT),
-            );
+            ));
         }
         if became(status::SKEW_VIOLATION) {
             metrics.skew_violations.inc();
-            note(
+            events.push((
                 EventType::Warning,
                 "SkewViolation",
                 message(&conditions, status::SKEW_VIOLATION),
-            );
+            ));
         }
-        // Written by the status writer, apart from the elections; a Leader transition (the
-        // memory a replica taking over inherits) at once, and waited for.
-        let leader_changed = status::is_true(&conditions, status::LEADER)
-            != status::is_true(current, status::LEADER);
-        let update = StatusUpdate {
-            lease: key.clone(),
-            name,
-            uid,
-            conditions,
-            events,
-            reference: c.object_ref(&()),
-        };
-        if leader_changed {
-            urgent.push(statuses.submit_urgent(cached.to_vec(), update, now));
-        } else {
-            statuses.submit(cached.to_vec(), update, now);
-        }
+        // No observedGeneration (see status::conditions); null removes one an earlier version wrote.
+        let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
+        let (api, read) = (&api, cached.to_vec());
+        updates.push(async move {
+            let done = match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Some((uid, read, conditions)),
+                Err(e) => {
+                    tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
+                    None
+                }
+            };
+            for (type_, reason, note) in events {
+                publish(recorder, &c.object_ref(&()), type_, reason, note).await;
+            }
+            done
+        });
     }
-    // (A failed write was logged by the writer, which reconciles the lease again.)
-    futures::future::join_all(urgent).await;
+    // Candidates' statuses are independent of each other: written side by side.
+    let done = futures::stream::iter(updates)
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect::<Vec<_>>()
+        .await;
+    for (uid, read, wrote) in done.into_iter().flatten() {
+        written.record(&uid, read, wrote, now);
+    }
     if let Action::RefuseSwitchover { reason } = &decision.action
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
     {

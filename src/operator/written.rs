@@ -12,12 +12,6 @@
 //! memory is kept at most [`KEPT_FOR`], so a hand edit that puts back exactly the value read
 //! before is overlooked no longer than that.
 //!
-//! A status is handed to the status writer ([`super::status_writer`]) rather than written by
-//! the worker: its memory is recorded when handed over ([`Written::record_pending`]) and stands,
-//! however long the write waits and whatever the cache shows meanwhile (the pending write will
-//! overwrite it), until the writer reports it done ([`Written::done`]; then [`KEPT_FOR`] counts)
-//! or failed ([`Written::forget`]).
-//!
 //! Pings use it only to not send a ping again, never as the candidate's ping time: a ping the
 //! cache does not show yet would otherwise age into "unanswered" while its answer is merely
 //! late in the same watch.
@@ -33,10 +27,7 @@ struct Write<T> {
     read: T,
     /// Every value written over `read`, the last one last.
     wrote: Vec<T>,
-    /// When the last write was done; `None` while a write handed over is pending.
-    at: Option<Instant>,
-    /// Writes handed over and not done yet.
-    pending: usize,
+    at: Instant,
 }
 
 impl<T> Write<T> {
@@ -75,8 +66,7 @@ impl<T: Clone> Written<T> {
         Q: PartialEq + ?Sized,
     {
         let w = self.writes.get(uid)?;
-        // A pending write will overwrite whatever the cache shows (someone else's write too).
-        if w.pending > 0 || (w.behind(cached) && w.fresh(now)) {
+        if w.behind(cached) && now.saturating_duration_since(w.at) < KEPT_FOR {
             return w.wrote.last().cloned();
         }
         self.writes.remove(uid);
@@ -88,84 +78,35 @@ impl<T: Clone> Written<T> {
     where
         T: PartialEq,
     {
-        let w = self.chain(uid, cached, wrote, now);
-        if w.pending == 0 {
-            w.at = Some(now);
-        }
-    }
-
-    /// Records that `wrote` was handed over to be written while the cache showed `cached`: it
-    /// stands until [`Self::done`] or [`Self::forget`].
-    pub fn record_pending(&mut self, uid: &str, cached: T, wrote: T, now: Instant)
-    where
-        T: PartialEq,
-    {
-        let w = self.chain(uid, cached, wrote, now);
-        w.pending += 1;
-        w.at = None;
-    }
-
-    /// `writes` of the writes handed over for `uid` are done (a write may stand for several
-    /// handed over in a row): once none is pending, [`KEPT_FOR`] counts from `now`.
-    pub fn done(&mut self, uid: &str, writes: usize, now: Instant) {
-        if let Some(w) = self.writes.get_mut(uid) {
-            w.pending = w.pending.saturating_sub(writes);
-            if w.pending == 0 {
-                w.at = Some(now);
-            }
-        }
-    }
-
-    /// A write failed: the cache counts again.
-    pub fn forget(&mut self, uid: &str) {
-        self.writes.remove(uid);
-    }
-
-    fn chain(&mut self, uid: &str, cached: T, wrote: T, now: Instant) -> &mut Write<T>
-    where
-        T: PartialEq,
-    {
         match self.writes.get_mut(uid) {
             // Written over a write the cache does not show yet: the chain goes on.
-            Some(w) if w.pending > 0 || w.behind(&cached) => {
+            Some(w) if w.behind(&cached) => {
                 w.wrote.push(wrote);
-                if w.pending == 0 {
-                    w.at = Some(now);
-                }
+                w.at = now;
             }
             _ => {
                 let w = Write {
                     read: cached,
                     wrote: vec![wrote],
-                    at: Some(now),
-                    pending: 0,
+                    at: now,
                 };
                 self.writes.insert(uid.to_string(), w);
             }
         }
         if self.writes.len() >= self.prune_at.max(64) {
-            self.writes.retain(|k, w| k == uid || w.fresh(now));
+            self.writes
+                .retain(|_, w| now.saturating_duration_since(w.at) < KEPT_FOR);
             self.prune_at = 2 * self.writes.len();
         }
-        self.writes.get_mut(uid).expect("just recorded, and kept")
-    }
-}
-
-impl<T> Write<T> {
-    /// Pending, or done less than [`KEPT_FOR`] ago.
-    fn fresh(&self, now: Instant) -> bool {
-        self.at
-            .is_none_or(|at| now.saturating_duration_since(at) < KEPT_FOR)
     }
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-    /// A status of one `Leader` condition at `status` (shared with the status writer's tests).
-    pub fn cond(status: &str) -> Vec<Condition> {
+    fn cond(status: &str) -> Vec<Condition> {
         vec![Condition {
             type_: "Leader".into(),
             status: status.into(),
@@ -219,65 +160,6 @@ pub(super) mod tests {
         let t0 = Instant::now();
         w.record(UID, cond("False"), cond("True"), t0);
         assert_eq!(w.current(UID, &cond("False")[..], t0 + KEPT_FOR), None);
-    }
-
-    #[test]
-    fn a_pending_write_stands_until_done_then_kept_for_counts() {
-        let mut w = Written::default();
-        let t0 = Instant::now();
-        w.record_pending(UID, cond("False"), cond("True"), t0);
-        w.record_pending(UID, cond("False"), cond("Unknown"), t0);
-        // However long the writes wait.
-        let later = t0 + 10 * KEPT_FOR;
-        assert_eq!(
-            w.current(UID, &cond("False")[..], later),
-            Some(cond("Unknown"))
-        );
-        // One write stood for one of them: the other is still pending.
-        w.done(UID, 1, later);
-        assert_eq!(
-            w.current(UID, &cond("False")[..], later + KEPT_FOR),
-            Some(cond("Unknown"))
-        );
-        w.done(UID, 1, later);
-        assert_eq!(
-            w.current(UID, &cond("False")[..], later + KEPT_FOR / 2),
-            Some(cond("Unknown"))
-        );
-        assert_eq!(w.current(UID, &cond("False")[..], later + KEPT_FOR), None);
-        // A failed write: the cache counts at once.
-        w.record_pending(UID, cond("False"), cond("True"), t0);
-        w.forget(UID);
-        assert_eq!(w.current(UID, &cond("False")[..], t0), None);
-    }
-
-    #[test]
-    fn a_pending_write_stands_over_someone_elses() {
-        let mut w = Written::default();
-        let t0 = Instant::now();
-        w.record_pending(UID, cond("False"), cond("True"), t0);
-        assert_eq!(w.current(UID, &cond("Unknown")[..], t0), Some(cond("True")));
-        // Handed over again meanwhile: the chain goes on, and one done leaves the other pending.
-        w.record_pending(UID, cond("Unknown"), cond("False"), t0);
-        w.done(UID, 1, t0);
-        assert_eq!(
-            w.current(UID, &cond("Unknown")[..], t0 + 2 * KEPT_FOR),
-            Some(cond("False"))
-        );
-    }
-
-    #[test]
-    fn pending_memories_are_not_pruned() {
-        let mut w: Written<Vec<Condition>> = Written::default();
-        let t0 = Instant::now();
-        w.record_pending(UID, vec![], cond("True"), t0);
-        for i in 0..70 {
-            w.record(&format!("other-{i}"), vec![], cond("True"), t0 + KEPT_FOR);
-        }
-        assert_eq!(
-            w.current(UID, &[][..], t0 + 2 * KEPT_FOR),
-            Some(cond("True"))
-        );
     }
 
     #[test]
