@@ -628,10 +628,10 @@ async fn registered_by_running_container(env: &TestEnv, name: &str) {
         || async {
             let pod = pods.get(name).await.ok()?;
             let candidate = candidates.get(name).await.ok()?;
-            let incarnation = candidate
+            candidate
                 .annotations()
-                .get(arbiter::lease::INCARNATION_ANNOTATION)?
-                .clone();
+                .get(arbiter::lease::INCARNATION_ANNOTATION)?;
+            let ended = arbiter::operator::stopped::registered_process_exited(&candidate, &pod);
             let running = pod
                 .status
                 .as_ref()?
@@ -647,7 +647,6 @@ async fn registered_by_running_container(env: &TestEnv, name: &str) {
                 .conditions
                 .iter()
                 .any(|c| c.type_ == "Eligible" && c.status == "True");
-            let ended = arbiter::operator::stopped::incarnation_ended(&pod, &incarnation);
             (running && eligible && !ended).then_some(())
         },
     )

@@ -311,6 +311,32 @@ pub fn liveness(candidate: &Candidate, now: Timestamp, rules: &Rules) -> Livenes
     }
 }
 
+/// While a term runs, its holder is judged by the term, not by the process its candidate
+/// names now: a holder whose registered process exited ([`PodState::ProcessExited`]) stays
+/// electable (the caller marks it [`PodState::Stopped`] on proof that the process that took the
+/// term ended). Without this, a newer candidate would be asked to take over from a live holder.
+/// Once the term is over (lapsed, or its pod proven stopped) it is a candidate like any other.
+/// `None`: nothing to change.
+fn holder_judged_by_its_term(
+    candidates: &[Candidate],
+    lease: Option<&Lease>,
+) -> Option<Vec<Candidate>> {
+    let holder = lease
+        .filter(|l| !l.expired() && !l.holder_pod_stopped)?
+        .holder
+        .as_deref()?;
+    let exited = |c: &Candidate| c.name == holder && c.pod == PodState::ProcessExited;
+    candidates.iter().any(exited).then(|| {
+        candidates
+            .iter()
+            .map(|c| Candidate {
+                pod: if exited(c) { PodState::Running } else { c.pod },
+                ..c.clone()
+            })
+            .collect()
+    })
+}
+
 struct Parsed<'a> {
     candidate: &'a Candidate,
     binary: Result<Version, VersionError>,
@@ -328,6 +354,14 @@ pub fn decide(
     now: Timestamp,
     rules: &Rules,
 ) -> Decision {
+    let adjusted;
+    let candidates = match holder_judged_by_its_term(candidates, lease) {
+        Some(c) => {
+            adjusted = c;
+            &adjusted[..]
+        }
+        None => candidates,
+    };
     let parsed: Vec<Parsed> = candidates
         .iter()
         .map(|c| Parsed {
@@ -553,8 +587,8 @@ pub fn decide(
         // Only those that could outrank every candidate that answered are asked. The best of
         // them is asked alone: it usually answers, and then nobody else needs a ping (nor
         // writes an answer). Once a candidate of this lease has ignored a ping, all of them
-        // are asked at once, so that a dead candidate costs an election one ack window more, not
-        // one per dead candidate.
+        // are asked at once, so that a dead candidate costs an election one ack window more,
+        // not one per dead candidate.
         let best_acked = pool
             .iter()
             .filter(|(_, l)| *l == Liveness::Acked)

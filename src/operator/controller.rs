@@ -207,19 +207,6 @@ impl Worker {
             term_ended,
             released,
         } = self.view(key, lease.as_deref(), &candidates, &mut inputs);
-        // While its term runs, the Lease's holder is judged by the process that took the term,
-        // which the view knows (proof that it ended stops it: `Stopped`), not by the one its
-        // candidate names now. Once the term is over (lapsed, or its pod or process proven
-        // stopped) it is a candidate like any other.
-        if let Some(l) = lease_view
-            .as_ref()
-            .filter(|l| !l.expired() && !l.holder_pod_stopped)
-            && let Some(h) = l.holder.as_deref()
-            && let Some(i) = inputs.iter_mut().find(|i| i.name == h)
-            && i.pod == decide::PodState::ProcessExited
-        {
-            i.pod = decide::PodState::Running;
-        }
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
             let note = format!("released lease {}", key.name);
             publish(

@@ -289,6 +289,16 @@ mod tests {
                 restart_count: 1,
                 ..ContainerStatus::default()
             },
+            // Ended, and held back before its restart (crash-loop back-off).
+            "waiting" => ContainerStatus {
+                state: Some(ContainerState {
+                    waiting: Some(Default::default()),
+                    ..ContainerState::default()
+                }),
+                last_state: Some(ended),
+                restart_count: 1,
+                ..ContainerStatus::default()
+            },
             _ => unreachable!(),
         }
     }
@@ -385,18 +395,7 @@ mod tests {
             &restarted
         ));
         // Waiting to restart with a1's message: a1 is gone.
-        let mut waiting = with(vec![container("restarted", &a1)], vec![]);
-        waiting
-            .status
-            .as_mut()
-            .unwrap()
-            .container_statuses
-            .as_mut()
-            .unwrap()[0]
-            .state = Some(ContainerState {
-            waiting: Some(Default::default()),
-            ..ContainerState::default()
-        });
+        let waiting = with(vec![container("waiting", &a1)], vec![]);
         assert!(registered_process_exited(
             &registered_by(Some("a1")),
             &waiting

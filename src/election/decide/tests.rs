@@ -482,6 +482,48 @@ fn released_lease_is_assigned_at_once() {
 }
 
 #[test]
+fn a_candidate_whose_registered_process_exited_is_passed_over_but_a_live_holder_is_not() {
+    let now = t0();
+    let exited = |name: &str, version: &str| Candidate {
+        pod: PodState::ProcessExited,
+        ..acked(name, version, now)
+    };
+    // The best candidate (the oldest version) restarts: the next one is elected, and the
+    // restarting one is neither pinged nor waited for.
+    let cands = [exited("old", "1.19.0"), never_pinged("new", "1.20.0")];
+    let d = decide(&cands, Some(&lease(None, 1)), None, now, &Rules::default());
+    assert_eq!(
+        d.action,
+        Action::Ping {
+            candidates: vec!["new".into()]
+        }
+    );
+    assert_eq!(
+        d.standings["old"],
+        Standing::Ineligible(Reason::PodNotRunning(PodState::ProcessExited))
+    );
+    let cands = [exited("old", "1.19.0"), acked("new", "1.20.0", now)];
+    assert_eq!(act(&cands, Some(&lease(None, 1)), now), assign("new"));
+    // While its term runs, the holder is judged by its term (the process that took it), not
+    // by the one its candidate names: a newer candidate is not asked to take over.
+    let cands = [exited("old", "1.19.0"), acked("new", "1.20.0", now)];
+    let d = decide(
+        &cands,
+        Some(&lease(Some("old"), 1)),
+        None,
+        now,
+        &Rules::default(),
+    );
+    assert_eq!(d.action, Action::Nothing);
+    assert!(matches!(d.standings["old"], Standing::Eligible(_)));
+    // Once the term lapsed it is a candidate like any other.
+    assert_eq!(
+        act(&cands, Some(&lease(Some("old"), 20)), now),
+        assign_after_lapse("new", "old")
+    );
+}
+
+#[test]
 fn holder_whose_pod_stopped_is_replaced_at_once() {
     let now = t0();
     let dead = Candidate {
