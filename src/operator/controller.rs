@@ -19,7 +19,6 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::Settings;
 use super::depose::{self, Deposer, Target};
-use super::held::Held;
 use super::index::owner_pod;
 use super::metrics::{LeaseLabels, Metrics};
 use super::queue::{LeaseKey, Queue};
@@ -62,7 +61,6 @@ pub async fn run(
             deposer: Deposer::default(),
             timers: HashMap::new(),
             reported: HashSet::new(),
-            held: Held::default(),
             statuses: Written::default(),
             pings: Written::default(),
         };
@@ -110,8 +108,6 @@ pub(super) struct Worker {
     timers: HashMap<LeaseKey, Timers>,
     /// Single-active pods whose unreadable version was reported.
     pub(super) reported: HashSet<(String, String)>,
-    /// Each lease's holder as this process last saw or assigned it.
-    pub(super) held: Held,
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     statuses: Written<Vec<Condition>>,
     /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
@@ -355,7 +351,8 @@ impl Worker {
                 .annotations()
                 .get(HOLDER_POD_ANNOTATION)
                 .map(String::as_str);
-            self.held
+            self.caches
+                .held
                 .assigned(key, h, lease::term(w), duration, pod_uid, Instant::now());
             // Counted as soon as the Lease is written, not after the statuses and Events.
             self.metrics

@@ -14,6 +14,7 @@
 //! a full duration to wait from that moment.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::election::decide::Previous;
@@ -63,17 +64,38 @@ pub struct Seen<'a> {
     pub term: i32,
 }
 
-#[derive(Default)]
+/// The memory of every lease's holder. Shared: the workers learn and assign, and the Lease
+/// watch bumps a term's last sighting as it delivers the holder's records
+/// ([`Held::renewed`]), before any worker looks.
+#[derive(Clone, Default)]
 pub struct Held {
-    terms: HashMap<LeaseKey, Term>,
+    terms: Arc<Mutex<HashMap<LeaseKey, Term>>>,
 }
 
 impl Held {
+    fn locked(&self) -> MutexGuard<'_, HashMap<LeaseKey, Term>> {
+        // A panic while holding it leaves plain data; the map is still usable.
+        self.terms.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A record naming `holder` was first delivered at `since`: if the remembered term is
+    /// `holder`'s, it was last seen no earlier than then. Only ever lengthens a term (what a
+    /// reconcile of that record would do, see [`Held::observe`]); learns no new term. Called by
+    /// the Lease watch for every record it delivers, so a renewal no worker has reconciled
+    /// yet still counts if the Lease is then deleted or edited by hand.
+    pub fn renewed(&self, key: &LeaseKey, holder: &str, since: Instant) {
+        if let Some(t) = self.locked().get_mut(key)
+            && t.holder == holder
+        {
+            t.last_seen = t.last_seen.max(since);
+        }
+    }
+
     /// Learns from the Lease as seen now (`None`: the Lease does not exist). `leader` is the
     /// candidate the arbiter last reported as leader, and its pod, for when nothing else is
     /// known. `stopped` says whether a pod uid is confirmed stopped.
     pub fn observe(
-        &mut self,
+        &self,
         key: &LeaseKey,
         lease: Option<&Seen>,
         leader: Option<&Leader>,
@@ -81,7 +103,8 @@ impl Held {
         now: Instant,
         stopped: impl Fn(&str) -> bool,
     ) {
-        let current = self.terms.get(key);
+        let mut terms = self.locked();
+        let current = terms.get(key);
         let known = current.is_some();
         let over = current.is_none_or(|t| over(t, lease, now, &stopped));
         let remember_leader = |terms: &mut HashMap<LeaseKey, Term>, leader: &Leader| {
@@ -101,11 +124,11 @@ impl Held {
         if let (false, Some(l), Some(leader)) = (known, lease, leader)
             && l.holder.is_some_and(|h| h != leader.name)
         {
-            remember_leader(&mut self.terms, leader);
+            remember_leader(&mut terms, leader);
             return;
         }
         match (lease, lease.and_then(|l| l.holder)) {
-            (Some(l), Some(h)) => match self.terms.get_mut(key) {
+            (Some(l), Some(h)) => match terms.get_mut(key) {
                 Some(t) if t.holder == h => {
                     t.last_seen = t.last_seen.max(l.since);
                     t.duration = t.duration.max(l.duration);
@@ -133,7 +156,7 @@ impl Held {
                         incarnation: l.incarnation.map(str::to_string),
                         term: l.term,
                     };
-                    self.terms.insert(key.clone(), term);
+                    terms.insert(key.clone(), term);
                 }
             },
             // Nothing known since this process started, and no Lease, or one without a holder
@@ -141,7 +164,7 @@ impl Held {
             // it a full duration from now.
             (_, None) if !known && lease.is_none_or(|l| l.released_by.is_none()) => {
                 if let Some(leader) = leader {
-                    remember_leader(&mut self.terms, leader);
+                    remember_leader(&mut terms, leader);
                 }
             }
             _ => {}
@@ -150,7 +173,7 @@ impl Held {
 
     /// Records the arbiter's own assignment of `holder` at `term`.
     pub fn assigned(
-        &mut self,
+        &self,
         key: &LeaseKey,
         holder: &str,
         term: i32,
@@ -166,7 +189,7 @@ impl Held {
             incarnation: None,
             term,
         };
-        self.terms.insert(key.clone(), term);
+        self.locked().insert(key.clone(), term);
     }
 
     /// The remembered holder, for the election.
@@ -176,7 +199,8 @@ impl Held {
         now: Instant,
         stopped: impl Fn(&str) -> bool,
     ) -> Option<Previous> {
-        let t = self.terms.get(key)?;
+        let terms = self.locked();
+        let t = terms.get(key)?;
         Some(Previous {
             holder: t.holder.clone(),
             quiet_for: now.saturating_duration_since(t.last_seen),
@@ -186,18 +210,19 @@ impl Held {
     }
 
     /// The remembered holder and its incarnation, when the Lease recorded one for its term.
-    pub fn incarnation(&self, key: &LeaseKey) -> Option<(&str, &str)> {
-        let t = self.terms.get(key)?;
-        Some((t.holder.as_str(), t.incarnation.as_deref()?))
+    pub fn incarnation(&self, key: &LeaseKey) -> Option<(String, String)> {
+        let terms = self.locked();
+        let t = terms.get(key)?;
+        Some((t.holder.clone(), t.incarnation.clone()?))
     }
 
     /// The longest duration, and the recorded pod uid, of `holder`'s term, if it is the one
     /// remembered.
-    pub fn term_of(&self, key: &LeaseKey, holder: &str) -> Option<(Duration, Option<&str>)> {
-        self.terms
+    pub fn term_of(&self, key: &LeaseKey, holder: &str) -> Option<(Duration, Option<String>)> {
+        self.locked()
             .get(key)
             .filter(|t| t.holder == holder)
-            .map(|t| (t.duration, t.pod_uid.as_deref()))
+            .map(|t| (t.duration, t.pod_uid.clone()))
     }
 }
 
@@ -234,7 +259,7 @@ mod tests {
     #[test]
     fn after_a_failover_the_reported_leader_comes_before_a_holder_named_by_hand() {
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let held = Held::default();
         // The Lease names b (set by hand, with b's stopped pod); a was reported leader and
         // declares a 60 s lease.
         let hand = Seen {
@@ -252,7 +277,7 @@ mod tests {
             ("a", Duration::from_secs(60), false)
         );
         // The reported leader named by the Lease: the Lease's record is learned as usual.
-        let mut same = Held::default();
+        let same = Held::default();
         same.observe(
             &key(),
             Some(&seen(Some("a"), t0, D)),
@@ -279,7 +304,7 @@ mod tests {
     #[test]
     fn the_terms_incarnation_is_learned_once_from_a_record_of_that_term() {
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let held = Held::default();
         let none = |_: &str| false;
         held.assigned(&key(), "a", 2, D, Some("uid-a"), t0);
         // A stale record of term 1 (the same holder, run by its earlier process) lends nothing.
@@ -296,7 +321,7 @@ mod tests {
             ..seen(Some("a"), t0, D)
         };
         held.observe(&key(), Some(&renewed), None, D, t0, none);
-        assert_eq!(held.incarnation(&key()), Some(("a", "a2")));
+        assert_eq!(held.incarnation(&key()), Some(("a".into(), "a2".into())));
         // Another value later in the term is an edit: not believed.
         let edited = Seen {
             incarnation: Some("a1"),
@@ -304,13 +329,13 @@ mod tests {
             ..seen(Some("a"), t0, D)
         };
         held.observe(&key(), Some(&edited), None, D, t0, none);
-        assert_eq!(held.incarnation(&key()), Some(("a", "a2")));
+        assert_eq!(held.incarnation(&key()), Some(("a".into(), "a2".into())));
     }
 
     #[test]
     fn a_hand_edit_neither_replaces_nor_shortens_the_remembered_term() {
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let held = Held::default();
         let none = |_: &str| false;
         held.assigned(&key(), "a", 1, D, Some("uid-a"), t0);
         // a renews (a new record, first seen at t0 + 5 s) and writes a 20 s duration.
@@ -370,7 +395,7 @@ mod tests {
     #[test]
     fn the_recorded_pod_is_what_proves_a_stop_not_the_annotation() {
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let held = Held::default();
         held.assigned(&key(), "a", 1, D, Some("uid-a"), t0);
         let forged = Seen {
             pod_uid: Some("uid-dead"),
@@ -389,7 +414,7 @@ mod tests {
     #[test]
     fn without_memory_a_missing_lease_waits_a_full_duration_for_the_last_reported_leader() {
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let held = Held::default();
         held.observe(&key(), None, Some(&leader("a")), D, t0, |_| false);
         let p = held
             .previous(&key(), t0 + Duration::from_secs(3), |_| false)
@@ -416,13 +441,13 @@ mod tests {
     #[test]
     fn after_a_failover_an_unreleased_empty_lease_waits_for_the_last_reported_leader() {
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let held = Held::default();
         let cleared = seen(None, t0, Duration::from_secs(1));
         held.observe(&key(), Some(&cleared), Some(&leader("a")), D, t0, |_| false);
         let p = held.previous(&key(), t0, |_| false).unwrap();
         assert_eq!((p.holder.as_str(), p.duration), ("a", D));
         // Released by the holder itself: nothing to wait for.
-        let mut other = Held::default();
+        let other = Held::default();
         let released = Seen {
             released_by: Some("a"),
             ..seen(None, t0, D)
@@ -432,7 +457,7 @@ mod tests {
         });
         assert!(other.previous(&key(), t0, |_| false).is_none());
         // A holder first seen with a lowered duration still gets the arbiter's full one.
-        let mut third = Held::default();
+        let third = Held::default();
         let lowered = seen(Some("a"), t0, Duration::from_secs(1));
         third.observe(&key(), Some(&lowered), None, D, t0, |_| false);
         assert_eq!(third.previous(&key(), t0, |_| false).unwrap().duration, D);
@@ -441,14 +466,18 @@ mod tests {
     #[test]
     fn the_holders_own_release_ends_the_term() {
         let t0 = Instant::now();
-        let mut held = Held::default();
+        let held = Held::default();
         held.assigned(&key(), "a", 1, D, None, t0);
         let released = Seen {
             released_by: Some("a"),
             ..seen(None, t0, D)
         };
-        assert!(over(&held.terms[&key()], Some(&released), t0, &|_| false));
+        assert!(over(&held.locked()[&key()], Some(&released), t0, &|_| {
+            false
+        }));
         let cleared = seen(None, t0, D);
-        assert!(!over(&held.terms[&key()], Some(&cleared), t0, &|_| false));
+        assert!(!over(&held.locked()[&key()], Some(&cleared), t0, &|_| {
+            false
+        }));
     }
 }

@@ -16,6 +16,7 @@ pub mod index;
 pub mod metrics;
 pub mod pods;
 pub mod queue;
+pub mod records;
 pub mod renewals;
 pub mod report;
 pub mod single_active;

@@ -12,6 +12,7 @@ use super::controller::{HOLDER_POD_ANNOTATION, Worker, declared_duration};
 use super::held;
 use super::index::owner_pod;
 use super::queue::LeaseKey;
+use super::records;
 use crate::api::LeaseCandidate;
 use crate::election::decide;
 use crate::lease::{self, INCARNATION_ANNOTATION};
@@ -37,15 +38,19 @@ pub(super) struct View {
 }
 
 impl Worker {
-    /// How long the Lease record has been unchanged, on this process's monotonic clock, and
-    /// the holder it had before if it just released.
+    /// How long the Lease record has been unchanged, on this process's monotonic clock (since
+    /// the watch delivered it: [`super::records`]), and the holder it had before if it just
+    /// released.
     fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>) {
-        let fingerprint = serde_json::to_string(&lease.spec).unwrap_or_default();
+        let fingerprint = records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
         let now = Instant::now();
+        // A record the watch has not stamped yet (the cache is a step ahead of it) is as old
+        // as this first sight of it.
+        let delivered = self.caches.records.since(key, &fingerprint).unwrap_or(now);
         let seen = self.seen.entry(key.clone()).or_insert_with(|| Seen {
             fingerprint: String::new(),
-            since: now,
+            since: delivered,
             holder: holder.clone(),
         });
         let mut released = None;
@@ -58,12 +63,12 @@ impl Worker {
                 since: if seen.fingerprint.is_empty() {
                     seen.since
                 } else {
-                    now
+                    delivered
                 },
                 holder,
             };
         }
-        (now - seen.since, released)
+        (now.saturating_duration_since(seen.since), released)
     }
 
     /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped.
@@ -136,7 +141,8 @@ impl Worker {
                 declared: declared_duration(Some(c)),
             })
         });
-        self.held.observe(
+        let held = &self.caches.held;
+        held.observe(
             key,
             seen.as_ref(),
             leader.as_ref(),
@@ -147,12 +153,13 @@ impl Worker {
         // The remembered holder withdrew its candidate, marked with the incarnation that held
         // the term: its agent stopped the work and left (it could not release: the Lease was
         // gone, or no longer named it). That ends the term like a release.
-        let withdrew = self.held.incarnation(key).is_some_and(|(h, incarnation)| {
+        let withdrew = held.incarnation(key).is_some_and(|(h, incarnation)| {
             candidates.iter().any(|c| {
-                c.name_any() == h && crate::api::withdrawn_incarnation(c) == Some(incarnation)
+                c.name_any() == h
+                    && crate::api::withdrawn_incarnation(c) == Some(incarnation.as_str())
             })
         });
-        let previous = self.held.previous(key, now, stopped).map(|mut p| {
+        let previous = held.previous(key, now, stopped).map(|mut p| {
             p.pod_stopped |= withdrew;
             p
         });
@@ -162,9 +169,9 @@ impl Worker {
         let ended = observed
             .and_then(|(l, _)| lease::holder(l))
             .and_then(|holder| {
-                let (h, incarnation) = self.held.incarnation(key)?;
+                let (h, incarnation) = held.incarnation(key)?;
                 let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
-                (h == holder && super::stopped::incarnation_ended(&pod, incarnation))
+                (h == holder && super::stopped::incarnation_ended(&pod, &incarnation))
                     .then_some(incarnation)
             });
         let process_ended = ended.is_some();
@@ -174,7 +181,7 @@ impl Worker {
             && c.annotations()
                 .get(INCARNATION_ANNOTATION)
                 .map(String::as_str)
-                == Some(dead)
+                == Some(dead.as_str())
             && let Some(i) = candidates.iter().position(|x| x.name_any() == c.name_any())
         {
             inputs[i].pod = decide::PodState::Stopped;
@@ -184,15 +191,14 @@ impl Worker {
             let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
             // While the holder is the one remembered, its term's longest duration and its pod as
             // recorded at assignment count, not what the Lease says now.
-            let (duration, pod_stopped) =
-                match holder.as_deref().and_then(|h| self.held.term_of(key, h)) {
-                    Some((longest, Some(uid))) => (longest.max(written), stopped(uid)),
-                    // Assigned without a pod: an annotation added later proves nothing.
-                    Some((longest, None)) => (longest.max(written), false),
-                    None => (written, self.holder_pod_stopped(l)),
-                };
-            let withdrew =
-                withdrew && self.held.incarnation(key).map(|(h, _)| h) == holder.as_deref();
+            let (duration, pod_stopped) = match holder.as_deref().and_then(|h| held.term_of(key, h))
+            {
+                Some((longest, Some(uid))) => (longest.max(written), stopped(&uid)),
+                // Assigned without a pod: an annotation added later proves nothing.
+                Some((longest, None)) => (longest.max(written), false),
+                None => (written, self.holder_pod_stopped(l)),
+            };
+            let withdrew = withdrew && held.incarnation(key).map(|(h, _)| h) == holder;
             let released_by = lease::released_by(l);
             // Why the holder's term ended, for the leader-change metric if a new one is
             // assigned (`None`: the Lease names nobody and nobody released it).

@@ -18,10 +18,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use super::annotated::AnnotatedWorkloads;
+use super::held::Held;
 use super::identity::IncarnationLog;
 use super::index::{CandidateIndex, key_of, owner_pod};
 use super::pods::{FollowedPods, fetch_loop, has_role};
 use super::queue::{Enqueue, LeaseKey};
+use super::records::{self, Records};
 use super::renewals::Renewals;
 use super::stopped::StoppedPods;
 use crate::api::LeaseCandidate;
@@ -48,6 +50,11 @@ pub struct Caches {
     pub by_lease: CandidateIndex,
     /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
     pub stopped_pods: StoppedPods,
+    /// When each Lease record was delivered (the start of its age).
+    pub records: Records,
+    /// Each lease's holder as this process last saw or assigned it (the workers' memory; the
+    /// Lease watch bumps it as it delivers a holder's records).
+    pub held: Held,
     /// One lock per namespace, held by a worker for a single-active lease's whole reconcile:
     /// role labels belong to pods, and two workloads (or a workload whose lease name changed)
     /// may select the same pods, so "demote, then promote" must not interleave across workers.
@@ -135,6 +142,8 @@ pub fn watch_all(
         renewals: Renewals::default(),
         by_lease,
         stopped_pods: stopped_pods.clone(),
+        records: Records::default(),
+        held: Held::default(),
         single_active_locks: NamespaceLocks::default(),
     };
 
@@ -186,17 +195,28 @@ pub fn watch_all(
         Ok::<_, anyhow::Error>(())
     });
     let e = enqueue.clone();
+    let (records, held, listed_leases) = (
+        caches.records.clone(),
+        caches.held.clone(),
+        caches.leases.clone(),
+    );
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
     let lease_events = watcher(api::<Lease>(&client, namespace), managed)
         .backoff(crate::client::reconnect_backoff())
         .modify(|l| super::slim::keep_annotation_owners(&mut l.metadata))
         .reflect(lw)
         .map(move |ev| {
-            for l in touched(ev?) {
-                e.key(LeaseKey {
-                    namespace: l.namespace().unwrap_or_default(),
-                    name: l.name_any(),
-                });
+            let ev = ev?;
+            let listed = |k: &LeaseKey| {
+                listed_leases
+                    .get(&ObjectRef::new(&k.name).within(&k.namespace))
+                    .is_some()
+            };
+            let reconcile = records.on_event(&held, &ev, listed);
+            if reconcile {
+                for l in touched(ev) {
+                    e.key(records::key_of(&l));
+                }
             }
             Ok(())
         });

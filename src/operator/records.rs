@@ -1,0 +1,339 @@
+//! When each Lease record was delivered, and which of its changes need a reconcile.
+//!
+//! The arbiter judges a term on its own monotonic clock, from the moment it first saw the
+//! record that names the holder: never earlier than the holder wrote it, so it never judges a
+//! term over before the holder does. That moment is stamped here, as the watch delivers the
+//! record, not when a worker gets round to the lease: under load a worker may reach it seconds
+//! later, and every such second used to be added to the election after a holder's failure.
+//!
+//! A holder's renewal (a record that differs from the one delivered before it only in
+//! `renewTime` and `resourceVersion`) needs no reconcile. It changes two things the election
+//! reads: the record's age, stamped here, and the remembered term's last sighting, which the
+//! watch handler bumps at once ([`super::held::Held::renewed`]), so that a Lease deleted or
+//! edited by hand before a worker looks again cannot shorten the term. The lease's timer (its
+//! expiry, as last judged) brings the worker back; it finds the record younger and sets the
+//! timer again. At 10,000 leases renewed every 20 s that is 500 reconciles a second fewer, and
+//! a worker's queue holds what needs deciding.
+//!
+//! Only a live event is passed over: a relist may stand for changes the watch missed, and is
+//! always reconciled. Which changes count as a renewal is decided by comparing everything but
+//! `renewTime` and `resourceVersion` by a 64-bit hash; a collision (a real change taken for a
+//! renewal) would delay that lease's reconcile to its timer, never shorten a term: the record's
+//! age is judged from the full spec, compared as written.
+
+use std::collections::HashMap;
+use std::hash::Hasher;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::runtime::watcher;
+
+use super::held::Held;
+use super::queue::LeaseKey;
+use crate::lease;
+
+/// One lease's last delivered record.
+struct Record {
+    /// The spec as written ([`fingerprint`]): the record, as its age is judged.
+    spec: String,
+    /// When a record with this spec was first delivered.
+    delivered: Instant,
+    /// Everything but `renewTime` and `resourceVersion`, hashed.
+    rest: u64,
+}
+
+/// What a delivered record means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// When this record was first delivered (now, unless the same spec was delivered before).
+    pub since: Instant,
+    /// Whether the lease needs a reconcile: anything but a live renewal, or a live event
+    /// that changed nothing.
+    pub reconcile: bool,
+}
+
+/// The last delivered record of each Lease the operator watches.
+#[derive(Clone, Default)]
+pub struct Records(Arc<Mutex<HashMap<LeaseKey, Record>>>);
+
+/// The key of `lease`.
+pub fn key_of(lease: &Lease) -> LeaseKey {
+    LeaseKey {
+        namespace: lease.namespace().unwrap_or_default(),
+        name: lease.name_any(),
+    }
+}
+
+/// A record's spec as written: two records with the same fingerprint are the same record.
+pub fn fingerprint(lease: &Lease) -> String {
+    serde_json::to_string(&lease.spec).unwrap_or_default()
+}
+
+/// Everything a reconcile reads of `lease` but its `renewTime` (and `resourceVersion`, which
+/// every write changes), hashed.
+fn rest_of(lease: &Lease) -> u64 {
+    let mut l = lease.clone();
+    l.metadata.resource_version = None;
+    l.metadata.generation = None;
+    if let Some(spec) = l.spec.as_mut() {
+        spec.renew_time = None;
+    }
+    let mut h = fnv::FnvHasher::default();
+    h.write(serde_json::to_string(&l).unwrap_or_default().as_bytes());
+    h.finish()
+}
+
+impl Records {
+    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseKey, Record>> {
+        // A panic while holding it leaves plain data; the map is still usable.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `lease` as the watch delivers it now: `live` for an event as it happened, not a relist.
+    pub fn deliver(&self, lease: &Lease, live: bool) -> Delivered {
+        self.deliver_at(
+            key_of(lease),
+            fingerprint(lease),
+            rest_of(lease),
+            live,
+            Instant::now(),
+        )
+    }
+
+    fn deliver_at(
+        &self,
+        key: LeaseKey,
+        spec: String,
+        rest: u64,
+        live: bool,
+        at: Instant,
+    ) -> Delivered {
+        let mut records = self.locked();
+        let before = records.get(&key);
+        let since = match before {
+            Some(b) if b.spec == spec => b.delivered,
+            _ => at,
+        };
+        let reconcile = !live || before.is_none_or(|b| b.rest != rest);
+        records.insert(
+            key,
+            Record {
+                spec,
+                delivered: since,
+                rest,
+            },
+        );
+        Delivered { since, reconcile }
+    }
+
+    /// What the Lease watch does with each event, before any worker looks: stamps the records
+    /// it delivers, bumps the remembered term of the holder each names, and says whether the
+    /// lease needs a reconcile. `listed`: whether a lease is in the cache (after a relist).
+    pub fn on_event(
+        &self,
+        held: &Held,
+        ev: &watcher::Event<Lease>,
+        listed: impl Fn(&LeaseKey) -> bool,
+    ) -> bool {
+        let seen = |l: &Lease, live: bool| {
+            let d = self.deliver(l, live);
+            if let Some(h) = lease::holder(l) {
+                held.renewed(&key_of(l), h, d.since);
+            }
+            d
+        };
+        match ev {
+            watcher::Event::Apply(l) => seen(l, true).reconcile,
+            watcher::Event::InitApply(l) => seen(l, false).reconcile,
+            watcher::Event::Delete(l) => {
+                // Its last record counts as seen, then its stamp goes.
+                seen(l, true);
+                self.forget(&key_of(l));
+                true
+            }
+            // A relist reports no deletions: forget what it no longer lists (the cache is
+            // replaced before this runs).
+            watcher::Event::InitDone => {
+                self.retain(listed);
+                false
+            }
+            watcher::Event::Init => false,
+        }
+    }
+
+    /// When the record `lease` (by its spec) was first delivered, if it is the last one
+    /// delivered. `None`: the cache holds a record this map has not stamped yet.
+    pub fn since(&self, key: &LeaseKey, spec: &str) -> Option<Instant> {
+        self.locked()
+            .get(key)
+            .filter(|r| r.spec == spec)
+            .map(|r| r.delivered)
+    }
+
+    /// Forgets a deleted Lease.
+    pub fn forget(&self, key: &LeaseKey) {
+        self.locked().remove(key);
+    }
+
+    /// Keeps only the Leases `exists` knows (after a relist, which reports no deletions).
+    pub fn retain(&self, exists: impl Fn(&LeaseKey) -> bool) {
+        self.locked().retain(|k, _| exists(k));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::*;
+
+    fn lease(holder: &str, renewed_at: i64, rv: &str) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.name = Some("l".into());
+        l.metadata.namespace = Some("ns".into());
+        l.metadata.resource_version = Some(rv.into());
+        l.spec = Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            lease_transitions: Some(3),
+            renew_time: Some(MicroTime(
+                jiff::Timestamp::from_second(1_800_000_000 + renewed_at).unwrap(),
+            )),
+            ..LeaseSpec::default()
+        });
+        l
+    }
+
+    fn deliver(r: &Records, l: &Lease, live: bool, at: Instant) -> Delivered {
+        r.deliver_at(key_of(l), fingerprint(l), rest_of(l), live, at)
+    }
+
+    #[test]
+    fn a_live_renewal_is_stamped_at_delivery_and_needs_no_reconcile() {
+        let r = Records::default();
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(5);
+        let first = lease("a", 0, "1");
+        assert_eq!(
+            deliver(&r, &first, true, t0),
+            Delivered {
+                since: t0,
+                reconcile: true
+            },
+            "first seen"
+        );
+        let renewed = lease("a", 5, "2");
+        assert_eq!(
+            deliver(&r, &renewed, true, t1),
+            Delivered {
+                since: t1,
+                reconcile: false
+            },
+            "only renewTime changed"
+        );
+        assert_eq!(r.since(&key_of(&renewed), &fingerprint(&renewed)), Some(t1));
+        assert_eq!(
+            r.since(&key_of(&first), &fingerprint(&first)),
+            None,
+            "an older record than the last delivered is not stamped"
+        );
+    }
+
+    #[test]
+    fn any_other_change_or_a_relist_is_reconciled_and_the_same_spec_keeps_its_stamp() {
+        let r = Records::default();
+        let t0 = Instant::now();
+        let later = |s| t0 + Duration::from_secs(s);
+        deliver(&r, &lease("a", 0, "1"), true, t0);
+        let mut other = lease("b", 1, "2");
+        assert!(
+            deliver(&r, &other, true, later(1)).reconcile,
+            "a new holder"
+        );
+        other.metadata.annotations = Some([("arbiter.dev/x".to_string(), "1".to_string())].into());
+        other.metadata.resource_version = Some("3".into());
+        assert_eq!(
+            deliver(&r, &other, true, later(2)),
+            Delivered {
+                since: later(1),
+                reconcile: true
+            },
+            "an annotation: reconciled, but the spec (the record's age) is unchanged"
+        );
+        let mut shorter = lease("b", 3, "4");
+        shorter.metadata.annotations = other.metadata.annotations.clone();
+        shorter.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+        assert!(
+            deliver(&r, &shorter, true, later(3)).reconcile,
+            "a duration changed"
+        );
+        let mut relisted = lease("b", 4, "5");
+        relisted.metadata.annotations = other.metadata.annotations.clone();
+        relisted.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+        assert_eq!(
+            deliver(&r, &relisted, false, later(4)),
+            Delivered {
+                since: later(4),
+                reconcile: true
+            },
+            "a renewal delivered by a relist is stamped when delivered, and reconciled"
+        );
+    }
+
+    #[test]
+    fn the_watch_bumps_the_term_a_renewal_extends_though_no_worker_reconciles_it() {
+        use watcher::Event;
+        let (records, held) = (Records::default(), Held::default());
+        let minute = Duration::from_secs(60);
+        let assigned_at = Instant::now().checked_sub(minute).unwrap();
+        let first = lease("a", 0, "1");
+        let key = key_of(&first);
+        held.assigned(&key, "a", 3, minute, None, assigned_at);
+        let none = |_: &str| false;
+        assert!(records.on_event(&held, &Event::InitApply(first), |_| true));
+        let renewed = lease("a", 60, "2");
+        assert!(
+            !records.on_event(&held, &Event::Apply(renewed.clone()), |_| true),
+            "a renewal is not reconciled"
+        );
+        let quiet = |held: &Held| held.previous(&key, Instant::now(), none).unwrap().quiet_for;
+        assert!(
+            quiet(&held) < minute / 2,
+            "the term counts from the renewal's delivery, not the assignment a minute ago: \
+             quiet for {:?}",
+            quiet(&held)
+        );
+        // Someone else named by hand bumps nothing of a's term.
+        let other = Held::default();
+        other.assigned(&key, "b", 3, minute, None, assigned_at);
+        records.on_event(&other, &Event::Apply(lease("a", 61, "3")), |_| true);
+        assert!(quiet(&other) >= minute);
+        // Deleted: reconciled, and the stamp goes with it.
+        assert!(records.on_event(&held, &Event::Delete(renewed.clone()), |_| true));
+        assert_eq!(records.since(&key, &fingerprint(&renewed)), None);
+        assert!(quiet(&held) < minute / 2);
+    }
+
+    #[test]
+    fn a_forgotten_lease_is_new_again() {
+        let r = Records::default();
+        let t0 = Instant::now();
+        let l = lease("a", 0, "1");
+        deliver(&r, &l, true, t0);
+        r.retain(|_| false);
+        assert_eq!(r.since(&key_of(&l), &fingerprint(&l)), None);
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(
+            deliver(&r, &lease("a", 1, "2"), true, t1),
+            Delivered {
+                since: t1,
+                reconcile: true
+            }
+        );
+    }
+}
