@@ -171,6 +171,15 @@ impl Held {
         }
     }
 
+    /// The Lease's watch was down and writes were missed (the relist shows another version, or
+    /// no Lease): whatever holder is remembered may have renewed until `at`. Only ever
+    /// lengthens a term.
+    pub fn seen_in_gap(&self, key: &LeaseKey, at: Instant) {
+        if let Some(t) = self.locked().get_mut(key) {
+            t.last_seen = t.last_seen.max(at);
+        }
+    }
+
     /// Records the arbiter's own assignment of `holder` at `term`.
     pub fn assigned(
         &self,

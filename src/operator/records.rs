@@ -38,6 +38,8 @@ use crate::lease;
 struct Record {
     /// The spec as written ([`fingerprint`]): the record, as its age is judged.
     spec: String,
+    /// The object's `resourceVersion`: a relist that delivers another one missed a write.
+    version: Option<String>,
     /// When a record with this spec was first delivered.
     delivered: Instant,
     /// Everything but `renewTime` and `resourceVersion`, hashed.
@@ -47,11 +49,15 @@ struct Record {
 /// What a delivered record means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Delivered {
-    /// When this record was first delivered (now, unless the same spec was delivered before).
+    /// When this record was first delivered (now, unless the same spec was delivered before
+    /// with nothing missed in between).
     pub since: Instant,
     /// Whether the lease needs a reconcile: anything but a live renewal, or a live event
     /// that changed nothing.
     pub reconcile: bool,
+    /// A relist delivered another version than the last one delivered: writes were missed
+    /// while the watch was down (a holder's renewals among them, perhaps).
+    pub missed: bool,
 }
 
 /// The last delivered record of each Lease the operator watches.
@@ -96,6 +102,7 @@ impl Records {
         self.deliver_at(
             key_of(lease),
             fingerprint(lease),
+            lease.metadata.resource_version.clone(),
             rest_of(lease),
             live,
             Instant::now(),
@@ -106,14 +113,18 @@ impl Records {
         &self,
         key: LeaseKey,
         spec: String,
+        version: Option<String>,
         rest: u64,
         live: bool,
         at: Instant,
     ) -> Delivered {
         let mut records = self.locked();
         let before = records.get(&key);
+        // A live event follows the one before it; a relist may stand for writes in between
+        // (the same spec written again: a record restored by hand after a renewal).
+        let missed = !live && before.is_some_and(|b| b.version != version);
         let since = match before {
-            Some(b) if b.spec == spec => b.delivered,
+            Some(b) if b.spec == spec && !missed => b.delivered,
             _ => at,
         };
         let reconcile = !live || before.is_none_or(|b| b.rest != rest);
@@ -121,45 +132,63 @@ impl Records {
             key,
             Record {
                 spec,
+                version,
                 delivered: since,
                 rest,
             },
         );
-        Delivered { since, reconcile }
+        Delivered {
+            since,
+            reconcile,
+            missed,
+        }
     }
 
     /// What the Lease watch does with each event, before any worker looks: stamps the records
-    /// it delivers, bumps the remembered term of the holder each names, and says whether the
-    /// lease needs a reconcile. `listed`: whether a lease is in the cache (after a relist).
+    /// it delivers, bumps the remembered term of the holder each names, and returns the leases
+    /// that need a reconcile. `listed`: whether a lease is in the cache (after a relist).
+    ///
+    /// After a watch gap nothing says what was missed: a lease whose relist shows another
+    /// version, or that the relist no longer lists (deleted meanwhile), may have been renewed
+    /// by its remembered holder until now, so that term counts as seen now.
     pub fn on_event(
         &self,
         held: &Held,
         ev: &watcher::Event<Lease>,
         listed: impl Fn(&LeaseKey) -> bool,
-    ) -> bool {
+    ) -> Vec<LeaseKey> {
         let seen = |l: &Lease, live: bool| {
             let d = self.deliver(l, live);
+            if d.missed {
+                held.seen_in_gap(&key_of(l), Instant::now());
+            }
             if let Some(h) = lease::holder(l) {
                 held.renewed(&key_of(l), h, d.since);
             }
             d
         };
+        let reconcile = |l: &Lease, d: Delivered| {
+            if d.reconcile { vec![key_of(l)] } else { vec![] }
+        };
         match ev {
-            watcher::Event::Apply(l) => seen(l, true).reconcile,
-            watcher::Event::InitApply(l) => seen(l, false).reconcile,
+            watcher::Event::Apply(l) => reconcile(l, seen(l, true)),
+            watcher::Event::InitApply(l) => reconcile(l, seen(l, false)),
             watcher::Event::Delete(l) => {
                 // Its last record counts as seen, then its stamp goes.
                 seen(l, true);
                 self.forget(&key_of(l));
-                true
+                vec![key_of(l)]
             }
-            // A relist reports no deletions: forget what it no longer lists (the cache is
-            // replaced before this runs).
+            // A relist reports no deletions: what it no longer lists was deleted while the
+            // watch was down (the cache is replaced before this runs).
             watcher::Event::InitDone => {
-                self.retain(listed);
-                false
+                let gone = self.retain(listed);
+                for k in &gone {
+                    held.seen_in_gap(k, Instant::now());
+                }
+                gone
             }
-            watcher::Event::Init => false,
+            watcher::Event::Init => vec![],
         }
     }
 
@@ -177,9 +206,15 @@ impl Records {
         self.locked().remove(key);
     }
 
-    /// Keeps only the Leases `exists` knows (after a relist, which reports no deletions).
-    pub fn retain(&self, exists: impl Fn(&LeaseKey) -> bool) {
-        self.locked().retain(|k, _| exists(k));
+    /// Keeps only the Leases `exists` knows (after a relist, which reports no deletions), and
+    /// returns the others.
+    pub fn retain(&self, exists: impl Fn(&LeaseKey) -> bool) -> Vec<LeaseKey> {
+        let mut records = self.locked();
+        let gone: Vec<LeaseKey> = records.keys().filter(|k| !exists(k)).cloned().collect();
+        for k in &gone {
+            records.remove(k);
+        }
+        gone
     }
 }
 
@@ -210,7 +245,16 @@ mod tests {
     }
 
     fn deliver(r: &Records, l: &Lease, live: bool, at: Instant) -> Delivered {
-        r.deliver_at(key_of(l), fingerprint(l), rest_of(l), live, at)
+        let version = l.metadata.resource_version.clone();
+        r.deliver_at(key_of(l), fingerprint(l), version, rest_of(l), live, at)
+    }
+
+    fn delivered(since: Instant, reconcile: bool, missed: bool) -> Delivered {
+        Delivered {
+            since,
+            reconcile,
+            missed,
+        }
     }
 
     #[test]
@@ -221,19 +265,13 @@ mod tests {
         let first = lease("a", 0, "1");
         assert_eq!(
             deliver(&r, &first, true, t0),
-            Delivered {
-                since: t0,
-                reconcile: true
-            },
+            delivered(t0, true, false),
             "first seen"
         );
         let renewed = lease("a", 5, "2");
         assert_eq!(
             deliver(&r, &renewed, true, t1),
-            Delivered {
-                since: t1,
-                reconcile: false
-            },
+            delivered(t1, false, false),
             "only renewTime changed"
         );
         assert_eq!(r.since(&key_of(&renewed), &fingerprint(&renewed)), Some(t1));
@@ -242,6 +280,16 @@ mod tests {
             None,
             "an older record than the last delivered is not stamped"
         );
+        let t2 = t1 + Duration::from_secs(5);
+        let mut restored = first.clone();
+        restored.metadata.resource_version = Some("3".into());
+        assert_eq!(
+            deliver(&r, &restored, true, t2),
+            delivered(t2, false, false),
+            "an earlier record restored by hand is as old as its new delivery (and, differing \
+             only in renewTime, is taken as a renewal)"
+        );
+        assert_eq!(r.since(&key_of(&first), &fingerprint(&first)), Some(t2));
     }
 
     #[test]
@@ -259,11 +307,13 @@ mod tests {
         other.metadata.resource_version = Some("3".into());
         assert_eq!(
             deliver(&r, &other, true, later(2)),
-            Delivered {
-                since: later(1),
-                reconcile: true
-            },
+            delivered(later(1), true, false),
             "an annotation: reconciled, but the spec (the record's age) is unchanged"
+        );
+        assert_eq!(
+            deliver(&r, &other, false, later(3)),
+            delivered(later(1), true, false),
+            "relisted as it was: reconciled, nothing missed"
         );
         let mut shorter = lease("b", 3, "4");
         shorter.metadata.annotations = other.metadata.annotations.clone();
@@ -272,16 +322,13 @@ mod tests {
             deliver(&r, &shorter, true, later(3)).reconcile,
             "a duration changed"
         );
-        let mut relisted = lease("b", 4, "5");
-        relisted.metadata.annotations = other.metadata.annotations.clone();
-        relisted.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+        let mut relisted = shorter.clone();
+        relisted.metadata.resource_version = Some("6".into());
         assert_eq!(
             deliver(&r, &relisted, false, later(4)),
-            Delivered {
-                since: later(4),
-                reconcile: true
-            },
-            "a renewal delivered by a relist is stamped when delivered, and reconciled"
+            delivered(later(4), true, true),
+            "the same spec relisted at another version (rewritten while the watch was down) is \
+             stamped when delivered, and writes were missed"
         );
     }
 
@@ -295,10 +342,15 @@ mod tests {
         let key = key_of(&first);
         held.assigned(&key, "a", 3, minute, None, assigned_at);
         let none = |_: &str| false;
-        assert!(records.on_event(&held, &Event::InitApply(first), |_| true));
+        let all = |_: &LeaseKey| true;
+        assert_eq!(
+            records.on_event(&held, &Event::InitApply(first), all),
+            vec![key.clone()]
+        );
         let renewed = lease("a", 60, "2");
-        assert!(
-            !records.on_event(&held, &Event::Apply(renewed.clone()), |_| true),
+        assert_eq!(
+            records.on_event(&held, &Event::Apply(renewed.clone()), all),
+            vec![],
             "a renewal is not reconciled"
         );
         let quiet = |held: &Held| held.previous(&key, Instant::now(), none).unwrap().quiet_for;
@@ -311,12 +363,55 @@ mod tests {
         // Someone else named by hand bumps nothing of a's term.
         let other = Held::default();
         other.assigned(&key, "b", 3, minute, None, assigned_at);
-        records.on_event(&other, &Event::Apply(lease("a", 61, "3")), |_| true);
+        records.on_event(&other, &Event::Apply(lease("a", 61, "3")), all);
         assert!(quiet(&other) >= minute);
         // Deleted: reconciled, and the stamp goes with it.
-        assert!(records.on_event(&held, &Event::Delete(renewed.clone()), |_| true));
+        assert_eq!(
+            records.on_event(&held, &Event::Delete(renewed.clone()), all),
+            vec![key.clone()]
+        );
         assert_eq!(records.since(&key, &fingerprint(&renewed)), None);
         assert!(quiet(&held) < minute / 2);
+    }
+
+    #[test]
+    fn after_a_watch_gap_the_remembered_term_counts_as_seen_at_the_relist() {
+        use watcher::Event;
+        let minute = Duration::from_secs(60);
+        let assigned_at = Instant::now().checked_sub(minute).unwrap();
+        let none = |_: &str| false;
+        let first = lease("a", 0, "1");
+        let key = key_of(&first);
+        let quiet = |held: &Held| held.previous(&key, Instant::now(), none).unwrap().quiet_for;
+        // The Lease was cleared by hand while the watch was down (a may have renewed before).
+        let (records, held) = (Records::default(), Held::default());
+        records.on_event(&held, &Event::Apply(first.clone()), |_| true);
+        held.assigned(&key, "a", 3, minute, None, assigned_at);
+        let mut cleared = lease("", 61, "9");
+        cleared.spec.as_mut().unwrap().holder_identity = None;
+        records.on_event(&held, &Event::InitApply(cleared), |_| true);
+        assert!(quiet(&held) < minute / 2, "quiet for {:?}", quiet(&held));
+        // Deleted while the watch was down: the relist no longer lists it.
+        let (records, held) = (Records::default(), Held::default());
+        records.on_event(&held, &Event::Apply(first.clone()), |_| true);
+        held.assigned(&key, "a", 3, minute, None, assigned_at);
+        assert_eq!(
+            records.on_event(&held, &Event::InitDone, |_| false),
+            vec![key.clone()],
+            "reconciled"
+        );
+        assert!(quiet(&held) < minute / 2, "quiet for {:?}", quiet(&held));
+        // Relisted unchanged: nothing was missed, nothing bumped.
+        let (records, held) = (Records::default(), Held::default());
+        held.assigned(&key, "a", 3, minute, None, assigned_at);
+        deliver(&records, &first, true, assigned_at);
+        records.on_event(&held, &Event::InitApply(first.clone()), |_| true);
+        assert!(
+            records
+                .on_event(&held, &Event::InitDone, |_| true)
+                .is_empty()
+        );
+        assert!(quiet(&held) >= minute);
     }
 
     #[test]
@@ -325,15 +420,12 @@ mod tests {
         let t0 = Instant::now();
         let l = lease("a", 0, "1");
         deliver(&r, &l, true, t0);
-        r.retain(|_| false);
+        assert_eq!(r.retain(|_| false), vec![key_of(&l)]);
         assert_eq!(r.since(&key_of(&l), &fingerprint(&l)), None);
         let t1 = t0 + Duration::from_secs(1);
         assert_eq!(
             deliver(&r, &lease("a", 1, "2"), true, t1),
-            Delivered {
-                since: t1,
-                reconcile: true
-            }
+            delivered(t1, true, false)
         );
     }
 }

@@ -254,7 +254,10 @@ impl Plan {
             return Ok(());
         };
         let due = lease::duration(current).unwrap_or(Duration::from_secs(15)) / 3;
-        if unchanged_for < due || !self.pod(holder).is_some_and(|p| pod_ready(p)) {
+        // The reconcile's timer comes back a third of the duration after the renewal was
+        // written, and its record is as old as its delivery, a moment later: half of that
+        // is due, or every other timer would pass and the lease be renewed at two thirds.
+        if unchanged_for < due / 2 || !self.pod(holder).is_some_and(|p| pod_ready(p)) {
             return Ok(());
         }
         let mut l = current.clone();

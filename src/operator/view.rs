@@ -24,6 +24,57 @@ pub(super) struct Seen {
     holder: Option<String>,
 }
 
+impl Seen {
+    /// Before the first sight.
+    fn first() -> Seen {
+        Seen {
+            fingerprint: String::new(),
+            since: Instant::now(),
+            holder: None,
+        }
+    }
+
+    /// The record with `fingerprint` naming `holder`, first delivered at `delivered` (if the
+    /// watch stamped it): how long it has been unchanged, and the holder it had before if it
+    /// just released.
+    fn observe(
+        &mut self,
+        fingerprint: String,
+        holder: Option<String>,
+        delivered: Option<Instant>,
+        now: Instant,
+    ) -> (Duration, Option<String>) {
+        let mut released = None;
+        if self.fingerprint.is_empty() {
+            // First sight since this process led (after a start, or taking over from another
+            // replica: its caches may be warm, but nobody renewed single-active leases
+            // meanwhile): a full duration from now, as documented.
+            *self = Seen {
+                fingerprint,
+                since: now,
+                holder,
+            };
+        } else if self.fingerprint != fingerprint {
+            if holder.is_none() {
+                released = self.holder.clone();
+            }
+            *self = Seen {
+                fingerprint,
+                // A record the watch has not stamped yet (the cache is a step ahead of it) is
+                // as old as this sight of it.
+                since: delivered.unwrap_or(now),
+                holder,
+            };
+        } else if let Some(d) = delivered {
+            // The same record delivered again since (an earlier record restored by hand after
+            // renewals no worker reconciled, or rewritten while the watch was down): as old as
+            // its last delivery, never older.
+            self.since = self.since.max(d);
+        }
+        (now.saturating_duration_since(self.since), released)
+    }
+}
+
 /// The lease as the election sees it.
 pub(super) struct View {
     /// The Lease's view (`None`: there is no Lease).
@@ -44,31 +95,9 @@ impl Worker {
     fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>) {
         let fingerprint = records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
-        let now = Instant::now();
-        // A record the watch has not stamped yet (the cache is a step ahead of it) is as old
-        // as this first sight of it.
-        let delivered = self.caches.records.since(key, &fingerprint).unwrap_or(now);
-        let seen = self.seen.entry(key.clone()).or_insert_with(|| Seen {
-            fingerprint: String::new(),
-            since: delivered,
-            holder: holder.clone(),
-        });
-        let mut released = None;
-        if seen.fingerprint != fingerprint {
-            if !seen.fingerprint.is_empty() && holder.is_none() {
-                released = seen.holder.clone();
-            }
-            *seen = Seen {
-                fingerprint,
-                since: if seen.fingerprint.is_empty() {
-                    seen.since
-                } else {
-                    delivered
-                },
-                holder,
-            };
-        }
-        (now.saturating_duration_since(seen.since), released)
+        let delivered = self.caches.records.since(key, &fingerprint);
+        let seen = self.seen.entry(key.clone()).or_insert_with(Seen::first);
+        seen.observe(fingerprint, holder, delivered, Instant::now())
     }
 
     /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped.
@@ -251,5 +280,51 @@ impl Worker {
             term_ended,
             released,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_record_is_as_old_as_its_delivery_but_a_first_sight_counts_from_now() {
+        let t0 = Instant::now();
+        let mut seen = Seen::first();
+        let a = Some("a".to_string());
+        // Delivered long before this process led (a warm standby): a full duration from now.
+        let (age, _) = seen.observe("s1".into(), a.clone(), t0.checked_sub(60 * S), t0);
+        assert_eq!(age, Duration::ZERO);
+        // A renewal, delivered at t0 + 5 s, looked at 3 s later: as old as its delivery.
+        let (age, _) = seen.observe("s2".into(), a.clone(), Some(t0 + 5 * S), t0 + 8 * S);
+        assert_eq!(age, 3 * S);
+        // Not yet stamped (the cache ahead of the watch's handler): from this sight.
+        let (age, _) = seen.observe("s3".into(), a.clone(), None, t0 + 9 * S);
+        assert_eq!(age, Duration::ZERO);
+    }
+
+    #[test]
+    fn an_earlier_record_delivered_again_is_as_old_as_its_last_delivery() {
+        let t0 = Instant::now();
+        let mut seen = Seen::first();
+        let a = Some("a".to_string());
+        seen.observe("s1".into(), a.clone(), Some(t0), t0);
+        // s2 (a renewal) was delivered and never looked at; s1 restored by hand at t0 + 20 s.
+        let (age, _) = seen.observe("s1".into(), a.clone(), Some(t0 + 20 * S), t0 + 25 * S);
+        assert_eq!(age, 5 * S, "not 25 s: the restored record is new");
+        // Delivered again with an older stamp (never happens): never older.
+        let (age, _) = seen.observe("s1".into(), a, Some(t0), t0 + 26 * S);
+        assert_eq!(age, 6 * S);
+    }
+
+    #[test]
+    fn a_record_without_a_holder_after_one_with_a_holder_is_a_release() {
+        let t0 = Instant::now();
+        let mut seen = Seen::first();
+        seen.observe("s1".into(), Some("a".into()), Some(t0), t0);
+        let (_, released) = seen.observe("s2".into(), None, Some(t0 + S), t0 + S);
+        assert_eq!(released.as_deref(), Some("a"));
     }
 }

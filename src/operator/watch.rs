@@ -23,7 +23,7 @@ use super::identity::IncarnationLog;
 use super::index::{CandidateIndex, key_of, owner_pod};
 use super::pods::{FollowedPods, fetch_loop, has_role};
 use super::queue::{Enqueue, LeaseKey};
-use super::records::{self, Records};
+use super::records::Records;
 use super::renewals::Renewals;
 use super::stopped::StoppedPods;
 use crate::api::LeaseCandidate;
@@ -212,11 +212,8 @@ pub fn watch_all(
                     .get(&ObjectRef::new(&k.name).within(&k.namespace))
                     .is_some()
             };
-            let reconcile = records.on_event(&held, &ev, listed);
-            if reconcile {
-                for l in touched(ev) {
-                    e.key(records::key_of(&l));
-                }
+            for key in records.on_event(&held, &ev, listed) {
+                e.key(key);
             }
             Ok(())
         });
