@@ -38,6 +38,10 @@ pub(super) const CONCURRENT_WRITES: usize = 8;
 /// On a Lease: the uid of the pod its holder runs in.
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 
+/// When a lease whose report (a candidate's status, the pending forced exits) could not be
+/// written is looked at again.
+pub(super) const RETRY_FAILED_WRITE: Duration = Duration::from_secs(2);
+
 /// The leader's reconcile workers, one per queue (`--concurrency`): each owns the leases its
 /// queue routes to it, and the memory of them, so a lease is never reconciled twice at once.
 /// Returns only if a queue closes.
@@ -399,7 +403,9 @@ impl Worker {
                 (t < term).then(|| (c.name_any(), t))
             })
             .collect();
-        report(
+        // A status that could not be written is tried again soon (a holder's renewals no
+        // longer bring the lease back every few seconds).
+        let reported = report(
             &self.client,
             &self.recorder,
             &self.metrics,
@@ -414,6 +420,7 @@ impl Worker {
             &mut self.statuses,
         )
         .await;
+        let report_retry = (!reported).then_some(RETRY_FAILED_WRITE);
 
         if let Some(p) = &plan {
             let current = written.as_ref().or(lease.as_deref());
@@ -487,7 +494,10 @@ impl Worker {
             .as_ref()
             .and(lease_view.as_ref())
             .map(|l| l.duration / 3);
-        Ok([after, retry, renew].into_iter().flatten().min())
+        Ok([after, retry, renew, report_retry]
+            .into_iter()
+            .flatten()
+            .min())
     }
 
     /// Deletes candidates that belong to no pod and have not renewed for `--candidate-expiry`

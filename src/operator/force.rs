@@ -80,7 +80,7 @@ impl Worker {
             .restore(key, recorded.as_deref(), |t| ours.contains(&t.uid));
         let pods = self.caches.pods.clone();
         let ns = key.namespace.clone();
-        let (outcomes, retry) = self
+        let (outcomes, mut retry) = self
             .deposer
             .attempt(&self.client, key, policy, |name| {
                 pods.get(&ns, name).map(|p| (*p).clone())
@@ -102,6 +102,9 @@ impl Worker {
                 .await
             {
                 tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
+                retry = Some(retry.map_or(super::controller::RETRY_FAILED_WRITE, |r| {
+                    r.min(super::controller::RETRY_FAILED_WRITE)
+                }));
             }
         }
         for (target, outcome) in outcomes {

@@ -146,7 +146,8 @@ impl Records {
 
     /// What the Lease watch does with each event, before any worker looks: stamps the records
     /// it delivers, bumps the remembered term of the holder each names, and returns the leases
-    /// that need a reconcile. `listed`: whether a lease is in the cache (after a relist).
+    /// that need a reconcile (a relist's, all at its end). `listed`: whether a lease is in the
+    /// cache (after a relist).
     ///
     /// After a watch gap nothing says what was missed: a lease whose relist shows another
     /// version, or that the relist no longer lists (deleted meanwhile), may have been renewed
@@ -172,21 +173,29 @@ impl Records {
         };
         match ev {
             watcher::Event::Apply(l) => reconcile(l, seen(l, true)),
-            watcher::Event::InitApply(l) => reconcile(l, seen(l, false)),
+            // Reconciled at the relist's end: until then the cache still holds what it held
+            // before (a worker would judge the old record, as new, and wait a full duration).
+            watcher::Event::InitApply(l) => {
+                seen(l, false);
+                vec![]
+            }
             watcher::Event::Delete(l) => {
                 // Its last record counts as seen, then its stamp goes.
                 seen(l, true);
                 self.forget(&key_of(l));
                 vec![key_of(l)]
             }
-            // A relist reports no deletions: what it no longer lists was deleted while the
-            // watch was down (the cache is replaced before this runs).
+            // The relist is in the cache now (replaced before this runs): every lease is
+            // reconciled. It reports no deletions: what it no longer lists was deleted while
+            // the watch was down.
             watcher::Event::InitDone => {
                 let gone = self.retain(listed);
                 for k in &gone {
                     held.seen_in_gap(k, Instant::now());
                 }
-                gone
+                let mut keys: Vec<LeaseKey> = self.locked().keys().cloned().collect();
+                keys.extend(gone);
+                keys
             }
             watcher::Event::Init => vec![],
         }
@@ -345,6 +354,11 @@ mod tests {
         let all = |_: &LeaseKey| true;
         assert_eq!(
             records.on_event(&held, &Event::InitApply(first), all),
+            vec![],
+            "a relist is reconciled at its end"
+        );
+        assert_eq!(
+            records.on_event(&held, &Event::InitDone, all),
             vec![key.clone()]
         );
         let renewed = lease("a", 60, "2");
@@ -406,10 +420,10 @@ mod tests {
         held.assigned(&key, "a", 3, minute, None, assigned_at);
         deliver(&records, &first, true, assigned_at);
         records.on_event(&held, &Event::InitApply(first.clone()), |_| true);
-        assert!(
-            records
-                .on_event(&held, &Event::InitDone, |_| true)
-                .is_empty()
+        assert_eq!(
+            records.on_event(&held, &Event::InitDone, |_| true),
+            vec![key.clone()],
+            "reconciled at the relist's end"
         );
         assert!(quiet(&held) >= minute);
     }

@@ -20,7 +20,8 @@ use crate::election::decide::{Action, Decision};
 /// How many independent writes for one lease (candidates' statuses) are in flight at once.
 const CONCURRENT_WRITES: usize = 8;
 
-/// Conditions on candidates, Events and metrics for what was decided and done.
+/// Conditions on candidates, Events and metrics for what was decided and done. Returns
+/// whether every candidate's status was written (a failed one is retried by the caller).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn report(
     client: &Client,
@@ -35,7 +36,7 @@ pub(super) async fn report(
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
     written: &mut Written<Vec<Condition>>,
-) {
+) -> bool {
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
     }
@@ -150,6 +151,7 @@ pub(super) async fn report(
         .buffer_unordered(CONCURRENT_WRITES)
         .collect::<Vec<_>>()
         .await;
+    let complete = done.iter().all(Option::is_some);
     for (uid, read, wrote) in done.into_iter().flatten() {
         written.record(&uid, read, wrote, now);
     }
@@ -180,6 +182,7 @@ pub(super) async fn report(
         )
         .await;
     }
+    complete
 }
 
 fn message(conditions: &[Condition], type_: &str) -> String {
