@@ -32,6 +32,7 @@ crate::tests![operator:
     the_readme_lists_every_metric_the_operator_exposes,
     status_watch_rides_out_an_unreachable_api_server,
     expired_lease_goes_to_a_live_candidate,
+    a_renewing_holder_keeps_its_lease_though_no_renewal_is_reconciled,
     holder_pod_stopped_is_replaced_before_expiry,
     only_the_pods_it_follows_are_kept,
     lapsed_holder_pod_still_running_is_evicted,
@@ -286,6 +287,76 @@ async fn expired_lease_goes_to_a_live_candidate(env: Arc<TestEnv>) {
     })
     .await;
     assert_eq!(eligible.0, "False");
+}
+
+/// The operator no longer reconciles a holder's renewals (a record that changes nothing but
+/// `renewTime`): it stamps each as its watch delivers it, and the lease's expiry timer brings
+/// it back. A holder that keeps renewing over several lease durations keeps its term (judged
+/// from a renewal no reconcile saw, its lease would go to the other candidate), the renewals
+/// cost no reconciles, and once they stop the lease goes to the other candidate after expiry.
+async fn a_renewing_holder_keeps_its_lease_though_no_renewal_is_reconciled(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &["--lease-duration", "2s"]);
+    let _r = Responder::start(env.client.clone(), &env.ns, &["old", "young"]);
+    create_candidate(&env, "old", "renew", "1.19.0", Some("1.19.0"), OEV, None).await;
+    let first = wait_for_holder(&env, "renew", "old", DEADLINE).await;
+    create_candidate(&env, "young", "renew", "1.20.0", Some("1.20.0"), OEV, None).await;
+    // Its registration settled (pinged, answered, reported) before the reconciles are counted.
+    eventually("young to be reported Eligible", DEADLINE, || async {
+        condition(&env, "young", "Eligible")
+            .await
+            .filter(|c| c.0 == "True")
+    })
+    .await;
+    let history = record_lease(&env, "renew").await;
+    let reconciles = |m: &str| {
+        m.lines()
+            .find(|l| l.starts_with("arbiter_reconcile_duration_seconds_count"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let before = reconciles(&op.http_get("/metrics").await);
+    // "old" renews by compare-and-swap every 200 ms for 4 lease durations.
+    let store = lease::LeaseStore::new(env.client.clone(), &env.ns);
+    let leases: Api<Lease> = env.api();
+    let started = Instant::now();
+    let (mut renewals, mut last_renewal) = (0, started);
+    while started.elapsed() < Duration::from_secs(8) {
+        let mut l = leases.get("renew").await.unwrap();
+        assert_eq!(
+            lease::holder(&l),
+            Some("old"),
+            "the lease moved while its holder renewed"
+        );
+        l.spec.as_mut().unwrap().renew_time = Some(lease::now());
+        // Before it is sent: the operator sees the renewal only after it is written.
+        let sent = Instant::now();
+        store.replace(&l).await.unwrap();
+        (renewals, last_renewal) = (renewals + 1, sent);
+        // The holder's renew period, not a wait for a condition.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let during = reconciles(&op.http_get("/metrics").await) - before;
+    assert!(
+        during < f64::from(renewals) / 2.0,
+        "{during} reconciles for {renewals} renewals: renewals are reconciled"
+    );
+    // Its renewals stop: the lease goes to "young" once it expired, not before.
+    let l = wait_for_holder(&env, "renew", "young", DEADLINE).await;
+    let waited = last_renewal.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "reassigned {waited:?} after the last renewal, before the 2 s lease expired"
+    );
+    let seen = history.until_held("young", lease::term(&l)).await;
+    let holders: Vec<_> = seen.iter().map(|(h, _, t)| (h.clone(), *t)).collect();
+    assert_eq!(
+        holders,
+        vec![
+            (Some("old".to_string()), lease::term(&first)),
+            (Some("young".to_string()), lease::term(&l)),
+        ],
+        "one term of old's, then young's"
+    );
 }
 
 fn owned_by(si: &StandIn) -> OwnerReference {

@@ -102,9 +102,8 @@ impl Worker {
                 .await
             {
                 tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
-                retry = Some(retry.map_or(super::controller::RETRY_FAILED_WRITE, |r| {
-                    r.min(super::controller::RETRY_FAILED_WRITE)
-                }));
+                let soon = super::controller::RETRY_FAILED_WRITE;
+                retry = Some(retry.unwrap_or(soon).min(soon));
             }
         }
         for (target, outcome) in outcomes {

@@ -48,16 +48,16 @@ struct Record {
 
 /// What a delivered record means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Delivered {
+struct Delivered {
     /// When this record was first delivered (now, unless the same spec was delivered before
     /// with nothing missed in between).
-    pub since: Instant,
+    since: Instant,
     /// Whether the lease needs a reconcile: anything but a live renewal, or a live event
     /// that changed nothing.
-    pub reconcile: bool,
+    reconcile: bool,
     /// A relist delivered another version than the last one delivered: writes were missed
     /// while the watch was down (a holder's renewals among them, perhaps).
-    pub missed: bool,
+    missed: bool,
 }
 
 /// The last delivered record of each Lease the operator watches.
@@ -65,7 +65,7 @@ pub struct Delivered {
 pub struct Records(Arc<Mutex<HashMap<LeaseKey, Record>>>);
 
 /// The key of `lease`.
-pub fn key_of(lease: &Lease) -> LeaseKey {
+fn key_of(lease: &Lease) -> LeaseKey {
     LeaseKey {
         namespace: lease.namespace().unwrap_or_default(),
         name: lease.name_any(),
@@ -98,7 +98,7 @@ impl Records {
     }
 
     /// `lease` as the watch delivers it now: `live` for an event as it happened, not a relist.
-    pub fn deliver(&self, lease: &Lease, live: bool) -> Delivered {
+    fn deliver(&self, lease: &Lease, live: bool) -> Delivered {
         self.deliver_at(
             key_of(lease),
             fingerprint(lease),
@@ -211,13 +211,13 @@ impl Records {
     }
 
     /// Forgets a deleted Lease.
-    pub fn forget(&self, key: &LeaseKey) {
+    fn forget(&self, key: &LeaseKey) {
         self.locked().remove(key);
     }
 
     /// Keeps only the Leases `exists` knows (after a relist, which reports no deletions), and
     /// returns the others.
-    pub fn retain(&self, exists: impl Fn(&LeaseKey) -> bool) -> Vec<LeaseKey> {
+    fn retain(&self, exists: impl Fn(&LeaseKey) -> bool) -> Vec<LeaseKey> {
         let mut records = self.locked();
         let gone: Vec<LeaseKey> = records.keys().filter(|k| !exists(k)).cloned().collect();
         for k in &gone {
