@@ -255,9 +255,13 @@ impl Plan {
         };
         let due = lease::duration(current).unwrap_or(Duration::from_secs(15)) / 3;
         // The reconcile's timer comes back a third of the duration after the renewal was
-        // written, and its record is as old as its delivery, a moment later: half of that
-        // is due, or every other timer would pass and the lease be renewed at two thirds.
-        if unchanged_for < due / 2 || !self.pod(holder).is_some_and(|p| pod_ready(p)) {
+        // written, and its record is as old as its delivery, a moment later: a second of
+        // slack (at most a quarter of the third), or every other timer would pass and the lease
+        // be renewed at two thirds. No more: a reconcile for any other reason renews too, and
+        // while the watch lags, a renewal the cache does not show yet makes the next write
+        // of the Lease conflict.
+        let slack = (due / 4).min(Duration::from_secs(1));
+        if unchanged_for < due - slack || !self.pod(holder).is_some_and(|p| pod_ready(p)) {
             return Ok(());
         }
         let mut l = current.clone();
