@@ -4,12 +4,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -18,11 +20,50 @@ use super::depose::{self, RESTARTS_ANNOTATION};
 use super::index::owner_pod;
 use super::queue::LeaseKey;
 use super::report::publish;
+use super::written::LeaseVersion;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
 use crate::lease::{self, LeaseStore, MANAGED_LABEL};
 
 impl Worker {
+    /// The Lease as this worker last wrote it while its cache has not caught up with that
+    /// write; else the cache's ([`super::written`]).
+    pub(super) fn newest_lease(&mut self, key: &LeaseKey) -> Option<Arc<Lease>> {
+        let cached = self.cached_lease(key);
+        let version = cached
+            .as_ref()
+            .and_then(|l| l.metadata.resource_version.as_deref())
+            .unwrap_or_default();
+        match self
+            .leases
+            .current(&key.to_string(), version, Instant::now())
+        {
+            Some(written) => written.lease,
+            None => cached,
+        }
+    }
+
+    fn cached_lease(&self, key: &LeaseKey) -> Option<Arc<Lease>> {
+        self.caches
+            .leases
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+    }
+
+    /// Records a Lease this worker wrote. (Against the cache as it is now: a compare-and-swap
+    /// that succeeded was based on the newest version, so the cache shows it, an earlier
+    /// one, or already this write.)
+    pub(super) fn wrote_lease(&mut self, key: &LeaseKey, mut wrote: Lease) {
+        // As the cache keeps it.
+        super::slim::keep_annotation_owners(&mut wrote.metadata);
+        let cached = LeaseVersion::of(self.cached_lease(key));
+        self.leases.record(
+            &key.to_string(),
+            cached,
+            LeaseVersion::of(Some(Arc::new(wrote))),
+            Instant::now(),
+        );
+    }
+
     /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
     pub(super) async fn act(
         &mut self,
@@ -31,6 +72,7 @@ impl Worker {
         candidates: &[Arc<LeaseCandidate>],
         decision: &Decision,
         owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+        deposed: Option<&depose::Target>,
     ) -> anyhow::Result<Option<Lease>> {
         let client = &self.client;
         let store = LeaseStore::new(client.clone(), &key.namespace);
@@ -76,8 +118,16 @@ impl Worker {
                     .terms
                     .next(&key.namespace, &key.name, Some(lease::term(current)))
                     .await?;
+                // The same write records the pod it deposes, to force out, and drops what was
+                // pending for the new holder (a pod given the term again is not forced out).
+                let recorded = current.annotations().get(depose::PENDING_ANNOTATION);
+                let holder_uid = pod.as_ref().map(|(_, uid)| uid.clone());
+                let pending = depose::recorded_with(recorded.map(String::as_str), deposed, |t| {
+                    Some(&t.uid) == holder_uid.as_ref()
+                });
                 let mut l = current.clone();
                 assign(&mut l, holder, term, duration, pod);
+                lease::set_annotation(&mut l, depose::PENDING_ANNOTATION, pending.as_deref());
                 Some(store.replace(&l).await?)
             }
             (Action::RequestHandover { to }, Some(current)) => {

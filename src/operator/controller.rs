@@ -14,11 +14,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 
 use super::Settings;
-use super::depose::{self, Deposer, Target};
+use super::depose::Deposer;
 use super::index::owner_pod;
 use super::metrics::{LeaseLabels, Metrics};
 use super::queue::{LeaseKey, Queue};
@@ -27,7 +26,7 @@ use super::single_active::{self, Prepared};
 use super::terms::TermLedger;
 use super::view::{Seen, View};
 use super::watch::{Caches, pod_state};
-use super::written::Written;
+use super::written::{LeaseVersion, Written};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action};
 use crate::lease;
@@ -67,6 +66,7 @@ pub async fn run(
             reported: HashSet::new(),
             statuses: Written::default(),
             pings: Written::default(),
+            leases: Written::default(),
         };
         Box::pin(work(index, worker, queue))
     });
@@ -116,6 +116,8 @@ pub(super) struct Worker {
     statuses: Written<Vec<Condition>>,
     /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
     pub(super) pings: Written<Option<jiff::Timestamp>>,
+    /// Leases this worker wrote that its cache may not show yet (the next write's base).
+    pub(super) leases: Written<LeaseVersion>,
 }
 
 /// When a lease became leaderless, and when a handover was requested (for metrics).
@@ -150,10 +152,7 @@ impl Worker {
             .caches
             .by_lease
             .candidates(key, &self.caches.candidates);
-        let lease = self
-            .caches
-            .leases
-            .get(&ObjectRef::new(&key.name).within(&key.namespace));
+        let lease = self.newest_lease(key);
         self.expire_candidates(key, &mut candidates).await;
         // A single-active lease's reconcile (its role labels) never interleaves with another
         // of the namespace's, whatever worker runs it.
@@ -279,17 +278,13 @@ impl Worker {
             if let (Action::RequestHandover { to }, Some(h)) = (&decision.action, holder)
                 && p.holds_for(&candidates, &h)
             {
-                p.release_for(&self.client, key, current, &h).await?;
-                if let Some(pod) = p.pods.iter().find(|x| x.name_any() == h) {
-                    self.deposer.add(
-                        key,
-                        Target::new(
-                            &h,
-                            &h,
-                            &pod.uid().unwrap_or_default(),
-                            depose::restarts(pod),
-                        ),
-                    );
+                let deposed = p.deposed(&candidates, Some(current), None);
+                let released = p
+                    .release_for(&self.client, key, current, &h, deposed.as_ref())
+                    .await?;
+                self.wrote_lease(key, released);
+                if let Some(t) = deposed {
+                    self.deposer.add(key, t);
                 }
                 let note = format!("pod {h} handed lease {} over to {to}", key.name);
                 publish(
@@ -303,42 +298,38 @@ impl Worker {
                 return Ok(Some(Duration::ZERO));
             }
         }
-        if let (
-            Some(p),
-            Action::Assign { holder, .. }
-            | Action::CreateLease {
-                holder: Some(holder),
-                ..
-            },
-        ) = (&plan, &decision.action)
-        {
-            p.demote_all_but(&self.client, Some(holder)).await?;
-            // The deposed active pod, if it is still there, is forced out per policy.
-            let previous = lease
-                .as_deref()
-                .and_then(lease::holder)
-                .filter(|h| *h != holder.as_str());
-            if let Some(pod) = previous.and_then(|h| p.pods.iter().find(|x| x.name_any() == h))
-                && pod.metadata.deletion_timestamp.is_none()
-                && p.holds_for(&candidates, &pod.name_any())
-            {
-                let name = pod.name_any();
-                self.deposer.add(
-                    key,
-                    Target::new(
-                        &name,
-                        &name,
-                        &pod.uid().unwrap_or_default(),
-                        depose::restarts(pod),
-                    ),
-                );
-            }
-        }
-
+        // The pod a new holder deposes (single-active: the active pod; otherwise a lapsed
+        // holder's that still runs) is forced out per policy, recorded on the Lease by the
+        // write that deposes it.
+        let deposed = match (&plan, &decision.action) {
+            (
+                Some(p),
+                Action::Assign { holder, .. }
+                | Action::CreateLease {
+                    holder: Some(holder),
+                    ..
+                },
+            ) => p.deposed(&candidates, lease.as_deref(), Some(holder)),
+            (Some(_), _) => None,
+            (None, _) => self.lapsed_target(key, lease.as_deref(), &decision, &candidates),
+        };
         let owner = plan.as_ref().map(|p| p.owner());
         let written = self
-            .act(key, lease.as_deref(), &candidates, &decision, owner)
+            .act(
+                key,
+                lease.as_deref(),
+                &candidates,
+                &decision,
+                owner,
+                deposed.as_ref(),
+            )
             .await?;
+        if let Some(w) = &written {
+            self.wrote_lease(key, w.clone());
+            if let Some(t) = deposed {
+                self.deposer.add(key, t);
+            }
+        }
         if let Some(w) = &written
             && let Some(h) = lease::holder(w)
             && matches!(
@@ -365,6 +356,23 @@ impl Worker {
                     reason: term_ended.to_string(),
                 })
                 .inc();
+        }
+        // Single-active: once the new holder's term is written (not before: a decision on a
+        // view the compare-and-swap refuses must not touch the pods), every pod but the new
+        // holder's is demoted at once. (The labelling below demotes again before it promotes
+        // anyone, and fails the reconcile if it cannot.)
+        if let (
+            true,
+            Some(p),
+            Action::Assign { holder, .. }
+            | Action::CreateLease {
+                holder: Some(holder),
+                ..
+            },
+        ) = (written.is_some(), &plan, &decision.action)
+            && let Err(e) = p.demote_all_but(&self.client, Some(holder)).await
+        {
+            tracing::warn!(lease = %key, error = %format!("{e:#}"), "demoting the deposed pod failed; trying again before anyone is promoted");
         }
         if candidates.is_empty() && lease_view.is_none() && written.is_none() {
             // Nothing left of this lease: its series go (a deleted lease is not leaderless).
@@ -422,11 +430,14 @@ impl Worker {
         .await;
         let report_retry = (!reported).then_some(RETRY_FAILED_WRITE);
 
+        // A labelling or renewal that failed fails the reconcile (retried), after the forced
+        // exits below: a pod the write deposed is forced out even while labels cannot be written.
+        let mut labelled = Ok(());
         if let Some(p) = &plan {
             let current = written.as_ref().or(lease.as_deref());
             // The Event below reports the assignment, which is done: a failed labelling (retried)
             // must not lose it.
-            let labelled = p.label(&self.client, holder).await;
+            labelled = p.label(&self.client, holder).await;
             if let Some(w) = &written
                 && let Some(h) = lease::holder(w)
                 && matches!(
@@ -451,12 +462,16 @@ impl Worker {
                 )
                 .await;
             }
-            labelled?;
-            if written.is_none()
+            if labelled.is_ok()
+                && written.is_none()
                 && let (Some(l), Some(v)) = (current, lease_view.as_ref())
                 && lease::holder(l).is_some_and(|h| p.holds_for(&candidates, h))
             {
-                p.renew_for(&self.client, key, l, v.unchanged_for).await?;
+                match p.renew_for(&self.client, key, l, v.unchanged_for).await {
+                    Ok(Some(renewed)) => self.wrote_lease(key, renewed),
+                    Ok(None) => {}
+                    Err(e) => labelled = Err(e),
+                }
             }
         }
 
@@ -472,23 +487,13 @@ impl Worker {
                 lease.as_deref(),
                 written.as_ref(),
                 &candidates,
-                &decision,
                 plan.as_ref(),
                 policy,
             )
             .await;
+        labelled?;
 
-        // When to look again, even if nothing changes: at the holder's expiry, or after a wait.
-        let after = match &decision.action {
-            Action::Nothing | Action::WaitForRelease { .. } => lease_view
-                .as_ref()
-                .filter(|l| l.holder.is_some())
-                .map(|l| l.duration.saturating_sub(l.unchanged_for) + Duration::from_millis(100)),
-            Action::WaitForTerm { remaining, .. } => Some(*remaining + Duration::from_millis(100)),
-            Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
-            Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
-            _ => Some(Duration::from_secs(1)),
-        };
+        let after = super::view::look_again(&decision.action, lease_view.as_ref());
         // Single-active leases are renewed by the operator: come back in a third of the duration.
         let renew = plan
             .as_ref()

@@ -99,19 +99,40 @@ pub enum Outcome {
 #[derive(Default)]
 pub struct Deposer {
     pending: HashMap<LeaseKey, Vec<Target>>,
-    /// Pod uids whose forced exit ended (forced, reported, or the pod stopped), so that an
-    /// annotation not yet cleared does not bring them back.
-    done: std::collections::HashSet<String>,
+    /// Pods (uid, restarts) whose forced exit ended (forced, reported, or the pod stopped), so
+    /// that an annotation not yet cleared does not bring them back. (The same pod deposed again
+    /// after its containers restarted is another forced exit.)
+    done: std::collections::HashSet<(String, i64)>,
+}
+
+/// Adds `target` to `list`: the same pod (uid) once, at its highest restart count (deposed
+/// again after its containers restarted, the older count would judge it stopped).
+fn merge(list: &mut Vec<Target>, target: Target) {
+    match list.iter_mut().find(|t| t.uid == target.uid) {
+        Some(t) if target.restarts > t.restarts => *t = target,
+        Some(_) => {}
+        None => list.push(target),
+    }
 }
 
 impl Deposer {
     pub fn add(&mut self, key: &LeaseKey, target: Target) {
-        if self.done.contains(&target.uid) {
+        if self.done.contains(&(target.uid.clone(), target.restarts)) {
             return;
         }
-        let list = self.pending.entry(key.clone()).or_default();
-        if !list.iter().any(|t| t.uid == target.uid) {
-            list.push(target);
+        merge(self.pending.entry(key.clone()).or_default(), target);
+    }
+
+    /// Whether a forced exit of `key` is pending.
+    pub fn has_pending(&self, key: &LeaseKey) -> bool {
+        self.pending.get(key).is_some_and(|l| !l.is_empty())
+    }
+
+    /// Drops `key`'s pending forced exits of the holder the lease has now (`holds`): a pod
+    /// given the term again is never forced out for an earlier one.
+    pub fn spare(&mut self, key: &LeaseKey, holds: impl Fn(&Target) -> bool) {
+        if let Some(list) = self.pending.get_mut(key) {
+            list.retain(|t| !holds(t));
         }
     }
 
@@ -134,12 +155,7 @@ impl Deposer {
     /// The annotation value for `key`'s pending targets (`None`: nothing pending).
     pub fn recorded(&self, key: &LeaseKey) -> Option<String> {
         let list = self.pending.get(key).filter(|l| !l.is_empty())?;
-        let mut parts: Vec<String> = list
-            .iter()
-            .map(|t| format!("{}/{}/{}/{}", t.candidate, t.pod, t.uid, t.restarts))
-            .collect();
-        parts.sort();
-        Some(parts.join(","))
+        Some(record(list))
     }
 
     /// Attempts every due target of `key`. Returns the outcomes, and when to try again.
@@ -217,7 +233,7 @@ impl Deposer {
         }
         for (t, outcome) in &outcomes {
             if !matches!(outcome, Outcome::Blocked(_) | Outcome::Failed(_)) {
-                self.done.insert(t.uid.clone());
+                self.done.insert((t.uid.clone(), t.restarts));
             }
         }
         if self.done.len() > 10_000 {
@@ -258,6 +274,33 @@ async fn evict(pods: &Api<Pod>, name: &str, namespace: &str, uid: &str) -> kube:
 }
 
 /// Parses [`PENDING_ANNOTATION`]; malformed entries are skipped.
+/// The annotation value recording `targets`.
+fn record(targets: &[Target]) -> String {
+    let mut parts: Vec<String> = targets
+        .iter()
+        .map(|t| format!("{}/{}/{}/{}", t.candidate, t.pod, t.uid, t.restarts))
+        .collect();
+    parts.sort();
+    parts.join(",")
+}
+
+/// A Lease's pending forced exits (`recorded`) with `target` added and those of the lease's
+/// new holder (`spare`) dropped: what the Lease write that deposes the target's holder records
+/// in the same compare-and-swap, so that neither a lost answer to it nor another replica
+/// taking over loses the forced exit.
+pub fn recorded_with(
+    recorded: Option<&str>,
+    target: Option<&Target>,
+    spare: impl Fn(&Target) -> bool,
+) -> Option<String> {
+    let mut targets = parse_pending(recorded.unwrap_or_default());
+    targets.retain(|t| !spare(t));
+    if let Some(t) = target {
+        merge(&mut targets, t.clone());
+    }
+    (!targets.is_empty()).then(|| record(&targets))
+}
+
 fn parse_pending(s: &str) -> Vec<Target> {
     s.split(',')
         .filter_map(|entry| {
@@ -439,6 +482,48 @@ mod tests {
     }
 
     #[test]
+    fn a_deposing_write_records_the_deposed_pod_once_and_spares_the_new_holder() {
+        let none = |_: &Target| false;
+        let t = Target::new("web-0", "web-0", "uid-0", 2);
+        let one = recorded_with(None, Some(&t), none).unwrap();
+        assert_eq!(one, "web-0/web-0/uid-0/2");
+        assert_eq!(recorded_with(Some(&one), Some(&t), none).unwrap(), one);
+        let other = Target::new("web-1", "web-1", "uid-1", 0);
+        let two = recorded_with(Some(&one), Some(&other), none).unwrap();
+        assert_eq!(two, "web-0/web-0/uid-0/2,web-1/web-1/uid-1/0");
+        // web-0 deposed again after a restart: the newer count stands, an older one never.
+        let again = Target::new("web-0", "web-0", "uid-0", 3);
+        let newer = recorded_with(Some(&two), Some(&again), none).unwrap();
+        assert_eq!(newer, "web-0/web-0/uid-0/3,web-1/web-1/uid-1/0");
+        assert_eq!(recorded_with(Some(&newer), Some(&t), none).unwrap(), newer);
+        // web-1 is given the term: its pending forced exit goes with the same write.
+        let spared = recorded_with(Some(&two), None, |t| t.candidate == "web-1");
+        assert_eq!(spared.as_deref(), Some("web-0/web-0/uid-0/2"));
+        assert_eq!(recorded_with(Some(&spared.unwrap()), None, |_| true), None);
+    }
+
+    #[test]
+    fn a_pod_deposed_again_after_a_restart_is_forced_out_again() {
+        let key = LeaseKey {
+            namespace: "ns".into(),
+            name: "l".into(),
+        };
+        let mut d = Deposer::default();
+        d.done.insert(("uid-a".into(), 1));
+        // Its first forced exit ended (at 1 restart); deposed again at 2.
+        d.add(&key, Target::new("a", "a", "uid-a", 1));
+        assert_eq!(d.recorded(&key), None);
+        d.add(&key, Target::new("a", "a", "uid-a", 2));
+        assert_eq!(d.recorded(&key).as_deref(), Some("a/a/uid-a/2"));
+        // An annotation with the older count does not replace it.
+        d.restore(&key, Some("a/a/uid-a/1"), |_| true);
+        assert_eq!(d.recorded(&key).as_deref(), Some("a/a/uid-a/2"));
+        // Given the term again: spared.
+        d.spare(&key, |t| t.uid == "uid-a");
+        assert_eq!(d.recorded(&key), None);
+    }
+
+    #[test]
     fn pending_targets_round_trip_through_the_annotation() {
         let key = LeaseKey {
             namespace: "ns".into(),
@@ -459,7 +544,7 @@ mod tests {
         assert_eq!(picky.recorded(&key).as_deref(), Some("c-b/pod-b/uid-b/0"));
         assert_eq!(other.recorded(&key).as_deref(), Some(recorded.as_str()));
         // A finished target is not brought back by a stale annotation.
-        other.done.insert("uid-a".into());
+        other.done.insert(("uid-a".into(), 2));
         let mut fresh = Deposer {
             done: other.done.clone(),
             ..Deposer::default()

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Resource, ResourceExt};
 
-use super::controller::Worker;
+use super::controller::{HOLDER_POD_ANNOTATION, Worker};
 use super::depose::{self, OnDepose, PENDING_ANNOTATION, RESTARTS_ANNOTATION, Target};
 use super::index::owner_pod;
 use super::metrics::MethodLabels;
@@ -21,50 +21,71 @@ use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
 use crate::lease::{self, LeaseStore};
 
+/// The pods `lease`'s holder may run in (none when nobody holds it): the one recorded when its
+/// term was assigned, and the one its candidate names now. Never forced out.
+fn holder_pods(lease: &Lease, candidates: &[Arc<LeaseCandidate>]) -> HashSet<String> {
+    let Some(h) = lease::holder(lease) else {
+        return HashSet::new();
+    };
+    let candidate = candidates.iter().find(|c| c.name_any() == h);
+    lease
+        .annotations()
+        .get(HOLDER_POD_ANNOTATION)
+        .cloned()
+        .into_iter()
+        .chain(candidate.and_then(|c| owner_pod(c)).map(|(_, uid)| uid))
+        .collect()
+}
+
 impl Worker {
-    /// Forces out what the decision deposed and carries on pending forced exits. Returns when
-    /// to try again, if one is still pending.
-    #[allow(clippy::too_many_arguments)]
+    /// The pod of an ordinary lease's lapsed holder that kept running with the same
+    /// containers (the pod its term was assigned in), to force out once `decision` deposes it:
+    /// recorded by the write that deposes it.
+    pub(super) fn lapsed_target(
+        &self,
+        key: &LeaseKey,
+        lease: Option<&Lease>,
+        decision: &Decision,
+        candidates: &[Arc<LeaseCandidate>],
+    ) -> Option<Target> {
+        let (
+            Action::Assign {
+                lapsed: Some(h), ..
+            },
+            Some(old),
+        ) = (&decision.action, lease)
+        else {
+            return None;
+        };
+        let c = candidates.iter().find(|c| c.name_any() == *h)?;
+        let pod = self.pod_of(c)?;
+        let uid = pod.uid().unwrap_or_default();
+        let assigned_in = old.annotations().get(HOLDER_POD_ANNOTATION);
+        let recorded = old
+            .annotations()
+            .get(RESTARTS_ANNOTATION)
+            .and_then(|v| v.parse::<i64>().ok());
+        tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
+        // The pod the term was assigned in, with the same containers, and not all of them
+        // reported ended (one in crash-loop back-off after its process exited runs nothing).
+        (assigned_in.is_none_or(|a| *a == uid)
+            && recorded == Some(depose::restarts(&pod))
+            && !super::stopped::nothing_runs(&pod))
+        .then(|| Target::new(h, &pod.name_any(), &uid, depose::restarts(&pod)))
+    }
+
+    /// Forces out what was deposed and carries on pending forced exits (recorded on the Lease,
+    /// by this or another replica), never the pod of the lease's holder as the API server has
+    /// it now. Returns when to try again, if one is still pending.
     pub(super) async fn force_out(
         &mut self,
         key: &LeaseKey,
         lease: Option<&Lease>,
         written: Option<&Lease>,
         candidates: &[Arc<LeaseCandidate>],
-        decision: &Decision,
         plan: Option<&Plan>,
         policy: OnDepose,
     ) -> Option<Duration> {
-        // A lapsed holder whose pod kept running with the same containers is forced out.
-        if let (
-            Some(_),
-            Action::Assign {
-                lapsed: Some(h), ..
-            },
-            Some(old),
-        ) = (written, &decision.action, lease)
-            && let Some(c) = candidates.iter().find(|c| c.name_any() == *h)
-            && let Some(pod) = self.pod_of(c)
-        {
-            let recorded = old
-                .annotations()
-                .get(RESTARTS_ANNOTATION)
-                .and_then(|v| v.parse::<i64>().ok());
-            tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
-            // Same containers, and not all of them reported ended (one in crash-loop back-off
-            // after its process exited runs nothing: nothing to force out).
-            if recorded == Some(depose::restarts(&pod)) && !super::stopped::nothing_runs(&pod) {
-                self.deposer.add(
-                    key,
-                    Target::new(
-                        h,
-                        &pod.name_any(),
-                        &pod.uid().unwrap_or_default(),
-                        depose::restarts(&pod),
-                    ),
-                );
-            }
-        }
         // Forced exits another replica left pending are carried on.
         let latest = written.or(lease);
         let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
@@ -78,14 +99,43 @@ impl Worker {
             .collect();
         self.deposer
             .restore(key, recorded.as_deref(), |t| ours.contains(&t.uid));
+        // Never the lease's holder (given the term again since it was deposed): as this worker
+        // sees the Lease, and, before anything is forced out, as the API server has it now (a
+        // view that lags, e.g. after taking over from another replica, may not show it yet).
+        let holding = latest
+            .map(|l| holder_pods(l, candidates))
+            .unwrap_or_default();
+        self.deposer.spare(key, |t| holding.contains(&t.uid));
+        let mut checked = true;
+        if self.deposer.has_pending(key) {
+            match LeaseStore::new(self.client.clone(), &key.namespace)
+                .get(&key.name)
+                .await
+            {
+                Ok(now) => {
+                    let holding = now
+                        .as_ref()
+                        .map(|l| holder_pods(l, candidates))
+                        .unwrap_or_default();
+                    self.deposer.spare(key, |t| holding.contains(&t.uid));
+                }
+                Err(e) => {
+                    tracing::debug!(lease = %key, error = %e, "reading the Lease before forcing out failed (retried)");
+                    checked = false;
+                }
+            }
+        }
         let pods = self.caches.pods.clone();
         let ns = key.namespace.clone();
-        let (outcomes, mut retry) = self
-            .deposer
-            .attempt(&self.client, key, policy, |name| {
-                pods.get(&ns, name).map(|p| (*p).clone())
-            })
-            .await;
+        let (outcomes, mut retry) = if checked {
+            self.deposer
+                .attempt(&self.client, key, policy, |name| {
+                    pods.get(&ns, name).map(|p| (*p).clone())
+                })
+                .await
+        } else {
+            (Vec::new(), Some(super::controller::RETRY_FAILED_WRITE))
+        };
         // Record what is still pending on the Lease, for whichever replica leads next.
         let pending = self.deposer.recorded(key);
         if pending.is_some() || !candidates.is_empty() {
@@ -97,13 +147,16 @@ impl Worker {
         {
             let mut l = l.clone();
             lease::set_annotation(&mut l, PENDING_ANNOTATION, pending.as_deref());
-            if let Err(e) = LeaseStore::new(self.client.clone(), &key.namespace)
+            match LeaseStore::new(self.client.clone(), &key.namespace)
                 .replace(&l)
                 .await
             {
-                tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
-                let soon = super::controller::RETRY_FAILED_WRITE;
-                retry = Some(retry.unwrap_or(soon).min(soon));
+                Ok(w) => self.wrote_lease(key, w),
+                Err(e) => {
+                    tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
+                    let soon = super::controller::RETRY_FAILED_WRITE;
+                    retry = Some(retry.unwrap_or(soon).min(soon));
+                }
             }
         }
         for (target, outcome) in outcomes {
@@ -129,5 +182,59 @@ impl Worker {
             publish(&self.recorder, &c.object_ref(&()), type_, reason, note).await;
         }
         retry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn held_by(holder: &str, pod_uid: Option<&str>) -> Lease {
+        let mut l = Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        };
+        if let Some(uid) = pod_uid {
+            lease::set_annotation(&mut l, HOLDER_POD_ANNOTATION, Some(uid));
+        }
+        l
+    }
+
+    fn candidate_in_pod(name: &str, pod_uid: &str) -> Arc<LeaseCandidate> {
+        let spec = crate::api::LeaseCandidateSpec {
+            lease_name: "l".into(),
+            binary_version: "1.30.0".into(),
+            emulation_version: None,
+            strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
+            ping_time: None,
+            renew_time: None,
+        };
+        let mut c = LeaseCandidate::new(name, spec);
+        c.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: format!("{name}-pod"),
+            uid: pod_uid.into(),
+            ..OwnerReference::default()
+        }]);
+        Arc::new(c)
+    }
+
+    #[test]
+    fn the_holders_pods_are_spared_and_a_released_lease_spares_none() {
+        let candidates = [candidate_in_pod("a", "uid-now")];
+        // Assigned in one pod, its candidate in another now: neither is forced out.
+        let held = holder_pods(&held_by("a", Some("uid-assigned")), &candidates);
+        let want: HashSet<String> = ["uid-assigned", "uid-now"].map(String::from).into();
+        assert_eq!(held, want);
+        // Released (the holder-pod annotation stays): the pod that stepped down is not spared.
+        let mut released = held_by("a", Some("uid-assigned"));
+        lease::mark_released(&mut released, Some("a"));
+        assert!(holder_pods(&released, &candidates).is_empty());
     }
 }

@@ -13,6 +13,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
+use super::depose::{PENDING_ANNOTATION, Target, recorded_with};
 use super::index::owner_pod;
 use super::queue::LeaseKey;
 use super::report::publish;
@@ -162,6 +163,11 @@ impl Plan {
     /// judged by the API server's current pods, not the cache: a cache that lags must never
     /// hide an active pod. Each demotion is conditional on the version just read.
     pub async fn demote_all_but(&self, client: &Client, keep: Option<&str>) -> anyhow::Result<()> {
+        self.demote(client, |name| Some(name) != keep).await
+    }
+
+    /// Labels standby the active pods whose names `which` picks, as the API server has them.
+    async fn demote(&self, client: &Client, which: impl Fn(&str) -> bool) -> anyhow::Result<()> {
         let api: Api<Pod> = Api::namespaced(client.clone(), &self.workload.namespace);
         let live = api
             .list(&ListParams::default().labels_from(&self.workload.selector))
@@ -174,9 +180,7 @@ impl Plan {
                 )
             })?;
         for p in &live.items {
-            if Some(p.name_any().as_str()) != keep
-                && p.labels().get(ROLE_LABEL).is_some_and(|r| r == ACTIVE)
-            {
+            if which(&p.name_any()) && p.labels().get(ROLE_LABEL).is_some_and(|r| r == ACTIVE) {
                 sync::set_role(client, p, Some(STANDBY), true).await?;
                 tracing::info!(workload = %self.workload.name, pod = %p.name_any(), "demoted to standby");
             }
@@ -215,6 +219,38 @@ impl Plan {
         Ok(())
     }
 
+    /// The active pod `lease` deposes for `new_holder` (`None`: a release), to force out per
+    /// policy: the pod the Lease's holder ran in when it was assigned (by uid, as the Lease
+    /// recorded it or else as its candidate names it: a pod recreated under its name, a
+    /// StatefulSet's, never held the term), if it is still there.
+    pub fn deposed(
+        &self,
+        candidates: &[Arc<LeaseCandidate>],
+        lease: Option<&Lease>,
+        new_holder: Option<&str>,
+    ) -> Option<Target> {
+        let lease = lease?;
+        let previous = lease::holder(lease).filter(|h| Some(*h) != new_holder)?;
+        let candidate = candidates
+            .iter()
+            .find(|c| c.name_any() == previous && managed(c))?;
+        let assigned_to = lease
+            .annotations()
+            .get(super::controller::HOLDER_POD_ANNOTATION)
+            .cloned()
+            .or_else(|| owner_pod(candidate).map(|(_, uid)| uid))?;
+        let pod = self.pod(previous).filter(|p| {
+            p.metadata.deletion_timestamp.is_none() && p.uid().as_ref() == Some(&assigned_to)
+        })?;
+        let name = pod.name_any();
+        Some(Target::new(
+            &name,
+            &name,
+            &pod.uid().unwrap_or_default(),
+            super::depose::restarts(pod),
+        ))
+    }
+
     /// Whether the lease's holder is a pod the operator answers for.
     pub fn holds_for(&self, candidates: &[Arc<LeaseCandidate>], holder: &str) -> bool {
         candidates
@@ -223,17 +259,25 @@ impl Plan {
     }
 
     /// The handover the arbiter asked for, done on the holder pod's behalf: demote it, then
-    /// release the lease (compare-and-swap). The caller forces the pod out per policy.
+    /// release the lease (compare-and-swap). The caller forces the pod out per policy. Only
+    /// the holder is demoted: on a stale view of the Lease, the pod that really holds it is
+    /// left active (the release is refused), and no other pod is promoted before all are
+    /// demoted ([`Plan::label`]).
     pub async fn release_for(
         &self,
         client: &Client,
         key: &LeaseKey,
         current: &Lease,
         holder: &str,
+        deposed: Option<&Target>,
     ) -> anyhow::Result<Lease> {
-        self.demote_all_but(client, None).await?;
+        self.demote(client, |name| name == holder).await?;
         let mut l = current.clone();
         lease::mark_released(&mut l, Some(holder));
+        // The pod to force out, recorded by the release itself.
+        let recorded = current.annotations().get(PENDING_ANNOTATION);
+        let pending = recorded_with(recorded.map(String::as_str), deposed, |_| false);
+        lease::set_annotation(&mut l, PENDING_ANNOTATION, pending.as_deref());
         let written = LeaseStore::new(client.clone(), &key.namespace)
             .replace(&l)
             .await?;
@@ -242,34 +286,32 @@ impl Plan {
     }
 
     /// Renews the lease for the active pod (it has no agent of its own), every third of the
-    /// lease duration, while the pod is Ready.
+    /// lease duration, while the pod is Ready. Returns the Lease as written, if it renewed.
     pub async fn renew_for(
         &self,
         client: &Client,
         key: &LeaseKey,
         current: &Lease,
         unchanged_for: Duration,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<Lease>> {
         let Some(holder) = lease::holder(current) else {
-            return Ok(());
+            return Ok(None);
         };
         let due = lease::duration(current).unwrap_or(Duration::from_secs(15)) / 3;
         // The reconcile's timer comes back a third of the duration after the renewal was
         // written, and its record is as old as its delivery, a moment later: a second of
         // slack (at most a quarter of the third), or every other timer would pass and the lease
-        // be renewed at two thirds. No more: a reconcile for any other reason renews too, and
-        // while the watch lags, a renewal the cache does not show yet makes the next write
-        // of the Lease conflict.
+        // be renewed at two thirds. No more: a reconcile for any other reason renews too.
         let slack = (due / 4).min(Duration::from_secs(1));
         if unchanged_for < due - slack || !self.pod(holder).is_some_and(|p| pod_ready(p)) {
-            return Ok(());
+            return Ok(None);
         }
         let mut l = current.clone();
         l.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(lease::now());
-        LeaseStore::new(client.clone(), &key.namespace)
+        let written = LeaseStore::new(client.clone(), &key.namespace)
             .replace(&l)
             .await?;
-        Ok(())
+        Ok(Some(written))
     }
 
     /// The owner reference that makes the lease go with the workload.

@@ -22,15 +22,19 @@ pub(super) struct Seen {
     fingerprint: String,
     since: Instant,
     holder: Option<String>,
+    /// When this process first saw the lease (since it led): no record is older than that.
+    first: Instant,
 }
 
 impl Seen {
     /// Before the first sight.
     fn first() -> Seen {
+        let now = Instant::now();
         Seen {
             fingerprint: String::new(),
-            since: Instant::now(),
+            since: now,
             holder: None,
+            first: now,
         }
     }
 
@@ -53,6 +57,7 @@ impl Seen {
                 fingerprint,
                 since: now,
                 holder,
+                first: now,
             };
         } else if self.fingerprint != fingerprint {
             if holder.is_none() {
@@ -60,10 +65,13 @@ impl Seen {
             }
             *self = Seen {
                 fingerprint,
-                // A record the watch has not stamped yet (the cache is a step ahead of it) is
-                // as old as this sight of it.
-                since: delivered.unwrap_or(now),
+                // A record the watch has not stamped yet (the cache is a step ahead of it, or
+                // the worker's own write) is as old as this sight of it. Never older than the
+                // first sight: the view may go back from the worker's own write to a record
+                // the cache still shows ([`super::written`]), delivered before this process led.
+                since: delivered.unwrap_or(now).max(self.first),
                 holder,
+                first: self.first,
             };
         } else if let Some(d) = delivered {
             // The same record delivered again since (an earlier record restored by hand after
@@ -283,9 +291,89 @@ impl Worker {
     }
 }
 
+/// When to look at a lease again even if nothing changes, after `action` on `lease`: just
+/// after the holder's expiry, or after a wait. A holder whose lease has expired and whom
+/// nothing replaced (nobody can be elected, or the lease is another strategy's) is looked at
+/// again every second, not in a loop: what could change that arrives as an event.
+pub(super) fn look_again(
+    action: &decide::Action,
+    lease: Option<&decide::Lease>,
+) -> Option<Duration> {
+    use decide::Action;
+    const JUST_AFTER: Duration = Duration::from_millis(100);
+    match action {
+        Action::Nothing | Action::WaitForRelease { .. } => lease
+            .filter(|l| l.holder.is_some())
+            .map(|l| match l.duration.checked_sub(l.unchanged_for) {
+                Some(left) if !left.is_zero() => left + JUST_AFTER,
+                _ => Duration::from_secs(1),
+            }),
+        Action::WaitForTerm { remaining, .. } => Some(*remaining + JUST_AFTER),
+        Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
+        Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
+        _ => Some(Duration::from_secs(1)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn held_for(unchanged_for: Duration) -> decide::Lease {
+        decide::Lease {
+            holder: Some("a".into()),
+            preferred_holder: None,
+            strategy: None,
+            duration: 15 * S,
+            unchanged_for,
+            released_by: None,
+            holder_pod_stopped: false,
+            acquired: None,
+            switchover: None,
+            term: 1,
+        }
+    }
+
+    #[test]
+    fn a_lease_is_looked_at_again_after_its_expiry_and_then_every_second() {
+        use decide::Action;
+        let ms = Duration::from_millis;
+        let cases = [
+            (
+                Action::Nothing,
+                Some(held_for(5 * S)),
+                Some(10 * S + ms(100)),
+            ),
+            // Expired and nobody took it (nobody electable, another strategy's lease): every
+            // second, not every 100 ms.
+            (Action::Nothing, Some(held_for(15 * S)), Some(S)),
+            (Action::Nothing, Some(held_for(40 * S)), Some(S)),
+            (
+                Action::WaitForRelease { to: "b".into() },
+                Some(held_for(20 * S)),
+                Some(S),
+            ),
+            // Nobody holds it: only events bring it back.
+            (
+                Action::Nothing,
+                Some(decide::Lease {
+                    holder: None,
+                    ..held_for(S)
+                }),
+                None,
+            ),
+            (Action::Nothing, None, None),
+            (Action::WaitForAcks, Some(held_for(S)), Some(ms(500))),
+            (Action::NoEligibleCandidate, None, Some(5 * S)),
+        ];
+        for (action, lease, want) in cases {
+            assert_eq!(
+                look_again(&action, lease.as_ref()),
+                want,
+                "{action:?} on {lease:?}"
+            );
+        }
+    }
 
     const S: Duration = Duration::from_secs(1);
 
@@ -317,6 +405,21 @@ mod tests {
         // Delivered again with an older stamp (never happens): never older.
         let (age, _) = seen.observe("s1".into(), a, Some(t0), t0 + 26 * S);
         assert_eq!(age, 6 * S);
+    }
+
+    #[test]
+    fn a_record_seen_again_after_the_workers_own_write_is_no_older_than_the_first_sight() {
+        let t0 = Instant::now();
+        let mut seen = Seen::first();
+        let a = Some("a".to_string());
+        // Delivered before this process led; first seen at t0.
+        let delivered = t0.checked_sub(30 * S);
+        seen.observe("s1".into(), a.clone(), delivered, t0);
+        // The worker renews at t0 + 5 s and looks at its own write (not delivered yet) ...
+        seen.observe("s2".into(), a.clone(), None, t0 + 5 * S);
+        // ... then its memory is dropped while the cache still shows s1.
+        let (age, _) = seen.observe("s1".into(), a, delivered, t0 + 8 * S);
+        assert_eq!(age, 8 * S, "not 38 s: s1 was first seen at t0");
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! What this worker wrote to candidates that its cache may not show yet: their statuses, and
-//! the pings it sent.
+//! What this worker wrote that its cache may not show yet: candidates' statuses, the pings it
+//! sent, and Leases.
 //!
 //! A lease is often reconciled again before the watch delivers what the last reconcile wrote
 //! (the answers to a ping arrive while the other pings and the statuses are being written).
 //! Judged from the cache alone, a status would be written again, with its transition's Event
 //! (`Elected`, `Deposed`, ...) published again, and a candidate pinged again. So the worker
-//! remembers, per candidate (by uid: one recreated under the same name is another), the value
-//! it read and the values it wrote over it since: while the cache still shows the value read,
-//! or one of the earlier values written, the last one written stands for it. Once the cache
+//! remembers, per object (a candidate by uid: one recreated under the same name is another), the
+//! value it read and the values it wrote over it since: while the cache still shows the value
+//! read, or one of the earlier values written, the last one written stands for it. Once the cache
 //! shows the last one, or anything else (someone else's write), the cache counts again. A
 //! memory is kept at most [`KEPT_FOR`], so a hand edit that puts back exactly the value read
 //! before is overlooked no longer than that.
@@ -15,10 +15,27 @@
 //! Pings use it only to not send a ping again, never as the candidate's ping time: a ping the
 //! cache does not show yet would otherwise age into "unanswered" while its answer is merely
 //! late in the same watch.
+//!
+//! A Lease this worker wrote ([`LeaseVersion`], compared by `resourceVersion`) stands for the
+//! record it replaced: the next write is a compare-and-swap on the version the API server
+//! returned, not on one the cache still shows and the server has moved past (while the watch
+//! lags, every write would conflict: a new term would be reserved and lost each time, and the
+//! lease decided again only after a retry). It is never older than the cache: versions are
+//! never reused, so someone else's write shows in the cache as another version, and from then
+//! on the cache counts; the compare-and-swap refuses a write over a change the cache has not
+//! shown yet (and keeps refusing until the cache shows it, as it would without the memory). One
+//! case looks like the cache being behind: a Lease this worker created, deleted by hand before
+//! the cache showed it (no Lease either way); writes on it fail until the memory expires.
+//! When the view goes back from a written record to an older one the cache shows (the memory
+//! expired), that record's age counts from no earlier than the worker's first sight of the
+//! lease ([`super::view`]).
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
 
 /// How long a written value stands for a cache that has not shown it yet.
 pub const KEPT_FOR: Duration = Duration::from_secs(30);
@@ -42,7 +59,37 @@ impl<T> Write<T> {
     }
 }
 
-/// Per candidate uid: the value read and the values written since.
+/// A Lease as the cache showed it or as this worker wrote it, compared by `resourceVersion`
+/// (empty: no Lease).
+#[derive(Clone, Debug)]
+pub struct LeaseVersion {
+    version: String,
+    pub lease: Option<Arc<Lease>>,
+}
+
+impl LeaseVersion {
+    pub fn of(lease: Option<Arc<Lease>>) -> LeaseVersion {
+        let version = lease
+            .as_ref()
+            .and_then(|l| l.metadata.resource_version.clone())
+            .unwrap_or_default();
+        LeaseVersion { version, lease }
+    }
+}
+
+impl PartialEq for LeaseVersion {
+    fn eq(&self, other: &Self) -> bool {
+        self.version == other.version
+    }
+}
+
+impl Borrow<str> for LeaseVersion {
+    fn borrow(&self) -> &str {
+        &self.version
+    }
+}
+
+/// Per object (a candidate's uid, a lease's key): the value read and the values written since.
 pub struct Written<T> {
     writes: HashMap<String, Write<T>>,
     prune_at: usize,
@@ -160,6 +207,55 @@ mod tests {
         let t0 = Instant::now();
         w.record(UID, cond("False"), cond("True"), t0);
         assert_eq!(w.current(UID, &cond("False")[..], t0 + KEPT_FOR), None);
+    }
+
+    fn lease(version: &str, holder: &str) -> LeaseVersion {
+        let mut l = Lease::default();
+        l.metadata.resource_version = Some(version.into());
+        l.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.into()),
+            ..Default::default()
+        });
+        LeaseVersion::of(Some(Arc::new(l)))
+    }
+
+    #[test]
+    fn a_lease_written_stands_for_the_version_it_replaced_until_the_cache_moves() {
+        let mut w = Written::default();
+        let t0 = Instant::now();
+        // A renewal, then a new holder written over it, before the cache showed either.
+        w.record("ns/l", lease("1", "a"), lease("2", "a"), t0);
+        let base = w.current("ns/l", "1", t0).unwrap();
+        assert_eq!(base.version, "2");
+        w.record("ns/l", lease("1", "a"), lease("3", "b"), t0);
+        // The cache shows the renewal: still behind the new holder.
+        let base = w.current("ns/l", "2", t0).unwrap();
+        assert_eq!(
+            base.lease
+                .unwrap()
+                .spec
+                .as_ref()
+                .unwrap()
+                .holder_identity
+                .as_deref(),
+            Some("b")
+        );
+        // Someone else's write (version 4) counts at once.
+        assert_eq!(w.current("ns/l", "4", t0), None);
+    }
+
+    #[test]
+    fn a_lease_created_stands_for_a_cache_without_it() {
+        let mut w = Written::default();
+        let t0 = Instant::now();
+        w.record("ns/l", LeaseVersion::of(None), lease("1", "a"), t0);
+        assert_eq!(
+            w.current("ns/l", "", t0).map(|l| l.version),
+            Some("1".into())
+        );
+        // Deleted by hand before the cache showed it: a cache without it looks the same, so
+        // the memory stands until it is kept no longer (a write on it fails meanwhile).
+        assert_eq!(w.current("ns/l", "", t0 + KEPT_FOR), None);
     }
 
     #[test]
