@@ -206,15 +206,7 @@ mod tests {
     }
 
     fn candidate_in_pod(name: &str, pod_uid: &str) -> Arc<LeaseCandidate> {
-        let spec = crate::api::LeaseCandidateSpec {
-            lease_name: "l".into(),
-            binary_version: "1.30.0".into(),
-            emulation_version: None,
-            strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
-            ping_time: None,
-            renew_time: None,
-        };
-        let mut c = LeaseCandidate::new(name, spec);
+        let mut c = crate::api::test_candidate(name, "l");
         c.metadata.owner_references = Some(vec![OwnerReference {
             api_version: "v1".into(),
             kind: "Pod".into(),

@@ -362,17 +362,7 @@ mod tests {
     #[test]
     fn a_candidate_whose_registered_process_exited_waits_for_a_new_one() {
         let registered_by = |incarnation: Option<&str>| {
-            let mut c = crate::api::LeaseCandidate::new(
-                "c",
-                crate::api::LeaseCandidateSpec {
-                    lease_name: "l".into(),
-                    binary_version: "1.30.0".into(),
-                    emulation_version: None,
-                    strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
-                    ping_time: None,
-                    renew_time: None,
-                },
-            );
+            let mut c = crate::api::test_candidate("c", "l");
             if let Some(i) = incarnation {
                 c.metadata.annotations = Some(std::collections::BTreeMap::from([(
                     crate::lease::INCARNATION_ANNOTATION.to_string(),
