@@ -177,7 +177,22 @@ impl Deposer {
                 keep.push(t);
                 continue;
             }
-            let still_running = current(&t.pod).is_some_and(|p| {
+            // Not in the cache (not fetched yet, say just after taking over from another
+            // replica): asked of the API server, never taken for gone.
+            let pod = match current(&t.pod) {
+                Some(p) => Some(p),
+                None => match pods.get_opt(&t.pod).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        t.attempts += 1;
+                        t.next = Instant::now() + Duration::from_secs(1 << t.attempts.min(6));
+                        outcomes.push((t.clone(), Outcome::Failed(e.to_string())));
+                        keep.push(t);
+                        continue;
+                    }
+                },
+            };
+            let still_running = pod.is_some_and(|p| {
                 p.uid().as_deref() == Some(t.uid.as_str())
                     && p.metadata.deletion_timestamp.is_none()
                     && restarts(&p) == t.restarts
