@@ -24,6 +24,7 @@ crate::tests![single_active:
     deleting_the_active_pod_promotes_another,
     rolling_update_keeps_the_old_version_active_and_rollback_hands_back,
     eviction_blocked_by_a_pdb_is_reported_and_retried,
+    a_pod_given_the_term_again_is_not_forced_out_for_its_earlier_one,
     stateful_set_scaling_and_annotation_removal,
     unreadable_version_is_reported,
     invalid_annotation_is_reported_and_freezes_roles,
@@ -665,6 +666,77 @@ async fn a_lagging_pod_cache_never_makes_two_pods_active(env: Arc<TestEnv>) {
         .filter(|l| l.contains("changed since it was read"))
         .count();
     assert_eq!(conflicts, 0, "the operator's own Lease writes conflicted");
+    inv.check();
+}
+
+/// The active pod `a` goes unready: `b` takes over and `a`'s eviction is refused by a PDB (a
+/// forced exit left pending). Then `a` is Ready again and `b` is not: `a` is given the term
+/// again. When the budget is lifted, `b`, deposed, is evicted, and `a`, the holder, is not.
+/// (Before: the pending forced exit of `a` was carried over by the write that re-elected it and
+/// retried, and the holder's pod was evicted.)
+async fn a_pod_given_the_term_again_is_not_forced_out_for_its_earlier_one(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=again");
+    let pdbs: Api<PodDisruptionBudget> = env.api();
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "again"},
+        "spec": {"minAvailable": "100%", "selector": {"matchLabels": {"app": "again"}}},
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &deployment("again", 2, "example.com/again:1.0.0"),
+        )
+        .await
+        .unwrap();
+    wait_ready(&env, "app=again", 2).await;
+    let a = one_active(&env, &inv, "app=again").await;
+    set_ready(&env, &a.name_any(), false).await;
+    let b = eventually("another pod active", DEADLINE, || async {
+        inv.active_pods()
+            .into_iter()
+            .find(|p| p.name_any() != a.name_any())
+    })
+    .await;
+    wait_for_event(&env, "again", "EvictionBlocked", DEADLINE).await;
+
+    set_ready(&env, &a.name_any(), true).await;
+    set_ready(&env, &b.name_any(), false).await;
+    wait_for_holder(&env, "again", &a.name_any(), DEADLINE).await;
+    pdbs.delete("again", &DeleteParams::default())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = env.api();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = env.api();
+    eventually(
+        "b evicted and no forced exit left pending",
+        DEADLINE,
+        || async {
+            let b_gone = pods
+                .get_opt(&b.name_any())
+                .await
+                .ok()?
+                .is_none_or(|p| p.uid() != b.uid() || p.metadata.deletion_timestamp.is_some());
+            let lease = leases.get("again").await.ok()?;
+            let pending = lease
+                .annotations()
+                .get(arbiter::operator::depose::PENDING_ANNOTATION)
+                .is_some_and(|v| !v.is_empty());
+            (b_gone && !pending).then_some(())
+        },
+    )
+    .await;
+    let now = pods.get_opt(&a.name_any()).await.unwrap();
+    assert!(
+        now.as_ref()
+            .is_some_and(|p| p.uid() == a.uid() && p.metadata.deletion_timestamp.is_none()),
+        "the holder's pod was forced out: {:?}",
+        now.map(|p| p.metadata.deletion_timestamp)
+    );
+    wait_for_holder(&env, "again", &a.name_any(), DEADLINE).await;
     inv.check();
 }
 
