@@ -24,6 +24,7 @@ use super::queue::{LeaseKey, Queue};
 use super::report::{publish, report};
 use super::single_active::{self, Prepared};
 use super::terms::TermLedger;
+use super::timers::Timers;
 use super::view::{Seen, View};
 use super::watch::{Caches, pod_state};
 use super::written::{LeaseVersion, Written};
@@ -118,13 +119,6 @@ pub(super) struct Worker {
     pub(super) pings: Written<Option<jiff::Timestamp>>,
     /// Leases this worker wrote that its cache may not show yet (the next write's base).
     pub(super) leases: Written<LeaseVersion>,
-}
-
-/// When a lease became leaderless, and when a handover was requested (for metrics).
-#[derive(Default)]
-struct Timers {
-    leaderless_since: Option<Instant>,
-    handover_requested: Option<Instant>,
 }
 
 impl Worker {
@@ -556,34 +550,19 @@ impl Worker {
         let t = self.timers.entry(key.clone()).or_default();
         let now = Instant::now();
         let leaderless = lease.is_none_or(|l| l.holder.is_none() || l.expired());
-        if leaderless && t.leaderless_since.is_none() {
-            t.leaderless_since = Some(now);
+        if matches!(action, Action::NoEligibleCandidate) {
+            self.metrics.elections_failed.inc();
         }
-        match action {
-            Action::NoEligibleCandidate => {
-                self.metrics.elections_failed.inc();
-            }
-            Action::RequestHandover { .. } if written && t.handover_requested.is_none() => {
-                t.handover_requested = Some(now)
-            }
-            Action::Assign { .. }
-            | Action::CreateLease {
-                holder: Some(_), ..
-            } if written => {
-                if let Some(since) = t.handover_requested.take() {
-                    self.metrics
-                        .handover_seconds
-                        .observe((now - since).as_secs_f64());
-                }
-                if let Some(since) = t.leaderless_since.take() {
-                    let labels = LeaseLabels::of(key);
-                    self.metrics
-                        .leaderless_seconds
-                        .get_or_create(&labels)
-                        .inc_by((now - since).as_secs_f64());
-                }
-            }
-            _ => {}
+        let ended = t.step(leaderless, action, written, now);
+        if let Some(d) = ended.handover {
+            self.metrics.handover_seconds.observe(d.as_secs_f64());
+        }
+        if let Some(d) = ended.leaderless {
+            let labels = LeaseLabels::of(key);
+            self.metrics
+                .leaderless_seconds
+                .get_or_create(&labels)
+                .inc_by(d.as_secs_f64());
         }
         // A lease under a third-party strategy has no holder of arbiter's choosing.
         let ours = lease.is_none_or(|l| {
@@ -591,7 +570,7 @@ impl Worker {
                 .as_deref()
                 .is_none_or(|s| s == crate::api::OLDEST_EMULATION_VERSION)
         });
-        let since = t.leaderless_since.filter(|_| ours).map(|since| {
+        let since = t.leaderless_since().filter(|_| ours).map(|since| {
             let ago = now.saturating_duration_since(since).as_secs_f64();
             jiff::Timestamp::now().as_millisecond() as f64 / 1000.0 - ago
         });

@@ -24,6 +24,7 @@ pub mod slim;
 pub mod status;
 pub mod stopped;
 pub mod terms;
+mod timers;
 mod view;
 pub mod watch;
 mod written;
