@@ -332,24 +332,29 @@ async fn rolling_update_keeps_the_old_version_active_and_rollback_hands_back(env
     inv.check();
 }
 
-async fn eviction_blocked_by_a_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
-    let _op = Operator::start(&env, &[]);
-    let inv = Invariant::watch(&env, "app=guarded");
+/// A single-active Deployment `app` of `replicas` pods whose evictions a PodDisruptionBudget
+/// (`minAvailable: 100%`, named `app`) refuses until it is deleted.
+async fn guarded_deployment(env: &TestEnv, app: &str, replicas: i32) -> Api<PodDisruptionBudget> {
     let pdbs: Api<PodDisruptionBudget> = env.api();
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "guarded"},
-        "spec": {"minAvailable": "100%", "selector": {"matchLabels": {"app": "guarded"}}},
+        "metadata": {"name": app},
+        "spec": {"minAvailable": "100%", "selector": {"matchLabels": {"app": app}}},
     }))
     .unwrap();
     pdbs.create(&PostParams::default(), &pdb).await.unwrap();
     let deployments: Api<Deployment> = env.api();
+    let image = format!("example.com/{app}:1.0.0");
     deployments
-        .create(
-            &PostParams::default(),
-            &deployment("guarded", 3, "example.com/guarded:1.0.0"),
-        )
+        .create(&PostParams::default(), &deployment(app, replicas, &image))
         .await
         .unwrap();
+    pdbs
+}
+
+async fn eviction_blocked_by_a_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &[]);
+    let inv = Invariant::watch(&env, "app=guarded");
+    let pdbs = guarded_deployment(&env, "guarded", 3).await;
     let old = one_active(&env, &inv, "app=guarded").await;
     // The active pod stops being Ready (but keeps running): it is demoted, another pod is
     // promoted, and the old one must be evicted, which the PDB refuses.
@@ -677,21 +682,7 @@ async fn a_lagging_pod_cache_never_makes_two_pods_active(env: Arc<TestEnv>) {
 async fn a_pod_given_the_term_again_is_not_forced_out_for_its_earlier_one(env: Arc<TestEnv>) {
     let _op = Operator::start(&env, &[]);
     let inv = Invariant::watch(&env, "app=again");
-    let pdbs: Api<PodDisruptionBudget> = env.api();
-    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-        "metadata": {"name": "again"},
-        "spec": {"minAvailable": "100%", "selector": {"matchLabels": {"app": "again"}}},
-    }))
-    .unwrap();
-    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
-    let deployments: Api<Deployment> = env.api();
-    deployments
-        .create(
-            &PostParams::default(),
-            &deployment("again", 2, "example.com/again:1.0.0"),
-        )
-        .await
-        .unwrap();
+    let pdbs = guarded_deployment(&env, "again", 2).await;
     wait_ready(&env, "app=again", 2).await;
     let a = one_active(&env, &inv, "app=again").await;
     set_ready(&env, &a.name_any(), false).await;
