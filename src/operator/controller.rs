@@ -557,19 +557,19 @@ impl Worker {
         if let Some(d) = ended.handover {
             self.metrics.handover_seconds.observe(d.as_secs_f64());
         }
-        if let Some(d) = ended.leaderless {
-            let labels = LeaseLabels::of(key);
-            self.metrics
-                .leaderless_seconds
-                .get_or_create(&labels)
-                .inc_by(d.as_secs_f64());
-        }
         // A lease under a third-party strategy has no holder of arbiter's choosing.
         let ours = lease.is_none_or(|l| {
             l.strategy
                 .as_deref()
                 .is_none_or(|s| s == crate::api::OLDEST_EMULATION_VERSION)
         });
+        if let Some(d) = ended.leaderless.filter(|_| ours) {
+            let labels = LeaseLabels::of(key);
+            self.metrics
+                .leaderless_seconds
+                .get_or_create(&labels)
+                .inc_by(d.as_secs_f64());
+        }
         let since = t.leaderless_since().filter(|_| ours).map(|since| {
             let ago = now.saturating_duration_since(since).as_secs_f64();
             jiff::Timestamp::now().as_millisecond() as f64 / 1000.0 - ago

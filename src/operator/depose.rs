@@ -184,9 +184,10 @@ impl Deposer {
                 None => match pods.get_opt(&t.pod).await {
                     Ok(p) => p,
                     Err(e) => {
+                        // Nothing was tried on the pod: no outcome (no Event), a retry.
+                        tracing::debug!(lease = %key, pod = %t.pod, error = %e, "looking up a pod to force out failed (retried)");
                         t.attempts += 1;
                         t.next = Instant::now() + Duration::from_secs(1 << t.attempts.min(6));
-                        outcomes.push((t.clone(), Outcome::Failed(e.to_string())));
                         keep.push(t);
                         continue;
                     }
