@@ -120,14 +120,10 @@ impl Worker {
                     .await?;
                 // The same write records the pod it deposes, to force out, and drops what was
                 // pending for the new holder (a pod given the term again is not forced out).
-                let recorded = current.annotations().get(depose::PENDING_ANNOTATION);
                 let holder_uid = pod.as_ref().map(|(_, uid)| uid.clone());
-                let pending = depose::recorded_with(recorded.map(String::as_str), deposed, |t| {
-                    Some(&t.uid) == holder_uid.as_ref()
-                });
                 let mut l = current.clone();
+                depose::record_on(&mut l, deposed, |t| Some(&t.uid) == holder_uid.as_ref());
                 assign(&mut l, holder, term, duration, pod);
-                lease::set_annotation(&mut l, depose::PENDING_ANNOTATION, pending.as_deref());
                 Some(store.replace(&l).await?)
             }
             (Action::RequestHandover { to }, Some(current)) => {

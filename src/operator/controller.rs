@@ -476,14 +476,7 @@ impl Worker {
                 .await;
         }
         let retry = self
-            .force_out(
-                key,
-                lease.as_deref(),
-                written.as_ref(),
-                &candidates,
-                plan.as_ref(),
-                policy,
-            )
+            .force_out(key, &candidates, plan.as_ref(), policy)
             .await;
         labelled?;
 

@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -289,7 +290,6 @@ async fn evict(pods: &Api<Pod>, name: &str, namespace: &str, uid: &str) -> kube:
     .map(|_| ())
 }
 
-/// Parses [`PENDING_ANNOTATION`]; malformed entries are skipped.
 /// The annotation value recording `targets`.
 fn record(targets: &[Target]) -> String {
     let mut parts: Vec<String> = targets
@@ -304,7 +304,7 @@ fn record(targets: &[Target]) -> String {
 /// new holder (`spare`) dropped: what the Lease write that deposes the target's holder records
 /// in the same compare-and-swap, so that neither a lost answer to it nor another replica
 /// taking over loses the forced exit.
-pub fn recorded_with(
+fn recorded_with(
     recorded: Option<&str>,
     target: Option<&Target>,
     spare: impl Fn(&Target) -> bool,
@@ -317,6 +317,15 @@ pub fn recorded_with(
     (!targets.is_empty()).then(|| record(&targets))
 }
 
+/// Records on `lease` (to be written by compare-and-swap) the forced exit of `deposed` and
+/// drops those `spare` names: [`recorded_with`] applied to the Lease's annotation.
+pub fn record_on(lease: &mut Lease, deposed: Option<&Target>, spare: impl Fn(&Target) -> bool) {
+    let recorded = lease.annotations().get(PENDING_ANNOTATION).cloned();
+    let pending = recorded_with(recorded.as_deref(), deposed, spare);
+    crate::lease::set_annotation(lease, PENDING_ANNOTATION, pending.as_deref());
+}
+
+/// Parses [`PENDING_ANNOTATION`]; malformed entries are skipped.
 fn parse_pending(s: &str) -> Vec<Target> {
     s.split(',')
         .filter_map(|entry| {
@@ -520,10 +529,7 @@ mod tests {
 
     #[test]
     fn a_pod_deposed_again_after_a_restart_is_forced_out_again() {
-        let key = LeaseKey {
-            namespace: "ns".into(),
-            name: "l".into(),
-        };
+        let key = key();
         let mut d = Deposer::default();
         d.done.insert(("uid-a".into(), 1));
         // Its first forced exit ended (at 1 restart); deposed again at 2.
@@ -541,10 +547,7 @@ mod tests {
 
     #[test]
     fn pending_targets_round_trip_through_the_annotation() {
-        let key = LeaseKey {
-            namespace: "ns".into(),
-            name: "l".into(),
-        };
+        let key = key();
         let mut d = Deposer::default();
         assert_eq!(d.recorded(&key), None);
         d.add(&key, Target::new("c-a", "pod-a", "uid-a", 2));

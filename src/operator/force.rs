@@ -80,14 +80,15 @@ impl Worker {
     pub(super) async fn force_out(
         &mut self,
         key: &LeaseKey,
-        lease: Option<&Lease>,
-        written: Option<&Lease>,
         candidates: &[Arc<LeaseCandidate>],
         plan: Option<&Plan>,
         policy: OnDepose,
     ) -> Option<Duration> {
+        // The Lease as this worker last wrote it this reconcile (an assignment, a renewal) or
+        // as its cache shows it: the base of the record's compare-and-swap below.
+        let latest = self.newest_lease(key);
+        let latest = latest.as_deref();
         // Forced exits another replica left pending are carried on.
-        let latest = written.or(lease);
         let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
         let ours: HashSet<String> = candidates
             .iter()

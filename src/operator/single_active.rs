@@ -13,7 +13,7 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
-use super::depose::{PENDING_ANNOTATION, Target, recorded_with};
+use super::depose::{Target, record_on};
 use super::index::owner_pod;
 use super::queue::LeaseKey;
 use super::report::publish;
@@ -246,7 +246,7 @@ impl Plan {
         Some(Target::new(
             &name,
             &name,
-            &pod.uid().unwrap_or_default(),
+            &assigned_to,
             super::depose::restarts(pod),
         ))
     }
@@ -275,9 +275,7 @@ impl Plan {
         let mut l = current.clone();
         lease::mark_released(&mut l, Some(holder));
         // The pod to force out, recorded by the release itself.
-        let recorded = current.annotations().get(PENDING_ANNOTATION);
-        let pending = recorded_with(recorded.map(String::as_str), deposed, |_| false);
-        lease::set_annotation(&mut l, PENDING_ANNOTATION, pending.as_deref());
+        record_on(&mut l, deposed, |_| false);
         let written = LeaseStore::new(client.clone(), &key.namespace)
             .replace(&l)
             .await?;
