@@ -60,13 +60,16 @@ fn main() {
         .unwrap_or(0);
     let concurrency = arg("--concurrency");
     let audit = scale::Audit::prepare();
+    // Flags given in ARBITER_E2E_APISERVER_FLAGS come last (e.g. `--profiling=true`, to take
+    // kube-apiserver's CPU profile during a run).
+    let extra = std::env::var("ARBITER_E2E_APISERVER_FLAGS").unwrap_or_default();
     // SAFETY: no other thread exists yet.
     unsafe {
         std::env::set_var(
             "ARBITER_E2E_APISERVER_FLAGS",
             format!(
                 "--feature-gates=CoordinatedLeaderElection=true \
-                 --runtime-config=coordination.k8s.io/v1beta1=true {}",
+                 --runtime-config=coordination.k8s.io/v1beta1=true {} {extra}",
                 audit.flags()
             ),
         );

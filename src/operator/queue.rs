@@ -41,13 +41,16 @@ impl Enqueue {
     }
 }
 
-/// The worker (of `workers`) that reconciles `key`: by its namespace and term shard.
+/// The worker (of `workers`) that reconciles `key`: by its namespace and term shard. A
+/// namespace's shards are dealt round the workers from a point its name picks, so each worker
+/// gets as many of them as any other, give or take one (a hash of namespace and shard left
+/// some workers idle and gave others twice the mean).
 pub fn worker_of(key: &LeaseKey, workers: usize) -> usize {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.namespace.hash(&mut h);
-    super::terms::shard_of(&key.name).hash(&mut h);
-    (h.finish() % workers.max(1) as u64) as usize
+    let start = h.finish() % super::terms::SHARDS;
+    ((start + super::terms::shard_index(&key.name)) % workers.max(1) as u64) as usize
 }
 
 /// What the queues report: how long a due lease waits for its worker, and how many wait.
@@ -310,5 +313,30 @@ mod tests {
         }
         assert_eq!(per_worker.iter().sum::<usize>(), 200);
         assert!(per_worker.iter().all(|&n| n > 20), "{per_worker:?}");
+    }
+
+    #[test]
+    fn a_namespaces_term_shards_are_dealt_evenly_round_the_workers() {
+        let shards = super::super::terms::SHARDS as usize;
+        // One lease per shard, found by name.
+        let mut by_shard: HashMap<u64, LeaseKey> = HashMap::new();
+        for i in 0.. {
+            let k = key(&format!("lease-{i}"));
+            by_shard
+                .entry(super::super::terms::shard_index(&k.name))
+                .or_insert(k);
+            if by_shard.len() == shards {
+                break;
+            }
+        }
+        for workers in [1, 3, 4, 16, 32, 63, 64] {
+            let mut load = vec![0; workers];
+            for k in by_shard.values() {
+                load[worker_of(k, workers)] += 1;
+            }
+            let (min, max) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+            assert!(max - min <= 1, "{workers} workers: {load:?}");
+            assert_eq!(*min, shards / workers, "{workers} workers: {load:?}");
+        }
     }
 }

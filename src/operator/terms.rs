@@ -46,11 +46,16 @@ const ATTEMPTS: usize = 5;
 
 /// The ConfigMap that holds the mark of `lease`.
 pub fn shard_of(lease: &str) -> String {
+    format!("arbiter-terms-{:02}", shard_index(lease))
+}
+
+/// The number (below [`SHARDS`]) of the shard that holds the mark of `lease`.
+pub fn shard_index(lease: &str) -> u64 {
     use std::hash::Hasher;
     // FNV-1a over the name's bytes: specified, so the same on every build and platform.
     let mut h = fnv::FnvHasher::default();
     h.write(lease.as_bytes());
-    format!("arbiter-terms-{:02}", h.finish() % SHARDS)
+    h.finish() % SHARDS
 }
 
 /// The names of every shard, for RBAC `resourceNames`.
