@@ -19,7 +19,8 @@
 //! `cargo test --release --test bench -- [--only failover|scale|pods] [--runs N] [--leases N,N]
 //! [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]`; `ARBITER_OPERATOR_BIN`
 //! runs another build of the operator; `--concurrency` is passed to the scale bench's operator
-//! (default: the operator's own default).
+//! (default: the operator's own default); `ARBITER_E2E_APISERVER_FLAGS` is added after the
+//! bench's own kube-apiserver flags (`--profiling=true` to take its CPU profile during a run).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(dead_code)]
