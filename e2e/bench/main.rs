@@ -15,8 +15,11 @@
 //!   the operator watches every namespace. It also prints the API writes an election costs.
 //! - **pods**: what `--pods` ordinary pods that are not candidates (default 5000) add to the
 //!   memory of an operator watching every namespace.
+//! - **write-cost**: kube-apiserver's CPU per request for each kind of write an election or a
+//!   candidate makes (a Lease renewal, a term mark, a ping, a candidate's status, ...): what
+//!   the scale bench's elections are bound by on this machine.
 //!
-//! `cargo test --release --test bench -- [--only failover|scale|pods] [--runs N] [--leases N,N]
+//! `cargo test --release --test bench -- [--only failover|scale|pods|write-cost] [--runs N] [--leases N,N]
 //! [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]`; `ARBITER_OPERATOR_BIN`
 //! runs another build of the operator; `--concurrency` is passed to the scale bench's operator
 //! (default: the operator's own default); `ARBITER_E2E_APISERVER_FLAGS` is added after the
@@ -29,6 +32,7 @@ mod support;
 mod failover;
 mod scale;
 mod stats;
+mod write_cost;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -87,6 +91,9 @@ fn main() {
         if only.as_deref().is_none_or(|o| o == "pods") {
             let pods = arg("--pods").and_then(|v| v.parse().ok()).unwrap_or(5000);
             scale::unrelated_pods(&cluster.kubeconfig, pods).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "write-cost") {
+            write_cost::run(&cluster.kubeconfig).await;
         }
         if only.as_deref().is_none_or(|o| o == "scale") {
             for n in &leases {

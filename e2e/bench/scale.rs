@@ -24,6 +24,7 @@ use tokio::sync::Semaphore;
 
 use crate::stats;
 use crate::support::{self, operator::Operator};
+use crate::write_cost;
 
 /// Lease duration the operator assigns and the holders write: long enough that renewing
 /// thousands of leases stays within what this machine's API server can take.
@@ -304,6 +305,10 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
         tokio::spawn(renew_held(client.clone(), ns.clone(), fleet.clone())),
     ];
 
+    // kube-apiserver's CPU seconds, which bound the elections on this machine.
+    let apiserver = write_cost::apiserver_pid(kubeconfig);
+    let apiserver_cpu = || apiserver.map_or(f64::NAN, write_cost::cpu_seconds);
+    let apiserver_at_start = apiserver_cpu();
     // Registration: 3n candidates, all at one version (no handovers in steady state).
     let started = Instant::now();
     let started_at = jiff::Timestamp::now();
@@ -338,6 +343,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     let limit = converge_limit(n);
     let all_held = wait(&fleet, limit, |f| (f.last_renew.len() >= n).then_some(())).await;
     let converged = started.elapsed();
+    let apiserver_at_held = apiserver_cpu();
     let (cpu_start, rss) = usage(operator.pid());
     let queue_at_held = QueueWait::read(&operator).await;
     if all_held.is_none() {
@@ -361,8 +367,10 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     // written.
     tokio::time::sleep(SETTLE).await;
     let from = jiff::Timestamp::now();
+    let apiserver_at_from = apiserver_cpu();
     tokio::time::sleep(window).await;
     let to = jiff::Timestamp::now();
+    let apiserver_steady = apiserver_cpu() - apiserver_at_from;
     let (cpu_steady, _) = usage(operator.pid());
     let rss_steady = rss_now(operator.pid());
     // The audit backend writes as requests complete; give it a moment to catch up.
@@ -386,6 +394,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     let queue_at_failure = QueueWait::read(&operator).await;
     let failed_at = Instant::now();
     let failed_at_wall = jiff::Timestamp::now();
+    let apiserver_at_failure = apiserver_cpu();
     let victims: Vec<(String, String, Instant)> = {
         let mut f = fleet.lock().unwrap();
         let mut held: Vec<(String, String, Instant)> = f
@@ -430,6 +439,8 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     .await;
     // The burst's after-effects (the deposed candidates' statuses, Events).
     tokio::time::sleep(Duration::from_secs(10)).await;
+    let apiserver_burst = apiserver_cpu() - apiserver_at_failure;
+    let burst_took = failed_at.elapsed();
     let burst_writes = writes(&audit.count(failed_at_wall, jiff::Timestamp::now()));
     let queue_after_burst = QueueWait::read(&operator).await;
     let (cpu_end, rss_peak) = usage(operator.pid());
@@ -443,6 +454,25 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     println!(
         "| every lease held after | {:.1} s |",
         converged.as_secs_f64()
+    );
+    let share = |cpu: f64, over: Duration| {
+        format!(
+            "{cpu:.1} s ({:.0}% of a core over {:.0} s)",
+            100.0 * cpu / over.as_secs_f64(),
+            over.as_secs_f64()
+        )
+    };
+    println!(
+        "| kube-apiserver CPU, registration to every lease held | {} |",
+        share(apiserver_at_held - apiserver_at_start, converged)
+    );
+    println!(
+        "| kube-apiserver CPU in steady state (mostly the holders' renewals) | {} |",
+        share(apiserver_steady, window)
+    );
+    println!(
+        "| kube-apiserver CPU, from the failure (the leases still run {LEASE_SECONDS} s) to 10 s after the last new holder | {} |",
+        share(apiserver_burst, burst_took)
     );
     println!("| operator RSS in steady state | {rss_steady:.1} MiB |");
     println!("| operator peak RSS | {rss_peak:.1} MiB |");

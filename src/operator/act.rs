@@ -240,8 +240,7 @@ impl Worker {
             EventType::Warning,
             "HandoverAbandoned",
             note,
-        )
-        .await;
+        );
     }
 }
 

@@ -208,8 +208,7 @@ impl Worker {
                 EventType::Normal,
                 "Released",
                 note,
-            )
-            .await;
+            );
         }
         let duplicates: Vec<(String, Vec<String>)> = candidates
             .iter()
@@ -287,8 +286,7 @@ impl Worker {
                     EventType::Normal,
                     "Deposed",
                     note,
-                )
-                .await;
+                );
                 return Ok(Some(Duration::ZERO));
             }
         }
@@ -453,8 +451,7 @@ impl Worker {
                     EventType::Normal,
                     "Elected",
                     note,
-                )
-                .await;
+                );
             }
             if labelled.is_ok()
                 && written.is_none()

@@ -178,9 +178,9 @@ impl Worker {
             };
             if let Some(p) = plan {
                 let r = single_active::workload_ref(&p.workload);
-                publish(&self.recorder, &r, type_, reason, note.clone()).await;
+                publish(&self.recorder, &r, type_, reason, note.clone());
             }
-            publish(&self.recorder, &c.object_ref(&()), type_, reason, note).await;
+            publish(&self.recorder, &c.object_ref(&()), type_, reason, note);
         }
         retry
     }

@@ -74,8 +74,7 @@ pub async fn prepare(
                     EventType::Warning,
                     "InvalidAnnotation",
                     note,
-                )
-                .await;
+                );
             }
             return Ok(Prepared::Frozen);
         }
@@ -114,8 +113,7 @@ pub async fn prepare(
                 EventType::Warning,
                 "VersionUnreadable",
                 note,
-            )
-            .await;
+            );
         }
     }
     Ok(Prepared::Workload(Box::new(Plan { workload, pods })))
