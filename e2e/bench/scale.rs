@@ -225,16 +225,6 @@ struct Fleet {
 
 /// CPU seconds and peak RSS (MiB) of a process, from /proc.
 fn usage(pid: i32) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rfind(')')
-        .map(|i| stat[i + 2..].split_whitespace().collect())
-        .unwrap_or_default();
-    // utime and stime are fields 14 and 15 of the line (11 and 12 after the command).
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
-        .sum();
     let hwm_kb: f64 = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
@@ -246,7 +236,7 @@ fn usage(pid: i32) -> (f64, f64) {
                 .ok()
         })
         .unwrap_or(0.0);
-    (ticks / 100.0, hwm_kb / 1024.0)
+    (stats::cpu_seconds(pid), hwm_kb / 1024.0)
 }
 
 /// One scale run.
@@ -307,7 +297,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
 
     // kube-apiserver's CPU seconds, which bound the elections on this machine.
     let apiserver = write_cost::apiserver_pid(kubeconfig);
-    let apiserver_cpu = || apiserver.map_or(f64::NAN, write_cost::cpu_seconds);
+    let apiserver_cpu = || apiserver.map_or(f64::NAN, stats::cpu_seconds);
     let apiserver_at_start = apiserver_cpu();
     // Registration: 3n candidates, all at one version (no handovers in steady state).
     let started = Instant::now();

@@ -1,4 +1,4 @@
-//! Percentiles and a description of the machine a run was made on.
+//! Percentiles, a process's CPU seconds, and a description of the machine a run was made on.
 
 pub struct Summary {
     pub n: usize,
@@ -20,6 +20,21 @@ pub fn summary(values: &[f64]) -> Summary {
         p99: at(0.99),
         max: v[v.len() - 1],
     }
+}
+
+/// CPU seconds a process has used, from `/proc/PID/stat`.
+pub fn cpu_seconds(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rfind(')')
+        .map(|i| stat[i + 2..].split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the line (11 and 12 after the command).
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
 }
 
 /// CPU model, core count and memory, from /proc.

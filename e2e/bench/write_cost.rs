@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::support;
+use crate::{stats, support};
 
 /// Requests of each kind.
 const REQUESTS: usize = 2000;
@@ -85,21 +85,6 @@ pub fn apiserver_pid(kubeconfig: &Path) -> Option<i32> {
     })
 }
 
-/// CPU seconds a process has used, from `/proc/PID/stat`.
-pub fn cpu_seconds(pid: i32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rfind(')')
-        .map(|i| stat[i + 2..].split_whitespace().collect())
-        .unwrap_or_default();
-    // utime and stime are fields 14 and 15 of the line (11 and 12 after the command).
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<f64>().ok())
-        .sum();
-    ticks / 100.0
-}
-
 /// Runs the write-cost bench.
 pub async fn run(kubeconfig: &Path) {
     let Some(pid) = apiserver_pid(kubeconfig) else {
@@ -120,9 +105,9 @@ pub async fn run(kubeconfig: &Path) {
          {IN_FLIGHT} in flight, round {OBJECTS} objects"
     );
     // What kube-apiserver uses with nothing sent (the controller manager, kwok, the node).
-    let before = cpu_seconds(pid);
+    let before = stats::cpu_seconds(pid);
     tokio::time::sleep(IDLE).await;
-    let idle = (cpu_seconds(pid) - before) / IDLE.as_secs_f64();
+    let idle = (stats::cpu_seconds(pid) - before) / IDLE.as_secs_f64();
     println!(
         "kube-apiserver idle, subtracted: {:.0}% of a core",
         idle * 100.0
@@ -134,11 +119,11 @@ pub async fn run(kubeconfig: &Path) {
     let mut renewal = None;
     for kind in Kind::ALL {
         let senders = prepare(&client).await;
-        let before = cpu_seconds(pid);
+        let before = stats::cpu_seconds(pid);
         let started = Instant::now();
         let failed = send(&client, kind, senders).await;
         let elapsed = started.elapsed().as_secs_f64();
-        let per = (cpu_seconds(pid) - before - idle * elapsed) / REQUESTS as f64;
+        let per = (stats::cpu_seconds(pid) - before - idle * elapsed) / REQUESTS as f64;
         let base = *renewal.get_or_insert(per);
         println!(
             "| {} | {:.2} ms | {:.2} | {:.0} | {failed} |",
