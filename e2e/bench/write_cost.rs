@@ -16,9 +16,10 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::json;
 
 use crate::{stats, support};
@@ -30,6 +31,8 @@ const IN_FLIGHT: usize = 4;
 /// Objects the updates go round.
 const OBJECTS: usize = 200;
 const NS: &str = "bench-write-cost";
+/// How often the conditions' two list types are alternated.
+const LIST_TYPE_ROUNDS: usize = 2;
 /// How long kube-apiserver's idle CPU is measured.
 const IDLE: Duration = Duration::from_secs(10);
 
@@ -118,12 +121,7 @@ pub async fn run(kubeconfig: &Path) {
     println!("|---|---|---|---|---|");
     let mut renewal = None;
     for kind in Kind::ALL {
-        let senders = prepare(&client).await;
-        let before = stats::cpu_seconds(pid);
-        let started = Instant::now();
-        let failed = send(&client, kind, senders).await;
-        let elapsed = started.elapsed().as_secs_f64();
-        let per = (stats::cpu_seconds(pid) - before - idle * elapsed) / REQUESTS as f64;
+        let (per, elapsed, failed) = measure(&client, pid, idle, kind).await;
         let base = *renewal.get_or_insert(per);
         println!(
             "| {} | {:.2} ms | {:.2} | {:.0} | {failed} |",
@@ -133,7 +131,113 @@ pub async fn run(kubeconfig: &Path) {
             REQUESTS as f64 / elapsed
         );
     }
+    list_types(&client, pid, idle).await;
     let _ = namespaces.delete(NS, &DeleteParams::background()).await;
+}
+
+/// Sends [`REQUESTS`] requests of `kind`; returns kube-apiserver's CPU seconds per request
+/// (less its idle CPU), the seconds they took, and how many failed.
+async fn measure(client: &Client, pid: i32, idle: f64, kind: Kind) -> (f64, f64, usize) {
+    let senders = prepare(client).await;
+    let before = stats::cpu_seconds(pid);
+    let started = Instant::now();
+    let failed = send(client, kind, senders).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let per = (stats::cpu_seconds(pid) - before - idle * elapsed) / REQUESTS as f64;
+    (per, elapsed, failed)
+}
+
+/// The writes on a LeaseCandidate with its conditions as the CRD declares them (an atomic
+/// list) and as it declared them up to 1ee1c65 (a list-map keyed by `type`, installed by
+/// another field manager; this build's CRD is then applied back as an upgraded operator
+/// applies it), alternated [`LIST_TYPE_ROUNDS`] times so that the machine's drift falls on both.
+async fn list_types(client: &Client, pid: i32, idle: f64) {
+    const KINDS: [Kind; 3] = [
+        Kind::CandidatePatch,
+        Kind::CandidateStatusPatch,
+        Kind::CandidateStatusPatchTwo,
+    ];
+    let mut sums = [[0.0; 2]; KINDS.len()];
+    for _ in 0..LIST_TYPE_ROUNDS {
+        for (column, map) in [(0, true), (1, false)] {
+            if let Err(e) = set_list_type(client, map).await {
+                println!("\nconditions' list type: skipped ({e:#})");
+                // Never leave the cluster with the list-map for the benches after this one.
+                let restored = arbiter::api::apply_crds(client.clone(), Duration::from_secs(30));
+                restored.await.expect("restoring this build's CRD");
+                return;
+            }
+            for (row, kind) in KINDS.into_iter().enumerate() {
+                sums[row][column] += measure(client, pid, idle, kind).await.0;
+            }
+        }
+    }
+    println!(
+        "\nconditions as a list-map keyed by type (the CRD up to 1ee1c65) and as an atomic \
+         list (now), {LIST_TYPE_ROUNDS} rounds alternated, mean kube-apiserver CPU per request"
+    );
+    println!("| request | list-map | atomic | atomic ÷ list-map |");
+    println!("|---|---|---|---|");
+    for (row, kind) in KINDS.into_iter().enumerate() {
+        let [map, atomic] = sums[row].map(|s| s / LIST_TYPE_ROUNDS as f64);
+        println!(
+            "| {} | {:.2} ms | {:.2} ms | {:.2} |",
+            kind.describe(),
+            map * 1000.0,
+            atomic * 1000.0,
+            atomic / map
+        );
+    }
+}
+
+/// Declares the conditions a list-map (`map`) or an atomic list, and waits until a status
+/// write is tracked that way (the API server picks a CRD's new schema up asynchronously).
+async fn set_list_type(client: &Client, map: bool) -> anyhow::Result<()> {
+    if map {
+        // As the CRD was up to 1ee1c65, installed by another field manager than the
+        // operator's (as `kubectl apply` or helm would have).
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let path =
+            "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/conditions";
+        let patch = json!([
+            {"op": "replace", "path": format!("{path}/x-kubernetes-list-type"), "value": "map"},
+            {"op": "add", "path": format!("{path}/x-kubernetes-list-map-keys"), "value": ["type"]},
+        ]);
+        crds.patch(
+            LeaseCandidate::crd_name(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(patch)?),
+        )
+        .await?;
+    } else {
+        // Back to this build's CRD the way an upgraded operator applies it (`--install-crds`).
+        arbiter::api::apply_crds(client.clone(), Duration::from_secs(30)).await?;
+    }
+    // A list-map's managed fields name each condition by its key; an atomic list's do not.
+    let candidates: Api<LeaseCandidate> = Api::namespaced(client.clone(), NS);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for flip in 0.. {
+        let patch = json!({ "status": { "conditions": conditions(flip % 2 == 0) } });
+        let c = candidates
+            .patch_status("c0", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        let tracked = c.managed_fields().iter().any(|m| {
+            m.subresource.as_deref() == Some("status")
+                && m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.to_string().contains("k:{\\\"type\\\""))
+        });
+        if tracked == map {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the API server did not take the {} list up within 60 s",
+            if map { "list-map" } else { "atomic" }
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    unreachable!()
 }
 
 /// [`OBJECTS`] Leases, LeaseCandidates and ConfigMaps to update.

@@ -103,7 +103,13 @@ pub struct LeaseCandidateSpec {
 pub struct LeaseCandidateStatus {
     /// `Eligible`, `Leader`, `StrategyConflict`, `SkewViolation`, ...
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    // An atomic list, not the usual list-map keyed by `type`: arbiter is the conditions' only
+    // writer and replaces the whole list at each write (a JSON merge patch), so per-condition
+    // field ownership buys nothing, and it costs kube-apiserver a third of every status write
+    // and a fifth of every ping and answer on this object (docs/benchmarks.md, "Conditions as an
+    // atomic list"). Nothing to migrate: each object is tracked the new way from its next
+    // write; `apply_crds` drops an older CRD's list-map keys (README, CRD upgrades).
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub conditions: Vec<Condition>,
 
     /// Not set by arbiter (kept so that a value an earlier version wrote can be read and
