@@ -158,6 +158,7 @@ async fn list_types(client: &Client, pid: i32, idle: f64) {
         Kind::CandidateStatusPatchTwo,
     ];
     let mut sums = [[0.0; 2]; KINDS.len()];
+    let mut failures = 0;
     for _ in 0..LIST_TYPE_ROUNDS {
         for (column, map) in [(0, true), (1, false)] {
             if let Err(e) = set_list_type(client, map).await {
@@ -168,13 +169,16 @@ async fn list_types(client: &Client, pid: i32, idle: f64) {
                 return;
             }
             for (row, kind) in KINDS.into_iter().enumerate() {
-                sums[row][column] += measure(client, pid, idle, kind).await.0;
+                let (per, _, failed) = measure(client, pid, idle, kind).await;
+                sums[row][column] += per;
+                failures += failed;
             }
         }
     }
     println!(
         "\nconditions as a list-map keyed by type (the CRD up to 1ee1c65) and as an atomic \
-         list (now), {LIST_TYPE_ROUNDS} rounds alternated, mean kube-apiserver CPU per request"
+         list (now), {LIST_TYPE_ROUNDS} rounds alternated, mean kube-apiserver CPU per request \
+         ({failures} requests failed)"
     );
     println!("| request | list-map | atomic | atomic ÷ list-map |");
     println!("|---|---|---|---|");

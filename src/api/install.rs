@@ -18,35 +18,7 @@ pub async fn apply_crds(client: Client, timeout: Duration) -> anyhow::Result<()>
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let crd = LeaseCandidate::crd();
     let name = crd.name_any();
-    // A CRD from before the conditions became an atomic list keeps its list-map keys through
-    // server-side apply when another field manager owns them (kubectl, helm), and the API
-    // server then refuses an atomic list with keys: drop them first, with the list type.
-    if let Some(existing) = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| anyhow::anyhow!("reading CRD {name}: {e}"))?
-    {
-        let stale = list_map_keys(&serde_json::to_value(&existing)?);
-        if !stale.is_empty() {
-            let ops: Vec<_> = stale
-                .iter()
-                .flat_map(|list| {
-                    [
-                        json!({"op": "remove", "path": format!("{list}/x-kubernetes-list-map-keys")}),
-                        json!({"op": "replace", "path": format!("{list}/x-kubernetes-list-type"), "value": "atomic"}),
-                    ]
-                })
-                .collect();
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(serde_json::from_value(json!(ops))?),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("dropping the list-map keys of CRD {name}: {e}"))?;
-            tracing::info!(crd = %name, "status.conditions is now an atomic list");
-        }
-    }
+    drop_list_map_keys(&api, &name).await?;
     api.patch(
         &name,
         &PatchParams::apply(FIELD_MANAGER).force(),
@@ -61,6 +33,48 @@ pub async fn apply_crds(client: Client, timeout: Duration) -> anyhow::Result<()>
     .await
     .map_err(|_| anyhow::anyhow!("CRD {name} not Established after {timeout:?}"))??;
     Ok(())
+}
+
+/// A CRD from before the conditions became an atomic list keeps its list-map keys through
+/// server-side apply when another field manager owns them (kubectl, helm), and the API server
+/// then refuses an atomic list with keys: this drops them, with the list type, first. Another
+/// replica doing the same at once makes the patch fail (a path gone): the CRD is read again.
+async fn drop_list_map_keys(api: &Api<CustomResourceDefinition>, name: &str) -> anyhow::Result<()> {
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
+        let Some(existing) = api
+            .get_opt(name)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading CRD {name}: {e}"))?
+        else {
+            return Ok(());
+        };
+        let stale = list_map_keys(&serde_json::to_value(&existing)?);
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<_> = stale
+            .iter()
+            .flat_map(|list| {
+                [
+                    json!({"op": "remove", "path": format!("{list}/x-kubernetes-list-map-keys")}),
+                    json!({"op": "replace", "path": format!("{list}/x-kubernetes-list-type"), "value": "atomic"}),
+                ]
+            })
+            .collect();
+        let patch = Patch::Json::<()>(serde_json::from_value(json!(ops))?);
+        match api.patch(name, &PatchParams::default(), &patch).await {
+            Ok(_) => {
+                tracing::info!(crd = %name, "status.conditions is now an atomic list");
+                return Ok(());
+            }
+            Err(e) if attempt < ATTEMPTS => {
+                tracing::debug!(crd = %name, error = %e, "dropping the list-map keys failed; reading the CRD again")
+            }
+            Err(e) => anyhow::bail!("dropping the list-map keys of CRD {name}: {e}"),
+        }
+    }
+    unreachable!("the last attempt returns")
 }
 
 /// The JSON pointers, in a CRD, of each version's `status.conditions` that is still declared a

@@ -108,7 +108,7 @@ pub struct LeaseCandidateStatus {
     // field ownership buys nothing, and it costs kube-apiserver a third of every status write
     // and a fifth of every ping and answer on this object (docs/benchmarks.md, "Conditions as an
     // atomic list"). Nothing to migrate: each object is tracked the new way from its next
-    // write; `apply_crds` drops an older CRD's list-map keys (README, CRD upgrades).
+    // write; `apply_crds` drops an older CRD's list-map keys (README, after the conditions table).
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub conditions: Vec<Condition>,
 
