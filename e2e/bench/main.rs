@@ -19,10 +19,11 @@
 //!   candidate makes (a Lease renewal, a term mark, a ping, a candidate's status, ...): what
 //!   the scale bench's elections are bound by on this machine.
 //!
-//! `cargo test --release --test bench -- [--only failover|scale|pods|write-cost] [--runs N] [--leases N,N]
-//! [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]`; `ARBITER_OPERATOR_BIN`
-//! runs another build of the operator, and `ARBITER_BENCH_CRD` (a CRD YAML file, e.g. that
-//! build's `crds/` file) has the scale bench install that CRD instead of this build's; `--concurrency` is passed to the scale bench's operator
+//! `cargo test --release --test bench -- [--only failover|scale|pods|write-cost] [--runs N]
+//! [--leases N,N] [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]`;
+//! `ARBITER_OPERATOR_BIN` runs another build of the operator, and `ARBITER_BENCH_CRD` (a CRD
+//! YAML file, e.g. that build's `crds/` file) has the scale bench install that CRD instead of
+//! this build's; `--concurrency` is passed to the scale bench's operator
 //! (default: the operator's own default); `ARBITER_E2E_APISERVER_FLAGS` is added after the
 //! bench's own kube-apiserver flags (`--profiling=true` to take its CPU profile during a run).
 

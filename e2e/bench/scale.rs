@@ -306,18 +306,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
         .map(|(l, c)| {
             let candidates = candidates.clone();
             async move {
-                let mut lc = LeaseCandidate::new(
-                    &format!("l{l}-c{c}"),
-                    LeaseCandidateSpec {
-                        lease_name: format!("l{l}"),
-                        binary_version: "1.30.0".into(),
-                        emulation_version: Some("1.30.0".into()),
-                        strategy: OLDEST_EMULATION_VERSION.into(),
-                        ping_time: None,
-                        renew_time: Some(MicroTime(jiff::Timestamp::now())),
-                    },
-                );
-                lc.metadata.namespace = None;
+                let lc = candidate(&format!("l{l}-c{c}"), &format!("l{l}"));
                 candidates
                     .create(&PostParams::default(), &lc)
                     .await
@@ -781,6 +770,23 @@ async fn settled_rss(pid: i32) -> f64 {
     }
 }
 
+/// A candidate of `lease` at version 1.30.0 that has just renewed, as the simulator registers it.
+pub fn candidate(name: &str, lease: &str) -> LeaseCandidate {
+    let mut lc = LeaseCandidate::new(
+        name,
+        LeaseCandidateSpec {
+            lease_name: lease.into(),
+            binary_version: "1.30.0".into(),
+            emulation_version: Some("1.30.0".into()),
+            strategy: OLDEST_EMULATION_VERSION.into(),
+            ping_time: None,
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+        },
+    );
+    lc.metadata.namespace = None;
+    lc
+}
+
 /// Installs the CRD: this build's, or the one in the file `ARBITER_BENCH_CRD` names (an older
 /// build's `crds/` file, to run its operator through `ARBITER_OPERATOR_BIN` as it shipped).
 async fn install_crd(client: &Client) {
@@ -792,26 +798,9 @@ async fn install_crd(client: &Client) {
     let yaml = std::fs::read_to_string(&path).expect("reading ARBITER_BENCH_CRD");
     let crd: CustomResourceDefinition =
         serde_yaml_ng::from_str(&yaml).expect("ARBITER_BENCH_CRD holds a CustomResourceDefinition");
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.name_any();
-    api.patch(
-        &name,
-        &PatchParams::apply(arbiter::api::FIELD_MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("applying ARBITER_BENCH_CRD");
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        kube::runtime::wait::await_condition(
-            api,
-            &name,
-            kube::runtime::wait::conditions::is_crd_established(),
-        ),
-    )
-    .await
-    .expect("the CRD of ARBITER_BENCH_CRD established within 30 s")
-    .expect("watching the CRD");
+    arbiter::api::apply_crd(client.clone(), crd, Duration::from_secs(30))
+        .await
+        .expect("applying ARBITER_BENCH_CRD");
     println!("CRD from {}", path.to_string_lossy());
 }
 

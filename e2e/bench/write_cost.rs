@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use arbiter::api::{LeaseCandidate, LeaseCandidateSpec, OLDEST_EMULATION_VERSION};
+use arbiter::api::LeaseCandidate;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference};
@@ -22,7 +22,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, CustomResourceExt, ResourceExt};
 use serde_json::json;
 
-use crate::{stats, support};
+use crate::{scale, stats, support};
 
 /// Requests of each kind.
 const REQUESTS: usize = 2000;
@@ -258,7 +258,12 @@ async fn setup(client: &Client) {
             async move {
                 let pp = PostParams::default();
                 let _ = leases.create(&pp, &lease(&format!("l{i}"))).await;
-                let _ = candidates.create(&pp, &candidate(&format!("c{i}"))).await;
+                let _ = candidates
+                    .create(
+                        &pp,
+                        &scale::candidate(&format!("c{i}"), &format!("lease-of-c{i}")),
+                    )
+                    .await;
                 let _ = maps.create(&pp, &config_map(&format!("m{i}"), 0)).await;
             }
         })
@@ -340,9 +345,13 @@ async fn send(client: &Client, kind: Kind, senders: Vec<Sender>) -> usize {
                         }
                         None => false,
                     },
-                    Kind::CandidateCreate => {
-                        candidates.create(&pp, &candidate(&unique)).await.is_ok()
-                    }
+                    Kind::CandidateCreate => candidates
+                        .create(
+                            &pp,
+                            &scale::candidate(&unique, &format!("lease-of-{unique}")),
+                        )
+                        .await
+                        .is_ok(),
                     Kind::CandidatePatch => {
                         let patch = json!({ "spec": { "pingTime": arbiter::lease::now() } });
                         candidates
@@ -398,22 +407,6 @@ fn lease(name: &str) -> Lease {
             ..Default::default()
         }),
     }
-}
-
-fn candidate(name: &str) -> LeaseCandidate {
-    let mut lc = LeaseCandidate::new(
-        name,
-        LeaseCandidateSpec {
-            lease_name: format!("lease-of-{name}"),
-            binary_version: "1.30.0".into(),
-            emulation_version: Some("1.30.0".into()),
-            strategy: OLDEST_EMULATION_VERSION.into(),
-            ping_time: None,
-            renew_time: Some(MicroTime(jiff::Timestamp::now())),
-        },
-    );
-    lc.metadata.namespace = None;
-    lc
 }
 
 /// A term shard's shape: one key per lease, its high-water mark.

@@ -2,15 +2,16 @@
 //! at admission with a readable message.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arbiter::api::LeaseCandidate;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::{CustomResourceExt, Resource};
+use kube::{CustomResourceExt, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::support::TestEnv;
+use crate::support::{TestEnv, eventually};
 
 crate::tests![crd:
     established_and_served,
@@ -27,6 +28,7 @@ crate::tests![crd:
     oldest_emulation_version_needs_emulation_version,
     emulation_above_binary_refused,
     printer_columns,
+    list_map_conditions_from_an_older_crd_are_upgraded,
 ];
 
 fn candidates(env: &TestEnv) -> Api<DynamicObject> {
@@ -330,4 +332,122 @@ async fn printer_columns(env: Arc<TestEnv>) {
         ],
         "{text}"
     );
+}
+
+/// The CRD up to 1ee1c65 declared `status.conditions` a list-map; it is an atomic list now.
+/// Upgrading a CRD whose list-map keys another field manager owns (helm, kubectl) is refused by
+/// server-side apply alone, and goes through with `apply_crd`, even with two replicas applying
+/// at once; an object written under the list-map takes status writes afterwards. On a scratch
+/// copy of the CRD under its own group, so that the shared cluster's LeaseCandidates (and every
+/// other test's watches on them) are untouched.
+async fn list_map_conditions_from_an_older_crd_are_upgraded(env: Arc<TestEnv>) {
+    const CONDITIONS: &str =
+        "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/conditions";
+    let group = format!("{}.upgrade.e2e.arbiter.dev", env.ns);
+    let probe = |list_map: bool| -> CustomResourceDefinition {
+        let mut crd = serde_json::to_value(LeaseCandidate::crd()).unwrap();
+        crd["metadata"] = json!({ "name": format!("upgradeprobes.{group}") });
+        crd["spec"]["group"] = json!(group);
+        crd["spec"]["names"] = json!({
+            "kind": "UpgradeProbe", "plural": "upgradeprobes", "singular": "upgradeprobe",
+        });
+        if list_map {
+            let list = crd.pointer_mut(CONDITIONS).unwrap();
+            list["x-kubernetes-list-type"] = json!("map");
+            list["x-kubernetes-list-map-keys"] = json!(["type"]);
+        }
+        serde_json::from_value(crd).unwrap()
+    };
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let name = probe(false).name_any();
+    // The older CRD, created by another field manager, and an object with its conditions.
+    let pp = PostParams {
+        field_manager: Some("helm".into()),
+        ..Default::default()
+    };
+    crds.create(&pp, &probe(true)).await.expect("the older CRD");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(&group, "v1alpha1", "UpgradeProbe"),
+        "upgradeprobes",
+    );
+    let probes: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.ns, &ar);
+    let mut object = object("p", valid_spec());
+    object.types = Some(kube::core::TypeMeta {
+        api_version: format!("{group}/v1alpha1"),
+        kind: "UpgradeProbe".into(),
+    });
+    eventually(
+        "the older CRD to serve objects",
+        Duration::from_secs(30),
+        || {
+            let (probes, object) = (probes.clone(), object.clone());
+            async move { probes.create(&PostParams::default(), &object).await.ok() }
+        },
+    )
+    .await;
+    let status = |leader: bool| {
+        let condition = |type_: &str, ok: bool| {
+            json!({"type": type_, "status": if ok { "True" } else { "False" }, "reason": "R",
+                   "message": "", "lastTransitionTime": "2026-12-03T00:00:00Z"})
+        };
+        let conditions = [condition("Leader", leader), condition("Eligible", true)];
+        json!({ "status": { "conditions": conditions } })
+    };
+    let keyed = |o: &DynamicObject| {
+        o.managed_fields().iter().any(|m| {
+            m.subresource.as_deref() == Some("status")
+                && m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.to_string().contains("k:{\\\"type\\\""))
+        })
+    };
+    let written = probes
+        .patch_status("p", &PatchParams::default(), &Patch::Merge(&status(true)))
+        .await
+        .expect("a status write under the list-map");
+    assert!(keyed(&written), "the list-map tracks each condition");
+
+    // Server-side apply alone keeps the keys helm owns, and the API server refuses the result.
+    let refused = crds
+        .patch(
+            &name,
+            &PatchParams::apply(arbiter::api::FIELD_MANAGER).force(),
+            &Patch::Apply(&probe(false)),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 422),
+        "server-side apply alone: {refused:?}"
+    );
+
+    // Two replicas upgrading at once: both go through.
+    let apply =
+        || arbiter::api::apply_crd(env.client.clone(), probe(false), Duration::from_secs(30));
+    let (a, b) = tokio::join!(apply(), apply());
+    a.expect("the first replica's apply");
+    b.expect("the second replica's apply");
+    let crd = serde_json::to_value(crds.get(&name).await.expect("the CRD")).unwrap();
+    let list = crd.pointer(CONDITIONS).unwrap();
+    assert_eq!(list["x-kubernetes-list-type"], "atomic", "{list}");
+    assert!(list.get("x-kubernetes-list-map-keys").is_none(), "{list}");
+
+    // The object written under the list-map takes status writes, tracked as one list.
+    let mut leader = false;
+    eventually(
+        "a status write tracked as an atomic list",
+        Duration::from_secs(30),
+        || {
+            leader = !leader;
+            let (probes, patch) = (probes.clone(), status(leader));
+            async move {
+                let o = probes
+                    .patch_status("p", &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .expect("a status write after the upgrade");
+                (!keyed(&o)).then_some(())
+            }
+        },
+    )
+    .await;
+    let _ = crds.delete(&name, &Default::default()).await;
 }

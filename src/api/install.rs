@@ -15,8 +15,18 @@ pub const FIELD_MANAGER: &str = "arbiter";
 
 /// Applies the CRDs with server-side apply and waits until the API server serves them.
 pub async fn apply_crds(client: Client, timeout: Duration) -> anyhow::Result<()> {
+    apply_crd(client, LeaseCandidate::crd(), timeout).await
+}
+
+/// Applies `crd` with server-side apply, after dropping the list-map keys an older version of
+/// it left on `status.conditions` (see [`drop_list_map_keys`]), and waits until the API server
+/// serves it.
+pub async fn apply_crd(
+    client: Client,
+    crd: CustomResourceDefinition,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client);
-    let crd = LeaseCandidate::crd();
     let name = crd.name_any();
     drop_list_map_keys(&api, &name).await?;
     api.patch(

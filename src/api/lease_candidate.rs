@@ -106,8 +106,9 @@ pub struct LeaseCandidateStatus {
     // An atomic list, not the usual list-map keyed by `type`: arbiter is the conditions' only
     // writer and replaces the whole list at each write (a JSON merge patch), so per-condition
     // field ownership buys nothing, and it costs kube-apiserver a fifth to two fifths of every
-    // status write (docs/benchmarks.md, "Conditions as an atomic list"). Nothing to migrate: each object is tracked the new way from its next
-    // write; `apply_crds` drops an older CRD's list-map keys (README, after the conditions table).
+    // status write (docs/benchmarks.md, "Conditions as an atomic list"). Nothing to migrate:
+    // each object is tracked the new way from its next write; `apply_crd` drops an older CRD's
+    // list-map keys (README, after the conditions table).
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub conditions: Vec<Condition>,
 

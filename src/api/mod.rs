@@ -3,7 +3,7 @@
 mod install;
 mod lease_candidate;
 
-pub use install::{FIELD_MANAGER, apply_crds};
+pub use install::{FIELD_MANAGER, apply_crd, apply_crds};
 
 pub use lease_candidate::{
     LeaseCandidate, LeaseCandidateSpec, LeaseCandidateStatus, OLDEST_EMULATION_VERSION,
