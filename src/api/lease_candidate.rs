@@ -107,8 +107,8 @@ pub struct LeaseCandidateStatus {
     // writer and replaces the whole list at each write (a JSON merge patch), so per-condition
     // field ownership buys nothing, and it costs kube-apiserver a fifth to two fifths of every
     // status write (docs/benchmarks.md, "Conditions as an atomic list"). Nothing to migrate:
-    // each object is tracked the new way from its next write; `apply_crd` drops an older CRD's
-    // list-map keys (README, after the conditions table).
+    // each object is tracked the new way from its next write, and applying the CRD replaces
+    // `spec.versions` whole (README, after the conditions table).
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub conditions: Vec<Condition>,
 
