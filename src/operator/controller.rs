@@ -66,6 +66,8 @@ pub async fn run(
             timers: HashMap::new(),
             reported: HashSet::new(),
             statuses: Written::default(),
+            busy: false,
+            statuses_wait: false,
             pings: Written::default(),
             leases: Written::default(),
         };
@@ -79,7 +81,12 @@ async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
     while let Some(key) = queue.next().await {
         let start = Instant::now();
         worker.metrics.progress.begin(index);
+        worker.busy = queue.busy();
+        worker.statuses_wait = false;
         let result = worker.reconcile(&key).await;
+        if worker.statuses_wait {
+            queue.when_idle(key.clone());
+        }
         worker.metrics.progress.end(index);
         let requeue = match result {
             Ok(after) => after,
@@ -115,6 +122,10 @@ pub(super) struct Worker {
     pub(super) reported: HashSet<(String, String)>,
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     statuses: Written<Vec<Condition>>,
+    /// Other leases are due: statuses that can wait are left for when none is.
+    busy: bool,
+    /// The reconcile left statuses for when no lease is due.
+    statuses_wait: bool,
     /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
     pub(super) pings: Written<Option<jiff::Timestamp>>,
     /// Leases this worker wrote that its cache may not show yet (the next write's base).
@@ -418,9 +429,11 @@ impl Worker {
             &duplicates,
             &overruns,
             &mut self.statuses,
+            self.busy,
         )
         .await;
-        let report_retry = (!reported).then_some(RETRY_FAILED_WRITE);
+        self.statuses_wait = reported.waiting;
+        let report_retry = (!reported.complete).then_some(RETRY_FAILED_WRITE);
 
         // A labelling or renewal that failed fails the reconcile (retried), after the forced
         // exits below: a pod the write deposed is forced out even while labels cannot be written.

@@ -6,6 +6,11 @@
 //! their election (ping, answers, assignment) rather than all of them advancing a step at a
 //! time while their answers age. The price: while events keep a worker busy, a lease whose key
 //! sorts late waits longer (`arbiter_queue_wait_seconds` shows it).
+//!
+//! Besides the due keys, a queue keeps keys whose reconcile can wait until the worker has
+//! nothing due ([`Queue::when_idle`]): a candidate's first status when it only says the
+//! candidate stands by. Under a burst of elections those writes would take the API server's
+//! time from the elections; they are made once the worker's due keys run out.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -79,6 +84,8 @@ pub struct Queue {
     due_since: HashMap<LeaseKey, tokio::time::Instant>,
     delayed: DelayQueue<LeaseKey>,
     delay_keys: HashMap<LeaseKey, delay_queue::Key>,
+    /// Keys to reconcile once nothing is due, lowest first.
+    idle: BTreeSet<LeaseKey>,
     metrics: QueueMetrics,
     /// When the worker first asked for a key: a replica that stood by before it led does not
     /// count its standby in the waits.
@@ -96,6 +103,7 @@ pub fn queues(workers: usize, metrics: QueueMetrics) -> (Enqueue, Vec<Queue>) {
                 due_since: HashMap::new(),
                 delayed: DelayQueue::new(),
                 delay_keys: HashMap::new(),
+                idle: BTreeSet::new(),
                 metrics: metrics.clone(),
                 working_since: None,
             };
@@ -138,6 +146,12 @@ impl Queue {
                 self.metrics.depth.dec();
                 return Some(key);
             }
+            if let Some(key) = self.idle.pop_first() {
+                if let Some(k) = self.delay_keys.remove(&key) {
+                    self.delayed.remove(&k);
+                }
+                return Some(key);
+            }
             tokio::select! {
                 key = self.rx.recv() => {
                     let (key, sent) = key?;
@@ -160,10 +174,25 @@ impl Queue {
 
     /// `key` is due since `since` (or since the worker started, if that is later).
     fn make_ready(&mut self, key: LeaseKey, since: tokio::time::Instant) {
+        // Its reconcile, now due, does what the idle one would have.
+        self.idle.remove(&key);
         if self.ready.insert(key.clone()) {
             let since = self.working_since.map_or(since, |w| w.max(since));
             self.due_since.insert(key, since);
             self.metrics.depth.inc();
+        }
+    }
+
+    /// Whether keys are due, or were sent and not taken yet: the worker has other work now.
+    pub fn busy(&self) -> bool {
+        !self.ready.is_empty() || !self.rx.is_empty()
+    }
+
+    /// Reconcile `key` again once no key is due (unless it becomes due before). Nothing
+    /// guarantees when: while keys keep becoming due, it waits.
+    pub fn when_idle(&mut self, key: LeaseKey) {
+        if !self.ready.contains(&key) {
+            self.idle.insert(key);
         }
     }
 
@@ -218,6 +247,38 @@ mod tests {
         q.requeue(key("d"), Duration::from_secs(5));
         tx.key(key("d"));
         assert_eq!(q.next().await, Some(key("d")));
+        drop(tx);
+        assert_eq!(q.next().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_for_when_idle_waits_until_nothing_is_due() {
+        let (tx, mut q) = queue();
+        assert!(!q.busy());
+        q.when_idle(key("a"));
+        tx.key(key("c"));
+        assert!(q.busy(), "a key sent and not taken yet");
+        tx.key(key("b"));
+        assert_eq!(q.next().await, Some(key("b")));
+        assert!(q.busy(), "c is due");
+        assert_eq!(q.next().await, Some(key("c")));
+        assert!(!q.busy());
+        assert_eq!(q.next().await, Some(key("a")), "nothing else due");
+        // A key that becomes due leaves the idle keys: reconciled once, as due.
+        q.when_idle(key("d"));
+        q.when_idle(key("e"));
+        tx.key(key("d"));
+        assert_eq!(q.next().await, Some(key("d")));
+        assert_eq!(q.next().await, Some(key("e")));
+        q.when_idle(key("e")); // idle keys collapse too
+        q.when_idle(key("e"));
+        assert_eq!(q.next().await, Some(key("e")));
+        // A timer that fires is due before any idle key.
+        q.requeue(key("t"), Duration::from_secs(1));
+        q.when_idle(key("f"));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(q.next().await, Some(key("t")));
+        assert_eq!(q.next().await, Some(key("f")));
         drop(tx);
         assert_eq!(q.next().await, None);
     }

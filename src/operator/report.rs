@@ -20,8 +20,17 @@ use crate::election::decide::{Action, Decision};
 /// How many independent writes for one lease (candidates' statuses) are in flight at once.
 const CONCURRENT_WRITES: usize = 8;
 
-/// Conditions on candidates, Events and metrics for what was decided and done. Returns
-/// whether every candidate's status was written (a failed one is retried by the caller).
+/// What [`report`] left to do.
+pub(super) struct Reported {
+    /// Every status that was due was written (a failed one is retried by the caller).
+    pub complete: bool,
+    /// Some statuses were left for when the worker has nothing else due
+    /// ([`status::can_wait`]).
+    pub waiting: bool,
+}
+
+/// Conditions on candidates, Events and metrics for what was decided and done. With
+/// `may_wait` (the worker has other leases due), statuses that can wait are left for later.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn report(
     client: &Client,
@@ -36,7 +45,8 @@ pub(super) async fn report(
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
     written: &mut Written<Vec<Condition>>,
-) -> bool {
+    may_wait: bool,
+) -> Reported {
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
     }
@@ -49,6 +59,7 @@ pub(super) async fn report(
     };
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
     let mut updates = Vec::new();
+    let mut waiting = false;
     let now = std::time::Instant::now();
     // A lease's first election: while the arbiter waits for answers to its pings, a candidate
     // never reported on waits for the outcome (an ack window or two): written now, the new
@@ -76,6 +87,10 @@ pub(super) async fn report(
         let Some(conditions) = status::merge(current, desired) else {
             continue;
         };
+        if may_wait && status::can_wait(current, &conditions) {
+            waiting = true;
+            continue;
+        }
         // Events on transitions only, so a steady state is quiet.
         let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
         let mut events = Vec::new();
@@ -180,7 +195,7 @@ pub(super) async fn report(
             note,
         );
     }
-    complete
+    Reported { complete, waiting }
 }
 
 fn message(conditions: &[Condition], type_: &str) -> String {

@@ -197,6 +197,18 @@ pub fn merge(current: &[Condition], mut desired: Vec<Condition>) -> Option<Vec<C
     changed.then_some(desired)
 }
 
+/// Whether writing `desired` over `current` can wait until the worker has nothing else due: a
+/// candidate's first status that only says it stands by (eligible, not the holder, nothing
+/// wrong). Its absence tells no reader otherwise: only a `Leader=True` is remembered (by a
+/// replica taking over), and a candidate without conditions is not the holder. Every other
+/// status is written at once: the holder's, a transition, anything a user must be told.
+pub fn can_wait(current: &[Condition], desired: &[Condition]) -> bool {
+    current.is_empty()
+        && desired
+            .iter()
+            .all(|c| (c.type_ == ELIGIBLE) == (c.status == "True"))
+}
+
 /// Whether `type_` is True in `conditions`.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions
@@ -223,6 +235,31 @@ mod tests {
         assert_eq!(leader(false)[0].observed_generation, None);
         assert_eq!(merge(&leader(false), leader(false)), None);
         assert!(merge(&leader(false), leader(true)).is_some());
+    }
+
+    fn standing_by() -> Vec<Condition> {
+        let mut c = leader(false);
+        c.push(cond(ELIGIBLE, true, "Eligible", "can be elected".into()));
+        c.push(cond(SKEW_VIOLATION, false, "WithinSkew", String::new()));
+        c
+    }
+
+    #[test]
+    fn only_a_first_status_that_says_the_candidate_stands_by_can_wait() {
+        assert!(can_wait(&[], &standing_by()));
+        assert!(
+            !can_wait(&standing_by()[..1], &standing_by()),
+            "a candidate with a status gets its changes at once"
+        );
+        let mut elected = standing_by();
+        elected[0] = leader(true).remove(0);
+        assert!(!can_wait(&[], &elected), "the holder's status");
+        let mut ineligible = standing_by();
+        ineligible[1].status = "False".into();
+        assert!(!can_wait(&[], &ineligible), "a reason it cannot be elected");
+        let mut skewed = standing_by();
+        skewed[2].status = "True".into();
+        assert!(!can_wait(&[], &skewed), "a problem to report");
     }
 
     #[test]
