@@ -81,7 +81,7 @@ async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
     while let Some(key) = queue.next().await {
         let start = Instant::now();
         worker.metrics.progress.begin(index);
-        worker.busy = queue.busy();
+        worker.busy = queue.busy_besides(&key);
         worker.statuses_wait = false;
         let result = worker.reconcile(&key).await;
         if worker.statuses_wait {
@@ -429,7 +429,15 @@ impl Worker {
             &duplicates,
             &overruns,
             &mut self.statuses,
-            self.busy,
+            // Only while the Lease is at its first term (or has no holder yet): terms never
+            // repeat, so no candidate but the holder has ever held it, and no `Leader=True` the
+            // cache does not show yet (a lagging watch) is left standing by a `Leader=False`
+            // that waits. (Not while the Lease is gone: the term it had is not known.)
+            self.busy
+                && written
+                    .as_ref()
+                    .or(lease.as_deref())
+                    .is_some_and(|l| lease::term(l) <= 1),
         )
         .await;
         self.statuses_wait = reported.waiting;

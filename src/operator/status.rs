@@ -200,8 +200,10 @@ pub fn merge(current: &[Condition], mut desired: Vec<Condition>) -> Option<Vec<C
 /// Whether writing `desired` over `current` can wait until the worker has nothing else due: a
 /// candidate's first status that only says it stands by (eligible, not the holder, nothing
 /// wrong). Its absence tells no reader otherwise: only a `Leader=True` is remembered (by a
-/// replica taking over), and a candidate without conditions is not the holder. Every other
-/// status is written at once: the holder's, a transition, anything a user must be told.
+/// replica taking over), and a candidate without conditions is not the holder. (The caller
+/// makes sure no `Leader=True` of an earlier term can be on the server unseen: it lets
+/// statuses wait only at a lease's first term.) Every other status is written at once: the
+/// holder's, a transition, anything a user must be told.
 pub fn can_wait(current: &[Condition], desired: &[Condition]) -> bool {
     current.is_empty()
         && desired
@@ -237,29 +239,47 @@ mod tests {
         assert!(merge(&leader(false), leader(true)).is_some());
     }
 
-    fn standing_by() -> Vec<Condition> {
-        let mut c = leader(false);
-        c.push(cond(ELIGIBLE, true, "Eligible", "can be elected".into()));
-        c.push(cond(SKEW_VIOLATION, false, "WithinSkew", String::new()));
-        c
+    /// The conditions of `candidate` when `a` holds the lease and `b` and `c` are eligible
+    /// (`c` breaking the skew rule).
+    fn judged(candidate: &str) -> Vec<Condition> {
+        use crate::election::decide::{Action, Liveness, SkewViolation};
+        let version = |v: &str| crate::election::Version::parse(v).unwrap();
+        let decision = Decision {
+            action: Action::Nothing,
+            strategy: Resolution::Strategy("OldestEmulationVersion".into()),
+            standings: ["a", "b", "c"]
+                .into_iter()
+                .map(|n| (n.to_string(), Standing::Eligible(Liveness::Acked)))
+                .collect(),
+            skew_violations: vec![SkewViolation {
+                candidate: "c".into(),
+                version: version("1.33.0"),
+                oldest: version("1.30.0"),
+            }],
+        };
+        let facts = LeaseFacts {
+            lease: "l",
+            holder: Some("a"),
+            term: 1,
+            duplicates: &[],
+            overruns: &[],
+        };
+        conditions(candidate, &decision, &facts)
     }
 
     #[test]
     fn only_a_first_status_that_says_the_candidate_stands_by_can_wait() {
-        assert!(can_wait(&[], &standing_by()));
+        assert!(can_wait(&[], &judged("b")), "b stands by");
         assert!(
-            !can_wait(&standing_by()[..1], &standing_by()),
+            !can_wait(&leader(false), &judged("b")),
             "a candidate with a status gets its changes at once"
         );
-        let mut elected = standing_by();
-        elected[0] = leader(true).remove(0);
-        assert!(!can_wait(&[], &elected), "the holder's status");
-        let mut ineligible = standing_by();
-        ineligible[1].status = "False".into();
+        assert!(!can_wait(&[], &judged("a")), "the holder's status");
+        assert!(!can_wait(&[], &judged("c")), "a problem to report");
+        let mut ineligible = judged("b");
+        let eligible = ineligible.iter_mut().find(|c| c.type_ == ELIGIBLE).unwrap();
+        eligible.status = "False".into();
         assert!(!can_wait(&[], &ineligible), "a reason it cannot be elected");
-        let mut skewed = standing_by();
-        skewed[2].status = "True".into();
-        assert!(!can_wait(&[], &skewed), "a problem to report");
     }
 
     #[test]
