@@ -52,6 +52,7 @@ crate::tests![operator:
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
+    standby_statuses_wait_for_the_elections_and_are_then_written,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -1318,6 +1319,113 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
             .find(|l| l.starts_with("shown"))
             .map(|l| l.split_whitespace().take(7).collect::<Vec<_>>()),
         Some(lines[1][..7].to_vec())
+    );
+}
+
+/// Under a burst of first elections, a standby's first status (it only says the candidate
+/// stands by) waits until the worker has no lease due, and is written then: most of them arrive
+/// after the last Lease is created, and in the end every candidate has its conditions.
+async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    const LEASES: usize = 30;
+    let leases: Vec<(String, String, String)> = (0..LEASES)
+        .map(|i| {
+            let l = format!("burst-{i:02}");
+            (l.clone(), format!("{l}-old"), format!("{l}-new"))
+        })
+        .collect();
+    // Registered before the operator starts: every lease is due at once.
+    for (lease, old, new) in &leases {
+        create_candidate(&env, old, lease, "1.30.0", Some("1.30.0"), OEV, None).await;
+        create_candidate(&env, new, lease, "1.31.0", Some("1.31.0"), OEV, None).await;
+    }
+    let alive: Vec<&str> = leases
+        .iter()
+        .flat_map(|(_, o, n)| [o.as_str(), n.as_str()])
+        .collect();
+    let _r = Responder::start(env.client.clone(), &env.ns, &alive);
+    // When each burst Lease, and each candidate's first status, was first seen.
+    let created: Arc<std::sync::Mutex<BTreeMap<String, Instant>>> = Default::default();
+    let reported: Arc<std::sync::Mutex<BTreeMap<String, Instant>>> = Default::default();
+    let watch_leases = {
+        let (api, seen) = (env.api::<Lease>(), created.clone());
+        tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(l)) = events.next().await {
+                if l.name_any().starts_with("burst-") {
+                    seen.lock()
+                        .unwrap()
+                        .entry(l.name_any())
+                        .or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+    let watch_candidates = {
+        let (api, seen) = (env.api::<LeaseCandidate>(), reported.clone());
+        tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(c)) = events.next().await {
+                if c.status.as_ref().is_some_and(|s| !s.conditions.is_empty()) {
+                    seen.lock()
+                        .unwrap()
+                        .entry(c.name_any())
+                        .or_insert_with(Instant::now);
+                }
+            }
+        })
+    };
+    // One worker, and leases long enough not to lapse (nobody renews them).
+    let op = Operator::start(&env, &["--concurrency", "1", "--lease-duration", "300s"]);
+    eventually(
+        "every lease held and every candidate's status written",
+        Duration::from_secs(90),
+        || async {
+            let done = created.lock().unwrap().len() == LEASES
+                && reported.lock().unwrap().len() == 2 * LEASES;
+            done.then_some(())
+        },
+    )
+    .await;
+    watch_leases.abort();
+    watch_candidates.abort();
+    for (lease, old, new) in &leases {
+        let l: Lease = env.api().get(lease).await.unwrap();
+        assert_eq!(lease::holder(&l), Some(old.as_str()), "{lease}");
+        assert_eq!(
+            condition(&env, old, "Leader").await,
+            Some(("True".into(), "Holder".into()))
+        );
+        assert_eq!(
+            condition(&env, new, "Leader").await,
+            Some(("False".into(), "NotHolder".into()))
+        );
+        assert_eq!(
+            condition(&env, new, "Eligible").await,
+            Some(("True".into(), "Eligible".into()))
+        );
+    }
+    let last_lease = *created.lock().unwrap().values().max().unwrap();
+    let reported = reported.lock().unwrap().clone();
+    let after: Vec<&String> = leases
+        .iter()
+        .map(|(_, _, new)| new)
+        .filter(|new| reported[*new] > last_lease)
+        .collect();
+    assert!(
+        after.len() > LEASES / 2,
+        "only {} of {LEASES} standbys' statuses arrived after the last Lease: {after:?}",
+        after.len()
+    );
+    let metrics = op.http_get("/metrics").await;
+    assert!(
+        metrics.contains("arbiter_queue_idle_depth 0"),
+        "no status still waits:\n{metrics}"
     );
 }
 

@@ -188,6 +188,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         queue::QueueMetrics {
             wait: metrics.queue_wait.clone(),
             depth: metrics.queue_depth.clone(),
+            idle: metrics.queue_idle.clone(),
         },
     );
     let (caches, mut watch_errors) = watch::watch_all(

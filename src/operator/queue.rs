@@ -63,6 +63,8 @@ pub fn worker_of(key: &LeaseKey, workers: usize) -> usize {
 pub struct QueueMetrics {
     pub wait: Histogram,
     pub depth: Gauge,
+    /// Keys waiting for their worker to have nothing due.
+    pub idle: Gauge,
 }
 
 impl QueueMetrics {
@@ -72,6 +74,7 @@ impl QueueMetrics {
         QueueMetrics {
             wait: Histogram::new([1.0]),
             depth: Gauge::default(),
+            idle: Gauge::default(),
         }
     }
 }
@@ -147,6 +150,7 @@ impl Queue {
                 return Some(key);
             }
             if let Some(key) = self.idle.pop_first() {
+                self.metrics.idle.dec();
                 if let Some(k) = self.delay_keys.remove(&key) {
                     self.delayed.remove(&k);
                 }
@@ -175,7 +179,9 @@ impl Queue {
     /// `key` is due since `since` (or since the worker started, if that is later).
     fn make_ready(&mut self, key: LeaseKey, since: tokio::time::Instant) {
         // Its reconcile, now due, does what the idle one would have.
-        self.idle.remove(&key);
+        if self.idle.remove(&key) {
+            self.metrics.idle.dec();
+        }
         if self.ready.insert(key.clone()) {
             let since = self.working_since.map_or(since, |w| w.max(since));
             self.due_since.insert(key, since);
@@ -195,8 +201,8 @@ impl Queue {
     /// Reconcile `key` again once no key is due (unless it becomes due before). Nothing
     /// guarantees when: while keys keep becoming due, it waits.
     pub fn when_idle(&mut self, key: LeaseKey) {
-        if !self.ready.contains(&key) {
-            self.idle.insert(key);
+        if !self.ready.contains(&key) && self.idle.insert(key) {
+            self.metrics.idle.inc();
         }
     }
 
@@ -266,6 +272,7 @@ mod tests {
         assert_eq!(q.next().await, Some(key("b")));
         assert!(q.busy_besides(&key("b")), "c is due");
         assert_eq!(q.next().await, Some(key("c")));
+        assert_eq!(q.metrics.idle.get(), 1, "a waits");
         tx.key(key("c"));
         assert!(
             !q.busy_besides(&key("c")),
@@ -273,14 +280,17 @@ mod tests {
         );
         assert_eq!(q.next().await, Some(key("c")));
         assert_eq!(q.next().await, Some(key("a")), "nothing else due");
+        assert_eq!(q.metrics.idle.get(), 0);
         // A key that becomes due leaves the idle keys: reconciled once, as due.
         q.when_idle(key("d"));
         q.when_idle(key("e"));
         tx.key(key("d"));
         assert_eq!(q.next().await, Some(key("d")));
+        assert_eq!(q.metrics.idle.get(), 1, "d left the idle keys");
         assert_eq!(q.next().await, Some(key("e")));
         q.when_idle(key("e")); // idle keys collapse too
         q.when_idle(key("e"));
+        assert_eq!(q.metrics.idle.get(), 1);
         assert_eq!(q.next().await, Some(key("e")));
         // A timer that fires is due before any idle key.
         q.requeue(key("t"), Duration::from_secs(1));
@@ -310,6 +320,7 @@ mod tests {
         let metrics = QueueMetrics {
             wait: Histogram::new([0.5, 2.5, 5.0]),
             depth: Gauge::default(),
+            idle: Gauge::default(),
         };
         let (tx, mut qs) = queues(1, metrics.clone());
         let q = &mut qs[0];
@@ -342,6 +353,7 @@ mod tests {
         let metrics = QueueMetrics {
             wait: Histogram::new([1.0]),
             depth: Gauge::default(),
+            idle: Gauge::default(),
         };
         let (tx, mut qs) = queues(1, metrics.clone());
         // The watches fill the queue while the replica stands by for an hour.
