@@ -1323,7 +1323,7 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
 }
 
 /// Under a burst of first elections, a standby's first status (it only says the candidate
-/// stands by) waits until the worker has no lease due, and is written then: most of them arrive
+/// stands by) waits until the worker has no lease due, and is written then: many of them arrive
 /// after the last Lease is created, and in the end every candidate has its conditions.
 async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
     use futures::StreamExt;
@@ -1417,8 +1417,11 @@ async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
         .map(|(_, _, new)| new)
         .filter(|new| reported[*new] > last_lease)
         .collect();
+    // Not all: the worker may run out of due leases (every remaining one waiting for its ping's
+    // answer) and write the waiting statuses before the last Leases. (f3e4bbd's operator,
+    // which wrote them with each election: 1 of 30.)
     assert!(
-        after.len() > LEASES / 2,
+        after.len() >= LEASES / 3,
         "only {} of {LEASES} standbys' statuses arrived after the last Lease: {after:?}",
         after.len()
     );

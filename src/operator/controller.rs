@@ -429,15 +429,16 @@ impl Worker {
             &duplicates,
             &overruns,
             &mut self.statuses,
-            // Only while the Lease is at its first term (or has no holder yet): terms never
-            // repeat, so no candidate but the holder has ever held it, and no `Leader=True` the
-            // cache does not show yet (a lagging watch) is left standing by a `Leader=False`
-            // that waits. (Not while the Lease is gone: the term it had is not known.)
+            // Only while the Lease is at its first term: the arbiter's terms never repeat, so no
+            // candidate but the holder has ever held it, and no `Leader=True` the cache does not
+            // show yet (a lagging watch) is left standing by a `Leader=False` that waits. (Not
+            // while the Lease is gone: the term it had is not known; nor under a third-party
+            // strategy, whose holders change without a term.)
             self.busy
-                && written
-                    .as_ref()
-                    .or(lease.as_deref())
-                    .is_some_and(|l| lease::term(l) <= 1),
+                && written.as_ref().or(lease.as_deref()).is_some_and(|l| {
+                    lease::term(l) <= 1
+                        && lease::strategy(l) == Some(crate::api::OLDEST_EMULATION_VERSION)
+                }),
         )
         .await;
         self.statuses_wait = reported.waiting;

@@ -4,7 +4,7 @@
 //! StatefulSets. Every change enqueues the leases it may affect. Every replica keeps these
 //! warm, leader or not.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -153,6 +153,9 @@ pub fn watch_all(
     let listed_candidates = caches.candidates.clone();
     let index = caches.by_lease.clone();
     let followed = pods.clone();
+    // Leases of the candidates a (re)list delivered: reconciled at its end, once the store
+    // holds what it listed (until then a worker would judge the candidates as they were).
+    let mut relisted: HashSet<LeaseKey> = HashSet::new();
     let candidate_events = watcher(
         api::<LeaseCandidate>(&client, namespace),
         watcher::Config::default(),
@@ -186,11 +189,21 @@ pub fn watch_all(
                 };
                 renewals.retain(listed);
                 log.retain(listed);
+                for key in relisted.drain() {
+                    e.key(key);
+                }
             }
             _ => {}
         }
-        for c in touched(ev) {
-            e.key(key_of(&c));
+        match ev {
+            watcher::Event::InitApply(c) => {
+                relisted.insert(key_of(&c));
+            }
+            ev => {
+                for c in touched(ev) {
+                    e.key(key_of(&c));
+                }
+            }
         }
         Ok::<_, anyhow::Error>(())
     });
