@@ -1326,8 +1326,6 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
 /// stands by) waits until the worker has no lease due, and is written then: many of them arrive
 /// after the last Lease is created, and in the end every candidate has its conditions.
 async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
     const LEASES: usize = 30;
     let leases: Vec<(String, String, String)> = (0..LEASES)
         .map(|i| {
@@ -1346,40 +1344,11 @@ async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
         .collect();
     let _r = Responder::start(env.client.clone(), &env.ns, &alive);
     // When each burst Lease, and each candidate's first status, was first seen.
-    let created: Arc<std::sync::Mutex<BTreeMap<String, Instant>>> = Default::default();
-    let reported: Arc<std::sync::Mutex<BTreeMap<String, Instant>>> = Default::default();
-    let watch_leases = {
-        let (api, seen) = (env.api::<Lease>(), created.clone());
-        tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default())
-                .applied_objects()
-                .boxed();
-            while let Some(Ok(l)) = events.next().await {
-                if l.name_any().starts_with("burst-") {
-                    seen.lock()
-                        .unwrap()
-                        .entry(l.name_any())
-                        .or_insert_with(Instant::now);
-                }
-            }
-        })
-    };
-    let watch_candidates = {
-        let (api, seen) = (env.api::<LeaseCandidate>(), reported.clone());
-        tokio::spawn(async move {
-            let mut events = watcher(api, watcher::Config::default())
-                .applied_objects()
-                .boxed();
-            while let Some(Ok(c)) = events.next().await {
-                if c.status.as_ref().is_some_and(|s| !s.conditions.is_empty()) {
-                    seen.lock()
-                        .unwrap()
-                        .entry(c.name_any())
-                        .or_insert_with(Instant::now);
-                }
-            }
-        })
-    };
+    let (created, watch_leases) =
+        first_seen(env.api::<Lease>(), |l| l.name_any().starts_with("burst-"));
+    let (reported, watch_candidates) = first_seen(env.api::<LeaseCandidate>(), |c| {
+        c.status.as_ref().is_some_and(|s| !s.conditions.is_empty())
+    });
     // One worker, and leases long enough not to lapse (nobody renews them).
     let op = Operator::start(&env, &["--concurrency", "1", "--lease-duration", "300s"]);
     eventually(
@@ -1430,6 +1399,38 @@ async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
         metrics.contains("arbiter_queue_idle_depth 0"),
         "no status still waits:\n{metrics}"
     );
+}
+
+/// When a watch first saw each object (by name) for which `counts` holds.
+fn first_seen<K>(
+    api: Api<K>,
+    counts: impl Fn(&K) -> bool + Send + 'static,
+) -> (
+    Arc<std::sync::Mutex<BTreeMap<String, Instant>>>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen: Arc<std::sync::Mutex<BTreeMap<String, Instant>>> = Default::default();
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(o)) = events.next().await {
+            if counts(&o) {
+                out.lock()
+                    .unwrap()
+                    .entry(o.name_any())
+                    .or_insert_with(Instant::now);
+            }
+        }
+    });
+    (seen, task)
 }
 
 async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
