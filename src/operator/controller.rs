@@ -23,6 +23,7 @@ use super::metrics::{LeaseLabels, Metrics};
 use super::queue::{LeaseKey, Queue};
 use super::report::{publish, report};
 use super::single_active::{self, Prepared};
+use super::status;
 use super::terms::TermLedger;
 use super::timers::Timers;
 use super::view::{Seen, View};
@@ -66,8 +67,6 @@ pub async fn run(
             timers: HashMap::new(),
             reported: HashSet::new(),
             statuses: Written::default(),
-            busy: false,
-            statuses_wait: false,
             pings: Written::default(),
             leases: Written::default(),
         };
@@ -81,12 +80,7 @@ async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
     while let Some(key) = queue.next().await {
         let start = Instant::now();
         worker.metrics.progress.begin(index);
-        worker.busy = queue.busy_besides(&key);
-        worker.statuses_wait = false;
-        let result = worker.reconcile(&key).await;
-        if worker.statuses_wait {
-            queue.when_idle(key.clone());
-        }
+        let result = worker.reconcile(&key, &mut queue).await;
         worker.metrics.progress.end(index);
         let requeue = match result {
             Ok(after) => after,
@@ -122,10 +116,6 @@ pub(super) struct Worker {
     pub(super) reported: HashSet<(String, String)>,
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     statuses: Written<Vec<Condition>>,
-    /// Other leases are due: statuses that can wait are left for when none is.
-    busy: bool,
-    /// The reconcile left statuses for when no lease is due.
-    statuses_wait: bool,
     /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
     pub(super) pings: Written<Option<jiff::Timestamp>>,
     /// Leases this worker wrote that its cache may not show yet (the next write's base).
@@ -152,7 +142,13 @@ impl Worker {
         }
     }
 
-    async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Option<Duration>> {
+    /// `queue` (this worker's) says whether other leases are due, and takes `key` back for
+    /// when none is if statuses were left to wait.
+    async fn reconcile(
+        &mut self,
+        key: &LeaseKey,
+        queue: &mut Queue,
+    ) -> anyhow::Result<Option<Duration>> {
         let mut candidates = self
             .caches
             .by_lease
@@ -429,19 +425,12 @@ impl Worker {
             &duplicates,
             &overruns,
             &mut self.statuses,
-            // Only while the Lease is at its first term: the arbiter's terms never repeat, so no
-            // candidate but the holder has ever held it, and no `Leader=True` the cache does not
-            // show yet (a lagging watch) is left standing by a `Leader=False` that waits. (Not
-            // while the Lease is gone: the term it had is not known; nor under a third-party
-            // strategy, whose holders change without a term.)
-            self.busy
-                && written.as_ref().or(lease.as_deref()).is_some_and(|l| {
-                    lease::term(l) <= 1
-                        && lease::strategy(l) == Some(crate::api::OLDEST_EMULATION_VERSION)
-                }),
+            status::may_wait(written.as_ref().or(lease.as_deref())) && queue.busy_besides(key),
         )
         .await;
-        self.statuses_wait = reported.waiting;
+        if reported.waiting {
+            queue.when_idle(key.clone());
+        }
         let report_retry = (!reported.complete).then_some(RETRY_FAILED_WRITE);
 
         // A labelling or renewal that failed fails the reconcile (retried), after the forced

@@ -2,6 +2,9 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use k8s_openapi::api::coordination::v1::Lease;
+
+use crate::api::OLDEST_EMULATION_VERSION;
 use crate::election::decide::{Decision, PodState, Reason, Standing};
 use crate::election::strategy::Resolution;
 
@@ -211,6 +214,18 @@ pub fn can_wait(current: &[Condition], desired: &[Condition]) -> bool {
             .all(|c| (c.type_ == ELIGIBLE) == (c.status == "True"))
 }
 
+/// Whether statuses of the lease whose Lease is `lease` may wait at all ([`can_wait`]): only
+/// while the Lease is at its first term, under the arbiter's own strategy. The arbiter's terms
+/// never repeat, so no candidate but the holder has ever held it, and no `Leader=True` the
+/// cache does not show yet (a lagging watch) is left standing by a `Leader=False` that waits.
+/// Not while the Lease is gone (the term it had is not known), nor under a third-party
+/// strategy (whose holders change without a term).
+pub fn may_wait(lease: Option<&Lease>) -> bool {
+    lease.is_some_and(|l| {
+        crate::lease::term(l) <= 1 && crate::lease::strategy(l) == Some(OLDEST_EMULATION_VERSION)
+    })
+}
+
 /// Whether `type_` is True in `conditions`.
 pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     conditions
@@ -265,6 +280,33 @@ mod tests {
             overruns: &[],
         };
         conditions(candidate, &decision, &facts)
+    }
+
+    #[test]
+    fn statuses_may_wait_only_at_the_first_term_of_an_arbiter_elected_lease() {
+        let lease = |term: Option<i32>, strategy: &str| Lease {
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some("a".into()),
+                lease_transitions: term,
+                strategy: Some(strategy.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(may_wait(Some(&lease(Some(1), OLDEST_EMULATION_VERSION))));
+        assert!(
+            may_wait(Some(&lease(None, OLDEST_EMULATION_VERSION))),
+            "no holder yet"
+        );
+        assert!(
+            !may_wait(Some(&lease(Some(2), OLDEST_EMULATION_VERSION))),
+            "another candidate may have held it"
+        );
+        assert!(
+            !may_wait(Some(&lease(Some(1), "example.com/mine"))),
+            "a third-party strategy's holders change without a term"
+        );
+        assert!(!may_wait(None), "the Lease is gone: its term is not known");
     }
 
     #[test]
