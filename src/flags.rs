@@ -33,6 +33,22 @@ pub fn positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// How long a candidate without a pod may go without renewing before the operator deletes it:
+/// at least three of its agent's refreshes ([`crate::candidate::REFRESH`]), or a live
+/// candidate whose writes fail for a while (retried at least every minute) would be deleted.
+pub fn candidate_expiry(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    let least = 3 * crate::candidate::REFRESH;
+    if d < least {
+        return Err(format!(
+            "{s:?} is shorter than three of an agent's refreshes of its candidate ({}s each): live candidates would be deleted; use at least {}m",
+            crate::candidate::REFRESH.as_secs(),
+            least.as_secs() / 60
+        ));
+    }
+    Ok(d)
+}
+
 /// A lease duration: whole seconds (what a Lease's `leaseDurationSeconds` holds), at least 1 s,
 /// so that what is written is exactly what the safety margin was checked against.
 pub fn lease_duration(s: &str) -> Result<Duration, String> {
@@ -68,5 +84,14 @@ mod tests {
         assert!(positive_duration("0s").is_err());
         assert_eq!(positive_duration("300ms"), Ok(Duration::from_millis(300)));
         assert_eq!(lease_seconds(Duration::from_secs(10)), 10);
+    }
+
+    #[test]
+    fn a_candidate_expiry_spans_three_refreshes_at_least() {
+        assert_eq!(candidate_expiry("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(candidate_expiry("15m"), Ok(Duration::from_secs(900)));
+        for bad in ["14m59s", "10m", "5m", "30s", "0s", "soon"] {
+            assert!(candidate_expiry(bad).is_err(), "{bad} accepted");
+        }
     }
 }

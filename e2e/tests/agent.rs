@@ -46,6 +46,7 @@ crate::tests![agent:
     a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop,
     a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
     two_agents_with_one_identity_are_reported,
+    an_agent_alone_leaves_its_candidate_alone_between_refreshes,
     deleting_the_lease_settles_on_the_live_candidate,
     arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version,
 ];
@@ -620,6 +621,36 @@ async fn two_agents_with_one_identity_are_reported(env: Arc<TestEnv>) {
     let log_now = read_log(&log);
     let alive_workloads = starts(&log_now).iter().filter(|s| alive(s.2)).count();
     assert!(alive_workloads <= 1, "{log_now:?}");
+}
+
+/// An agent refreshes its candidate every 5 minutes (upstream's interval), not every 30 s: at
+/// 30,000 candidates that is 100 writes a second instead of 1,000. Over 65 s (two refreshes
+/// of the earlier 30 s interval) neither the holder's nor a standby's `renewTime` moves, and
+/// nobody pinged them meanwhile (their agents only read them, every 30 s); both stay eligible.
+async fn an_agent_alone_leaves_its_candidate_alone_between_refreshes(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let _a = Agent::spawn(&env.kubeconfig, &env.ns, "calm-a", "calm", "1.30.0", &log);
+    wait_for_holder(&env, "calm", "calm-a", DEADLINE).await;
+    let _b = Agent::spawn(&env.kubeconfig, &env.ns, "calm-b", "calm", "1.31.0", &log);
+    wait_eligible(&env, "calm-b").await;
+    let candidates: Api<LeaseCandidate> = env.api();
+    let times = |c: &LeaseCandidate| (c.spec.renew_time.clone(), c.spec.ping_time.clone());
+    let mut before = Vec::new();
+    for name in ["calm-a", "calm-b"] {
+        before.push(times(&candidates.get(name).await.unwrap()));
+    }
+    let until = tokio::time::Instant::now() + Duration::from_secs(65);
+    while tokio::time::Instant::now() < until {
+        for (name, was) in ["calm-a", "calm-b"].iter().zip(&before) {
+            let now = times(&candidates.get(name).await.unwrap());
+            assert_eq!(&now, was, "{name}'s renewTime or pingTime changed");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    wait_for_holder(&env, "calm", "calm-a", DEADLINE).await;
+    wait_eligible(&env, "calm-b").await;
 }
 
 /// The identities whose workload is running: more starts than stops logged.

@@ -1434,7 +1434,7 @@ where
 }
 
 async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
-    let _op = Operator::start(&env, &["--candidate-expiry", "10m"]);
+    let _op = Operator::start(&env, &["--candidate-expiry", "15m"]);
     let _r = Responder::start(env.client.clone(), &env.ns, &["fresh"]);
     create_candidate(&env, "fresh", "gc", "1.0.0", Some("1.0.0"), OEV, None).await;
     create_candidate(&env, "stale", "gc", "1.0.0", Some("1.0.0"), OEV, None).await;

@@ -44,6 +44,8 @@
 mod leadership;
 mod registration;
 
+pub use registration::{REFRESH, REFRESH_CONTESTED};
+
 use std::time::Duration;
 
 use kube::Client;

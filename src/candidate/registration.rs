@@ -1,13 +1,14 @@
 //! The candidate's LeaseCandidate: created on start, kept fresh, pings answered, deleted on a
 //! clean exit.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use backon::BackoffBuilder;
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, GetParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -19,8 +20,23 @@ use crate::api::{
 };
 use crate::lease::INCARNATION_ANNOTATION;
 
-/// How often the candidate refreshes `renewTime` on its own (it also answers every ping).
-const REFRESH: Duration = Duration::from_secs(30);
+/// How often the candidate refreshes `renewTime` on its own: upstream's interval. It also
+/// answers every ping at once, and the arbiter pings before it relies on a candidate, so the
+/// refresh is only a sign of life between elections (and what keeps a candidate without a pod
+/// from `--candidate-expiry`). At 30,000 candidates it is 100 writes a second.
+pub const REFRESH: Duration = Duration::from_secs(300);
+
+/// How often while the candidate carries another process's incarnation: two live processes
+/// sharing one identity then overwrite each other's stamp within a minute, which the arbiter
+/// reports (`DuplicateIdentity`; its window is two minutes). Also how often the agent reads
+/// its candidate (from the API server's cache), in case its watch hangs on a dead connection
+/// and misses a ping or another process's stamp.
+pub const REFRESH_CONTESTED: Duration = Duration::from_secs(30);
+
+/// The first retry of a write that failed (an answer to a ping above all: until one lands the
+/// candidate stays Unresponsive); each next one waits twice as long, up to
+/// [`REFRESH_CONTESTED`], jittered.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
 
 /// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
 ///
@@ -157,7 +173,100 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
     )
 }
 
+/// What the agent knows of its own candidate, and when it writes it next. Pure: fed what the
+/// watch (or a read) delivers and how each write went.
+struct Freshness {
+    incarnation: String,
+    /// When the next refresh is due.
+    next: Instant,
+    /// Another process's incarnation is on the candidate (as last seen).
+    contested: bool,
+    /// The last other incarnation reported in the log (reported once, not at every flip).
+    reported: Option<String>,
+    /// A `renewTime` that could not be written (a ping's answer): written with the next try.
+    pending: Option<jiff::Timestamp>,
+}
+
+impl Freshness {
+    /// Just registered, at `now`.
+    fn new(incarnation: String, now: Instant) -> Freshness {
+        Freshness {
+            incarnation,
+            next: now + REFRESH,
+            contested: false,
+            reported: None,
+            pending: None,
+        }
+    }
+
+    /// The candidate as seen at `now` (`wall`: this machine's clock): the `renewTime` to
+    /// write at once, when it carries a ping not answered yet.
+    fn seen(
+        &mut self,
+        c: &LeaseCandidate,
+        now: Instant,
+        wall: jiff::Timestamp,
+    ) -> Option<jiff::Timestamp> {
+        let stamp = c.annotations().get(INCARNATION_ANNOTATION);
+        let other = stamp.filter(|s| **s != self.incarnation);
+        if let Some(other) = other {
+            if !self.contested {
+                self.next = self.next.min(now + REFRESH_CONTESTED);
+            }
+            if self.reported.as_ref() != Some(other) {
+                tracing::warn!(
+                    candidate = %c.name_any(),
+                    %other,
+                    "another process wrote this candidate: refreshing every {}s while it does",
+                    REFRESH_CONTESTED.as_secs()
+                );
+                self.reported = Some(other.clone());
+            }
+        }
+        self.contested = other.is_some();
+        // Answer a ping with renewTime >= pingTime, whatever this machine's clock says.
+        match (&c.spec.ping_time, &c.spec.renew_time) {
+            (Some(ping), renew) if renew.as_ref().is_none_or(|r| r.0 < ping.0) => {
+                tracing::debug!(candidate = %c.name_any(), "answering ping");
+                Some(self.take_pending(ping.0.max(wall)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The `renewTime` of a refresh due now.
+    fn refresh(&mut self, wall: jiff::Timestamp) -> jiff::Timestamp {
+        self.take_pending(wall)
+    }
+
+    fn take_pending(&mut self, renew: jiff::Timestamp) -> jiff::Timestamp {
+        self.pending.take().map_or(renew, |p| p.max(renew))
+    }
+
+    /// The write of `renew` succeeded at `now`.
+    fn written(&mut self, now: Instant) {
+        self.next = now
+            + if self.contested {
+                REFRESH_CONTESTED
+            } else {
+                REFRESH
+            };
+    }
+
+    /// The write of `renew` failed at `now`; tried again after `wait`.
+    fn failed(&mut self, renew: jiff::Timestamp, now: Instant, wait: Duration) {
+        self.pending = Some(renew);
+        self.next = now + wait;
+    }
+}
+
 /// Answers pings and refreshes `renewTime`, forever. Returns only on error.
+///
+/// A ping is answered as the watch delivers it. The refresh comes [`REFRESH`] after the last
+/// write, or [`REFRESH_CONTESTED`] while the candidate carries another process's incarnation;
+/// a write that failed is retried with backoff from [`RETRY_FIRST`]. Every
+/// [`REFRESH_CONTESTED`] the candidate is also read from the API server's cache, which answers
+/// a ping a hung watch did not deliver.
 pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> anyhow::Error {
     let api: Api<LeaseCandidate> = Api::namespaced(client, &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.identity));
@@ -165,44 +274,72 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
         .backoff(crate::client::reconnect_backoff())
         .applied_objects()
         .boxed();
-    let mut refresh = tokio::time::interval(REFRESH);
-    refresh.tick().await;
+    // Registration has just written the candidate.
+    let mut state = Freshness::new(incarnation.clone(), Instant::now());
+    let mut retries = retry_backoff();
+    let mut check = tokio::time::interval(REFRESH_CONTESTED);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    check.tick().await;
     loop {
         let renew = tokio::select! {
             ev = events.next() => match ev {
                 None => return anyhow::anyhow!("the watch on the candidate ended"),
                 Some(Err(e)) => { tracing::debug!(error = %e, "candidate watch error (retrying)"); continue }
-                // Answer a ping with renewTime >= pingTime, whatever this machine's clock says.
-                Some(Ok(c)) => match (&c.spec.ping_time, &c.spec.renew_time) {
-                    (Some(ping), renew) if renew.as_ref().is_none_or(|r| r.0 < ping.0) => {
-                        tracing::debug!(candidate = %c.name_any(), "answering ping");
-                        ping.0.max(jiff::Timestamp::now())
-                    }
-                    _ => continue,
+                Some(Ok(c)) => match state.seen(&c, Instant::now(), jiff::Timestamp::now()) {
+                    Some(renew) => renew,
+                    None => continue,
                 },
             },
-            _ = refresh.tick() => jiff::Timestamp::now(),
+            _ = check.tick() => match api.get_with(&config.identity, &GetParams::any()).await {
+                Ok(c) => match state.seen(&c, Instant::now(), jiff::Timestamp::now()) {
+                    Some(renew) => renew,
+                    None => continue,
+                },
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    return anyhow::anyhow!("LeaseCandidate {} was deleted", config.identity);
+                }
+                Err(e) => { tracing::debug!(error = %e, "reading the candidate failed"); continue }
+            },
+            _ = tokio::time::sleep_until(state.next.into()) => state.refresh(jiff::Timestamp::now()),
         };
         let patch = json!({
             "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } },
             "spec": { "renewTime": MicroTime(renew) },
         });
-        if let Err(e) = api
+        let written = api
             .patch(
                 &config.identity,
                 &PatchParams::default(),
                 &Patch::Merge(&patch),
             )
-            .await
-        {
-            match &e {
-                kube::Error::Api(s) if s.code == 404 => {
-                    return anyhow::anyhow!("LeaseCandidate {} was deleted", config.identity);
-                }
-                _ => tracing::warn!(error = %e, "refreshing the candidate failed (retrying)"),
+            .await;
+        match written {
+            Ok(_) => {
+                retries = retry_backoff();
+                state.written(Instant::now());
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return anyhow::anyhow!("LeaseCandidate {} was deleted", config.identity);
+            }
+            Err(e) => {
+                let wait = retries.next().unwrap_or(REFRESH_CONTESTED);
+                tracing::warn!(error = %e, retry_in = ?wait, "writing the candidate failed (retrying)");
+                state.failed(renew, Instant::now(), wait);
             }
         }
     }
+}
+
+/// Retries of a failed write: [`RETRY_FIRST`] doubling to [`REFRESH_CONTESTED`], each jittered
+/// up to twice itself (so that thousands of agents do not retry in step after an outage).
+fn retry_backoff() -> impl Iterator<Item = Duration> {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(RETRY_FIRST)
+        .with_max_delay(REFRESH_CONTESTED)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// Withdraws the candidate: deletes it, or, with `keep`, marks it withdrawn by `incarnation`
@@ -254,4 +391,117 @@ fn owner_references(config: &Config) -> Option<Vec<OwnerReference>> {
         uid: uid.clone(),
         ..OwnerReference::default()
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jiff::{SignedDuration, Timestamp};
+
+    const ME: &str = "me";
+
+    fn candidate(stamp: &str, ping: Option<Timestamp>, renew: Option<Timestamp>) -> LeaseCandidate {
+        let mut c = LeaseCandidate::new(
+            "c",
+            LeaseCandidateSpec {
+                lease_name: "l".into(),
+                binary_version: "1.0.0".into(),
+                emulation_version: None,
+                strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
+                ping_time: ping.map(MicroTime),
+                renew_time: renew.map(MicroTime),
+            },
+        );
+        c.metadata.annotations =
+            Some([(INCARNATION_ANNOTATION.to_string(), stamp.to_string())].into());
+        c
+    }
+
+    fn secs(n: i64) -> SignedDuration {
+        SignedDuration::from_secs(n)
+    }
+
+    #[test]
+    fn alone_it_refreshes_every_five_minutes() {
+        let t0 = Instant::now();
+        let wall = Timestamp::now();
+        let mut f = Freshness::new(ME.into(), t0);
+        assert_eq!(f.next, t0 + REFRESH);
+        // Its own writes, a status, an answered ping: nothing to write, nothing sooner.
+        assert_eq!(
+            f.seen(&candidate(ME, Some(wall), Some(wall)), t0, wall),
+            None
+        );
+        assert_eq!(f.seen(&candidate(ME, None, Some(wall)), t0, wall), None);
+        assert_eq!(f.next, t0 + REFRESH);
+        let t1 = t0 + REFRESH;
+        assert_eq!(f.refresh(wall + secs(300)), wall + secs(300));
+        f.written(t1);
+        assert_eq!(f.next, t1 + REFRESH);
+    }
+
+    #[test]
+    fn a_ping_is_answered_at_once_and_not_before_the_ping() {
+        let t0 = Instant::now();
+        let wall = Timestamp::now();
+        let mut f = Freshness::new(ME.into(), t0);
+        let ping = wall + secs(5); // this machine's clock is 5 s behind the arbiter's
+        let c = candidate(ME, Some(ping), Some(wall - secs(60)));
+        assert_eq!(f.seen(&c, t0, wall), Some(ping));
+        assert_eq!(f.seen(&c, t0, wall + secs(9)), Some(wall + secs(9)));
+    }
+
+    #[test]
+    fn another_process_on_the_candidate_makes_it_refresh_every_30_s() {
+        let t0 = Instant::now();
+        let wall = Timestamp::now();
+        let mut f = Freshness::new(ME.into(), t0);
+        let t1 = t0 + Duration::from_secs(100);
+        assert_eq!(
+            f.seen(&candidate("other", None, Some(wall)), t1, wall),
+            None
+        );
+        assert!(f.contested);
+        assert_eq!(f.next, t1 + REFRESH_CONTESTED);
+        // Seeing it again does not push the refresh back.
+        f.seen(
+            &candidate("other", None, Some(wall)),
+            t1 + Duration::from_secs(20),
+            wall,
+        );
+        assert_eq!(f.next, t1 + REFRESH_CONTESTED);
+        // Its write lands before its echo: still contested, so 30 s again.
+        let t2 = t1 + REFRESH_CONTESTED;
+        f.written(t2);
+        assert_eq!(f.next, t2 + REFRESH_CONTESTED);
+        // Its own stamp stays: back to five minutes after the next write.
+        f.seen(&candidate(ME, None, Some(wall)), t2, wall);
+        assert!(!f.contested);
+        f.written(t2 + REFRESH_CONTESTED);
+        assert_eq!(f.next, t2 + REFRESH_CONTESTED + REFRESH);
+        // A refresh due sooner than 30 s is not put off by another stamp.
+        let mut g = Freshness::new(ME.into(), t0);
+        g.next = t0 + Duration::from_secs(10);
+        g.seen(&candidate("other", None, Some(wall)), t0, wall);
+        assert_eq!(g.next, t0 + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_failed_answer_is_retried_without_going_below_the_ping() {
+        let t0 = Instant::now();
+        let wall = Timestamp::now();
+        let mut f = Freshness::new(ME.into(), t0);
+        let ping = wall + secs(5);
+        let renew = f
+            .seen(&candidate(ME, Some(ping), Some(wall - secs(60))), t0, wall)
+            .unwrap();
+        f.failed(renew, t0, Duration::from_secs(2));
+        assert_eq!(f.next, t0 + Duration::from_secs(2));
+        // 2 s later this machine's clock still reads before the ping: the ping's time is kept.
+        assert_eq!(f.refresh(wall + secs(2)), ping);
+        f.written(t0 + Duration::from_secs(2));
+        assert_eq!(f.next, t0 + Duration::from_secs(2) + REFRESH);
+        // Once written, nothing is carried over.
+        assert_eq!(f.refresh(wall + secs(3)), wall + secs(3));
+    }
 }

@@ -83,8 +83,9 @@ pub struct Settings {
     /// Address for /metrics, /livez and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_address: SocketAddr,
-    /// Delete candidates that belong to no pod and have not renewed for this long.
-    #[arg(long, default_value = "30m", value_parser = crate::flags::positive_duration)]
+    /// Delete candidates that belong to no pod and have not renewed for this long (at least
+    /// 15m: agents refresh every 5m).
+    #[arg(long, default_value = "30m", value_parser = crate::flags::candidate_expiry)]
     pub candidate_expiry: Duration,
     /// What to do with a deposed holder's pod that keeps running after its term lapsed.
     #[arg(long, value_enum, default_value = "evict")]

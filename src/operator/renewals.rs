@@ -1,7 +1,7 @@
 //! Proof of life without a ping: a candidate the arbiter saw renew lately.
 //!
 //! An agent writes its candidate's `renewTime` when it registers and refreshes it on its own
-//! every 30 s. When the candidate watch delivers such a write as it happens (a live event that
+//! every 5 min ([`crate::candidate::REFRESH`]). When the candidate watch delivers such a write as it happens (a live event that
 //! changed `renewTime`, or created the candidate; not a relist, which may deliver writes of long
 //! ago), the arbiter notes when, on its monotonic clock. For the ack validity (10 s) after that,
 //! the candidate counts as alive without a ping, as if it had answered one: provided its
@@ -10,7 +10,9 @@
 //! (a candidate whose clock runs further ahead is simply pinged).
 //!
 //! This saves the pings of a first election (every candidate just registered), and of any
-//! election among candidates that refreshed lately. It decides nothing about safety: a
+//! election among candidates that refreshed lately (rare between elections: an agent
+//! refreshes every 5 min, which at 30,000 candidates is 100 writes a second; every 30 s, as
+//! before, it was 1,000, far more than the pings it saved). It decides nothing about safety: a
 //! candidate that dies right after renewing may be elected, as one that dies right after
 //! answering a ping may, and its lease then expires. The stricter checks still need an answer
 //! to a ping sent after the fact: the target of a handover, the next holder after a release.

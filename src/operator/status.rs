@@ -27,10 +27,10 @@ pub struct LeaseFacts<'a> {
 }
 
 /// A condition. Without `observedGeneration`: `pingTime` and `renewTime` are in the spec (as
-/// upstream's LeaseCandidate has them), so every ping, every answer and every 30 s refresh bumps
-/// the generation while changing no condition. Carrying it, the status would have to be
+/// upstream's LeaseCandidate has them), so every ping, every answer and every refresh (5 min)
+/// bumps the generation while changing no condition. Carrying it, the status would have to be
 /// rewritten at each (up to three status writes per candidate per election, and one per
-/// candidate every 30 s in steady state), or else fall behind and make `kubectl wait
+/// candidate every refresh in steady state), or else fall behind and make `kubectl wait
 /// --for=condition` and kstatus-based health checks wait forever.
 fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
     Condition {
