@@ -47,6 +47,7 @@ crate::tests![agent:
     a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
     two_agents_with_one_identity_are_reported,
     an_agent_alone_leaves_its_candidate_alone_between_refreshes,
+    an_agent_whose_watch_lags_answers_a_ping_from_a_read,
     deleting_the_lease_settles_on_the_live_candidate,
     arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version,
 ];
@@ -651,6 +652,80 @@ async fn an_agent_alone_leaves_its_candidate_alone_between_refreshes(env: Arc<Te
     }
     wait_for_holder(&env, "calm", "calm-a", DEADLINE).await;
     wait_eligible(&env, "calm-b").await;
+}
+
+/// A watch can hang on a dead connection while requests on fresh ones go through. An agent
+/// whose candidate watch delivers events two minutes late still answers a ping within its 30 s
+/// read of the candidate (from the API server's cache), not at its watch's pace nor at its
+/// next refresh (5 minutes). No operator: the ping is written by hand.
+async fn an_agent_whose_watch_lags_answers_a_ping_from_a_read(env: Arc<TestEnv>) {
+    const LAG: Duration = Duration::from_secs(120);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
+    // From the start: its requests are answered at once, its watches' events come 120 s late.
+    proxy.lag_streams(LAG);
+    let proxied = proxy.kubeconfig(&env.kubeconfig, dir.path());
+    let _a = Agent::spawn(&proxied, &env.ns, "laggard", "lagging", "1.30.0", &log);
+    let start = std::time::Instant::now();
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("the candidate to register", DEADLINE, || async {
+        candidates.get_opt("laggard").await.ok().flatten()
+    })
+    .await;
+    let answered = |ping: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime| {
+        let candidates = candidates.clone();
+        async move {
+            let c = candidates.get("laggard").await.ok()?;
+            c.spec.renew_time.filter(|r| r.0 >= ping.0)
+        }
+    };
+    // Until its watch is up (and lagging), the agent answers from its first list at once:
+    // ping until one is answered within a second (the agent is up), then until one is not.
+    let mut up = false;
+    let (ping, pinged) = loop {
+        let ping = arbiter::lease::now();
+        let patch = json!({ "spec": { "pingTime": ping } });
+        candidates
+            .patch(
+                "laggard",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        let pinged = std::time::Instant::now();
+        let until = pinged + Duration::from_secs(1);
+        let mut quick = false;
+        while std::time::Instant::now() < until {
+            if answered(ping.clone()).await.is_some() {
+                quick = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if up && !quick {
+            break (ping, pinged);
+        }
+        up |= quick;
+        if !quick {
+            // Answered later from the agent's first list: wait for it before the next ping.
+            eventually("the agent's first answer", DEADLINE, || {
+                answered(ping.clone())
+            })
+            .await;
+        }
+        assert!(
+            std::time::Instant::now() < start + DEADLINE,
+            "every ping answered at once: the watch never lagged"
+        );
+    };
+    // The read comes every 30 s; 45 s leaves room for its answer, and is far below the lag.
+    eventually("the ping's answer", Duration::from_secs(45), || {
+        answered(ping.clone())
+    })
+    .await;
+    assert!(pinged.elapsed() < LAG, "answered only at the watch's pace");
 }
 
 /// The identities whose workload is running: more starts than stops logged.

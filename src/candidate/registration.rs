@@ -7,6 +7,7 @@ use anyhow::Context;
 
 use backon::BackoffBuilder;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::api::{Api, DeleteParams, GetParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -280,6 +281,9 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
     let mut check = tokio::time::interval(REFRESH_CONTESTED);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     check.tick().await;
+    // The read in flight, if any: polled beside the watch, so that a read that hangs (until
+    // the client's timeout) holds up no answer to a ping the watch delivers meanwhile.
+    let mut reading: Option<BoxFuture<'static, kube::Result<LeaseCandidate>>> = None;
     loop {
         let renew = tokio::select! {
             ev = events.next() => match ev {
@@ -290,7 +294,19 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
                     None => continue,
                 },
             },
-            _ = check.tick() => match api.get_with(&config.identity, &GetParams::any()).await {
+            _ = check.tick(), if reading.is_none() => {
+                let (api, name) = (api.clone(), config.identity.clone());
+                reading = Some(Box::pin(async move { api.get_with(&name, &GetParams::any()).await }));
+                continue;
+            }
+            read = async {
+                match reading.as_mut() {
+                    Some(r) => r.await,
+                    None => std::future::pending().await,
+                }
+            }, if reading.is_some() => {
+                reading = None;
+                match read {
                 Ok(c) => match state.seen(&c, Instant::now(), jiff::Timestamp::now()) {
                     Some(renew) => renew,
                     None => continue,
@@ -299,7 +315,8 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
                     return anyhow::anyhow!("LeaseCandidate {} was deleted", config.identity);
                 }
                 Err(e) => { tracing::debug!(error = %e, "reading the candidate failed"); continue }
-            },
+                }
+            }
             _ = tokio::time::sleep_until(state.next.into()) => state.refresh(jiff::Timestamp::now()),
         };
         let patch = json!({
