@@ -283,7 +283,7 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
     check.tick().await;
     // The read in flight, if any: polled beside the watch, so that a read that hangs (until
     // the client's timeout) holds up no answer to a ping the watch delivers meanwhile.
-    let mut reading: Option<BoxFuture<'static, kube::Result<LeaseCandidate>>> = None;
+    let mut reading: Option<BoxFuture<'static, Option<kube::Result<LeaseCandidate>>>> = None;
     loop {
         let renew = tokio::select! {
             ev = events.next() => match ev {
@@ -296,7 +296,12 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
             },
             _ = check.tick(), if reading.is_none() => {
                 let (api, name) = (api.clone(), config.identity.clone());
-                reading = Some(Box::pin(async move { api.get_with(&name, &GetParams::any()).await }));
+                // Bounded even on a client without request timeouts (a library user's).
+                reading = Some(Box::pin(async move {
+                    tokio::time::timeout(REFRESH_CONTESTED, api.get_with(&name, &GetParams::any()))
+                        .await
+                        .ok()
+                }));
                 continue;
             }
             read = async {
@@ -307,14 +312,14 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
             }, if reading.is_some() => {
                 reading = None;
                 match read {
-                Ok(c) => match state.seen(&c, Instant::now(), jiff::Timestamp::now()) {
+                Some(Ok(c)) => match state.seen(&c, Instant::now(), jiff::Timestamp::now()) {
                     Some(renew) => renew,
                     None => continue,
                 },
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    return anyhow::anyhow!("LeaseCandidate {} was deleted", config.identity);
-                }
-                Err(e) => { tracing::debug!(error = %e, "reading the candidate failed"); continue }
+                // A cache may lag (another API server's, say): a deletion is only believed from
+                // a write's answer.
+                Some(Err(e)) => { tracing::debug!(error = %e, "reading the candidate failed"); continue }
+                None => { tracing::debug!("reading the candidate timed out"); continue }
                 }
             }
             _ = tokio::time::sleep_until(state.next.into()) => state.refresh(jiff::Timestamp::now()),
