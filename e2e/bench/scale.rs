@@ -222,6 +222,9 @@ struct Fleet {
     /// Per lease: when a renew by its holder completed after the holder was marked dead (it
     /// was in flight then): the lease expires counting from it.
     renewed_after_death: HashMap<String, Instant>,
+    /// Every renewal that succeeded: when it was sent, and its round trip in seconds (what a
+    /// holder's renew deadline is spent on).
+    renewals: Vec<(Instant, f64)>,
     /// Candidates whose status the operator has written (any condition).
     reported: HashSet<String>,
     /// Per lease: when the create of its first candidate returned.
@@ -366,10 +369,12 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     let from = jiff::Timestamp::now();
     let apiserver_at_from = apiserver_cpu();
     let (cpu_at_from, _) = usage(operator.pid());
+    let steady_from = Instant::now();
     tokio::time::sleep(window).await;
     let to = jiff::Timestamp::now();
     let apiserver_steady = apiserver_cpu() - apiserver_at_from;
     let (cpu_steady, _) = usage(operator.pid());
+    let steady_to = Instant::now();
     let rss_steady = rss_now(operator.pid());
     // The audit backend writes as requests complete; give it a moment to catch up.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -439,6 +444,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let apiserver_burst = apiserver_cpu() - apiserver_at_failure;
     let burst_took = failed_at.elapsed();
+    let burst_end = Instant::now();
     let burst_writes = writes(&audit.count(failed_at_wall, jiff::Timestamp::now()));
     let queue_after_burst = QueueWait::read(&operator).await;
     let (cpu_end, rss_peak) = usage(operator.pid());
@@ -538,6 +544,32 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
         }
         None => println!("| re-election after 10% of holders fail | not all within 600 s |"),
     }
+    // The live holders' renewals: in steady state, and while the operator re-elects.
+    let round_trips = |from: Instant, to: Instant| -> String {
+        let f = fleet.lock().unwrap();
+        let rt: Vec<f64> = f
+            .renewals
+            .iter()
+            .filter(|(at, _)| *at >= from && *at <= to)
+            .map(|(_, rt)| *rt)
+            .collect();
+        if rt.is_empty() {
+            return "none".into();
+        }
+        let r = stats::summary(&rt);
+        format!(
+            "{} renewals, p50 {:.3} s, p99 {:.3} s, max {:.3} s",
+            r.n, r.p50, r.p99, r.max
+        )
+    };
+    println!(
+        "| the live holders' renewal round trip, steady state | {} |",
+        round_trips(steady_from, steady_to)
+    );
+    println!(
+        "| the same, from the failure to 10 s after the last new holder | {} |",
+        round_trips(failed_at, burst_end)
+    );
     println!("| operator CPU, whole run | {cpu_end:.1} s |");
 
     for t in tasks {
@@ -660,9 +692,11 @@ async fn renew_held(client: Client, ns: String, fleet: Arc<Mutex<Fleet>>) {
                     let spec = l.spec.get_or_insert_with(Default::default);
                     spec.renew_time = Some(arbiter::lease::now());
                     spec.lease_duration_seconds = Some(LEASE_SECONDS);
+                    let sent = Instant::now();
                     if let Ok(written) = store.replace(&l).await {
                         let mut f = fleet.lock().unwrap();
                         let now = Instant::now();
+                        f.renewals.push((sent, (now - sent).as_secs_f64()));
                         if arbiter::lease::holder(&written).is_some_and(|h| f.dead.contains(h)) {
                             f.renewed_after_death.insert(written.name_any(), now);
                         }
