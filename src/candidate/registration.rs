@@ -29,14 +29,20 @@ pub const REFRESH: Duration = Duration::from_secs(300);
 
 /// How often while the candidate carries another process's incarnation: two live processes
 /// sharing one identity then overwrite each other's stamp within a minute, which the arbiter
-/// reports (`DuplicateIdentity`; its window is two minutes). Also how often the agent reads
-/// its candidate (from the API server's cache), in case its watch hangs on a dead connection
-/// and misses a ping or another process's stamp.
+/// reports (`DuplicateIdentity`; its window is two minutes).
 pub const REFRESH_CONTESTED: Duration = Duration::from_secs(30);
+
+/// How often the agent reads its candidate from the API server's cache (and how long a read
+/// may take), in case its watch hangs on a dead connection: a ping it missed is answered, and
+/// another process's stamp noticed, no later than this.
+const READ_EVERY: Duration = Duration::from_secs(30);
+
+/// The longest wait between two tries of a write that failed (before jitter).
+const RETRY_AT_MOST: Duration = Duration::from_secs(30);
 
 /// The first retry of a write that failed (an answer to a ping above all: until one lands the
 /// candidate stays Unresponsive); each next one waits twice as long, up to
-/// [`REFRESH_CONTESTED`], jittered.
+/// [`RETRY_AT_MOST`], jittered.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 
 /// Creates the LeaseCandidate, or updates the one a previous process of this identity left.
@@ -235,11 +241,7 @@ impl Freshness {
         }
     }
 
-    /// The `renewTime` of a refresh due now.
-    fn refresh(&mut self, wall: jiff::Timestamp) -> jiff::Timestamp {
-        self.take_pending(wall)
-    }
-
+    /// The `renewTime` to write now (`renew`), or the one a failed write left, if later.
     fn take_pending(&mut self, renew: jiff::Timestamp) -> jiff::Timestamp {
         self.pending.take().map_or(renew, |p| p.max(renew))
     }
@@ -266,7 +268,7 @@ impl Freshness {
 /// A ping is answered as the watch delivers it. The refresh comes [`REFRESH`] after the last
 /// write, or [`REFRESH_CONTESTED`] while the candidate carries another process's incarnation;
 /// a write that failed is retried with backoff from [`RETRY_FIRST`]. Every
-/// [`REFRESH_CONTESTED`] the candidate is also read from the API server's cache, which answers
+/// [`READ_EVERY`] the candidate is also read from the API server's cache, which answers
 /// a ping a hung watch did not deliver.
 pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> anyhow::Error {
     let api: Api<LeaseCandidate> = Api::namespaced(client, &config.namespace);
@@ -278,7 +280,7 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
     // Registration has just written the candidate.
     let mut state = Freshness::new(incarnation.clone(), Instant::now());
     let mut retries = retry_backoff();
-    let mut check = tokio::time::interval(REFRESH_CONTESTED);
+    let mut check = tokio::time::interval(READ_EVERY);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     check.tick().await;
     // The read in flight, if any: polled beside the watch, so that a read that hangs (until
@@ -298,7 +300,7 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
                 let (api, name) = (api.clone(), config.identity.clone());
                 // Bounded even on a client without request timeouts (a library user's).
                 reading = Some(Box::pin(async move {
-                    tokio::time::timeout(REFRESH_CONTESTED, api.get_with(&name, &GetParams::any()))
+                    tokio::time::timeout(READ_EVERY, api.get_with(&name, &GetParams::any()))
                         .await
                         .ok()
                 }));
@@ -322,7 +324,7 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
                 None => { tracing::debug!("reading the candidate timed out"); continue }
                 }
             }
-            _ = tokio::time::sleep_until(state.next.into()) => state.refresh(jiff::Timestamp::now()),
+            _ = tokio::time::sleep_until(state.next.into()) => state.take_pending(jiff::Timestamp::now()),
         };
         let patch = json!({
             "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } },
@@ -344,7 +346,7 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
                 return anyhow::anyhow!("LeaseCandidate {} was deleted", config.identity);
             }
             Err(e) => {
-                let wait = retries.next().unwrap_or(REFRESH_CONTESTED);
+                let wait = retries.next().unwrap_or(RETRY_AT_MOST);
                 tracing::warn!(error = %e, retry_in = ?wait, "writing the candidate failed (retrying)");
                 state.failed(renew, Instant::now(), wait);
             }
@@ -352,12 +354,12 @@ pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> 
     }
 }
 
-/// Retries of a failed write: [`RETRY_FIRST`] doubling to [`REFRESH_CONTESTED`], each jittered
+/// Retries of a failed write: [`RETRY_FIRST`] doubling to [`RETRY_AT_MOST`], each jittered
 /// up to twice itself (so that thousands of agents do not retry in step after an outage).
 fn retry_backoff() -> impl Iterator<Item = Duration> {
     backon::ExponentialBuilder::default()
         .with_min_delay(RETRY_FIRST)
-        .with_max_delay(REFRESH_CONTESTED)
+        .with_max_delay(RETRY_AT_MOST)
         .with_factor(2.0)
         .with_jitter()
         .without_max_times()
@@ -457,7 +459,7 @@ mod tests {
         assert_eq!(f.seen(&candidate(ME, None, Some(wall)), t0, wall), None);
         assert_eq!(f.next, t0 + REFRESH);
         let t1 = t0 + REFRESH;
-        assert_eq!(f.refresh(wall + secs(300)), wall + secs(300));
+        assert_eq!(f.take_pending(wall + secs(300)), wall + secs(300));
         f.written(t1);
         assert_eq!(f.next, t1 + REFRESH);
     }
@@ -520,10 +522,10 @@ mod tests {
         f.failed(renew, t0, Duration::from_secs(2));
         assert_eq!(f.next, t0 + Duration::from_secs(2));
         // 2 s later this machine's clock still reads before the ping: the ping's time is kept.
-        assert_eq!(f.refresh(wall + secs(2)), ping);
+        assert_eq!(f.take_pending(wall + secs(2)), ping);
         f.written(t0 + Duration::from_secs(2));
         assert_eq!(f.next, t0 + Duration::from_secs(2) + REFRESH);
         // Once written, nothing is carried over.
-        assert_eq!(f.refresh(wall + secs(3)), wall + secs(3));
+        assert_eq!(f.take_pending(wall + secs(3)), wall + secs(3));
     }
 }
