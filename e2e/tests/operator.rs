@@ -10,7 +10,7 @@ use arbiter::lease;
 use arbiter::operator::terms;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::{Signal, kill};
@@ -41,6 +41,7 @@ crate::tests![operator:
     third_party_strategy_gets_a_holderless_lease,
     strategy_conflict_is_reported_and_changes_nothing,
     term_survives_lease_deletion,
+    new_leases_of_a_shard_share_one_mark_write,
     standby_operator_takes_over_on_sigterm,
     standby_operator_takes_over_after_sigkill,
     a_cut_off_operator_stops_acting_before_the_standby_takes_over,
@@ -618,6 +619,121 @@ async fn term_survives_lease_deletion(env: Arc<TestEnv>) {
         mark(&recorded),
         Some(ahead + terms::BLOCK),
         "mark in {shard}"
+    );
+}
+
+/// Leases elected for the first time together cost their shard one mark write, not one each;
+/// a shard written by someone else in between voids the terms reserved ahead (a mark restored
+/// by hand is honoured); a lease created from a reserved block is recreated above it.
+async fn new_leases_of_a_shard_share_one_mark_write(env: Arc<TestEnv>) {
+    let shard = terms::shard_of("ahead-0");
+    let names: Vec<String> = (0..10_000)
+        .map(|i| format!("ahead-{i}"))
+        .filter(|n| terms::shard_of(n) == shard)
+        .take(6)
+        .collect();
+    let (first, later) = names.split_at(3);
+    // The shard exists (empty) before the operator starts, so that a watch sees every write.
+    let shards: Api<ConfigMap> = env.api();
+    let mut empty = ConfigMap::default();
+    empty.metadata.name = Some(shard.clone());
+    shards.create(&PostParams::default(), &empty).await.unwrap();
+    let marks = crate::support::operator::record(shards.clone(), &shard, |cm: &ConfigMap| {
+        cm.data.clone().unwrap_or_default()
+    })
+    .await;
+    // Only the first three answer pings; every candidate is there before the first election
+    // (the operator starts after them).
+    let alive: Vec<&str> = first.iter().map(String::as_str).collect();
+    let _r = Responder::start(env.client.clone(), &env.ns, &alive);
+    for n in &names {
+        create_candidate(&env, n, n, "1.0.0", Some("1.0.0"), OEV, None).await;
+    }
+    let _op = Operator::start(&env, &[]);
+    let mut leases = BTreeMap::new();
+    for n in first {
+        leases.insert(n.clone(), wait_for_holder(&env, n, n, DEADLINE).await);
+    }
+    let terms_of = |leases: &BTreeMap<String, Lease>| -> BTreeMap<String, i32> {
+        leases
+            .iter()
+            .map(|(n, l)| (n.clone(), lease::term(l)))
+            .collect()
+    };
+    assert!(
+        leases.values().all(|l| lease::term(l) == 1),
+        "first terms: {:?}",
+        terms_of(&leases)
+    );
+    let all_reserved: BTreeMap<String, String> = names
+        .iter()
+        .map(|n| (n.clone(), terms::BLOCK.to_string()))
+        .collect();
+    // (The later three ignored their pings: nothing else writes the shard meanwhile.)
+    let seen = eventually("the watch to see every mark", DEADLINE, || async {
+        let seen = marks.lock().unwrap().clone();
+        (seen.last() == Some(&all_reserved)).then_some(seen)
+    })
+    .await;
+    assert_eq!(
+        seen.len(),
+        2,
+        "the shard went from empty to every new lease's mark in one write: {seen:?}"
+    );
+
+    // Someone else writes the shard: a mark restored by hand for one of the others.
+    let restored = &later[0];
+    shards
+        .patch(
+            &shard,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": { restored.as_str(): "47" } })),
+        )
+        .await
+        .unwrap();
+    // The other three come alive: they renew on their own, as an agent's refresh does.
+    let candidates: Api<LeaseCandidate> = env.api();
+    for n in later {
+        let now = jiff::Timestamp::now();
+        let renew = json!({ "spec": { "renewTime": MicroTime(now) } });
+        candidates
+            .patch(n, &PatchParams::default(), &Patch::Merge(renew))
+            .await
+            .unwrap();
+    }
+    for n in later {
+        leases.insert(n.clone(), wait_for_holder(&env, n, n, DEADLINE).await);
+    }
+    let want: BTreeMap<String, i32> = names
+        .iter()
+        .map(|n| {
+            let term = match n {
+                n if first.contains(n) => 1,
+                n if n == restored => 48,
+                _ => terms::BLOCK + 1,
+            };
+            (n.clone(), term)
+        })
+        .collect();
+    assert_eq!(
+        terms_of(&leases),
+        want,
+        "the shard changed under the reserved blocks: marks written, the restored one honoured"
+    );
+
+    // A block reserved ahead served one creation: a recreation writes a mark above it.
+    let api: Api<Lease> = env.api();
+    let gone = &first[1];
+    api.delete(gone, &DeleteParams::default()).await.unwrap();
+    let again = eventually("the lease to be recreated", DEADLINE, || async {
+        let l = api.get_opt(gone).await.ok()??;
+        (l.uid() != leases[gone].uid() && lease::holder(&l).is_some()).then_some(l)
+    })
+    .await;
+    assert_eq!(
+        lease::term(&again),
+        terms::BLOCK + 1,
+        "recreated above the mark"
     );
 }
 

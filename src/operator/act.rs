@@ -107,7 +107,22 @@ impl Worker {
                 lease::set_strategy(&mut l, strategy);
                 if let Some(holder) = holder {
                     let pod = pod_of_holder(holder)?;
-                    let term = self.terms.next(&key.namespace, &key.name, None).await?;
+                    // Other leases of its shard that candidates name and that have no Lease
+                    // in the cache: their first terms are reserved by the same mark write.
+                    let (index, leases) = (&self.caches.by_lease, &self.caches.leases);
+                    let new_leases = || {
+                        let shard = super::terms::shard_index(&key.name);
+                        index.leases_in(&key.namespace, |name| {
+                            super::terms::shard_index(name) == shard
+                                && leases
+                                    .get(&ObjectRef::new(name).within(&key.namespace))
+                                    .is_none()
+                        })
+                    };
+                    let term = self
+                        .terms
+                        .next(&key.namespace, &key.name, None, new_leases)
+                        .await?;
                     assign(&mut l, holder, term, duration, pod);
                 }
                 Some(store.create(&l).await?)
@@ -116,7 +131,12 @@ impl Worker {
                 let pod = pod_of_holder(holder)?;
                 let term = self
                     .terms
-                    .next(&key.namespace, &key.name, Some(lease::term(current)))
+                    .next(
+                        &key.namespace,
+                        &key.name,
+                        Some(lease::term(current)),
+                        Vec::new,
+                    )
                     .await?;
                 // The same write records the pod it deposes, to force out, and drops what was
                 // pending for the new holder (a pod given the term again is not forced out).

@@ -124,6 +124,17 @@ impl CandidateIndex {
         self.0.lock().unwrap().by_pod.contains_key(uid)
     }
 
+    /// The names of the leases of `namespace` that candidates name and `keep` accepts.
+    pub fn leases_in(&self, namespace: &str, keep: impl Fn(&str) -> bool) -> Vec<String> {
+        let index = self.0.lock().unwrap();
+        index
+            .by_lease
+            .keys()
+            .filter(|k| k.namespace == namespace && keep(&k.name))
+            .map(|k| k.name.clone())
+            .collect()
+    }
+
     /// The cached candidates naming `key`'s lease, sorted by name.
     pub fn candidates(
         &self,

@@ -19,12 +19,32 @@
 //! the mark, and this ledger keeps N+1 … N+15 for the lease's next assignments, which then need
 //! no ConfigMap write. Only an assignment that *updates* an existing Lease by compare-and-swap
 //! draws from the block: the Lease's own compare-and-swap orders it after the term it replaces,
-//! and the block lies at or below the recorded mark, so a later recreation (which always writes
-//! a mark, from a fresh shard if its copy is stale) still starts above it. Nobody else can hand
+//! and the block lies at or below the recorded mark, so a later recreation (which writes a
+//! mark, from a fresh shard if its copy is stale) still starts above it. (The one creation
+//! without a mark write, a new lease's first, is below.) Nobody else can hand
 //! out a term of the block: another ledger (a restarted operator, the next HA replica) reads the
 //! mark and starts above it. A block is forgotten with the process, and when a mark write fails;
 //! its unused terms are skipped. A mark raised by hand takes effect at the lease's next mark
 //! write (at the latest 15 assignments later, or when the operator restarts).
+//!
+//! **New leases reserved ahead.** A mark write also reserves the first block (terms 1 to
+//! [`BLOCK`], recorded as the mark [`BLOCK`]) of up to [`AHEAD`] other leases of its shard that
+//! the caller expects to create ([`TermLedger::next`]'s `new_leases`: leases with candidates
+//! and no Lease) and that have no mark at all in the shard as that compare-and-swap write reads
+//! it. It is the write each of those leases' first election would have made (no mark, so term
+//! 1), made for several at once: when many leases get their first holders together (an operator
+//! installed among many candidates), a shard costs a mark write per [`AHEAD`] new leases
+//! instead of one each. Such a lease's first creation takes term 1 from its block without a
+//! write, after a quorum read of the shard (no etcd write, no watch event to every watcher of
+//! ConfigMaps, as a mark write has) shows the resourceVersion of this ledger's own last write:
+//! then every write of the shard since the reservation was this ledger's, made from its own
+//! copy, so nobody else handed out a term of that name or changed its mark (not another
+//! operator acting at the same time by mistake, nor a mark restored by hand). Otherwise, and
+//! whenever the ledger had to read the shard from the API (a 409, a failed write), the blocks
+//! it reserved ahead there are forgotten, and those leases write a mark as any creation does. A
+//! block reserved ahead serves one creation, and nothing before it: an update of a Lease that
+//! exists without a term of it (made by hand, or holderless under another strategy) writes a
+//! mark, and once a term of it was handed out, a recreation writes a mark.
 //!
 //! The hash and the number of shards must never change: an operator that looked for a mark in
 //! another shard would find none and could restart a deleted lease's terms from 1.
@@ -40,6 +60,9 @@ pub const SHARDS: u64 = 64;
 
 /// How many terms one mark write reserves (see the module doc).
 pub const BLOCK: i32 = 16;
+
+/// The most new leases whose first block one mark write reserves (see the module doc).
+pub const AHEAD: usize = 128;
 
 /// How often a write is retried when another writer changed the shard in between.
 const ATTEMPTS: usize = 5;
@@ -80,8 +103,15 @@ struct Block {
 }
 
 impl Block {
-    /// The next term from the block for a Lease now at `current`, if it is still in the block.
+    /// The next term from the block for updating a Lease now at `current`, if it is still in
+    /// the block. Not from a block reserved ahead that no creation drew from ([`Block::first`]):
+    /// a Lease that exists without a term of it (made by hand, or holderless under another
+    /// strategy) may come after terms someone else handed out (a mark restored by hand, or
+    /// another operator by mistake), which only a mark write would see.
     fn next(&self, current: i32) -> Option<i32> {
+        if self.last == 0 {
+            return None;
+        }
         let next = self.last.max(current).checked_add(1)?;
         (next <= self.mark).then_some(next)
     }
@@ -93,6 +123,41 @@ impl Block {
             mark: term.saturating_add(BLOCK - 1),
         }
     }
+
+    /// The first block of a lease with no mark, reserved ahead of its first election.
+    fn ahead() -> Block {
+        Block {
+            last: 0,
+            mark: BLOCK,
+        }
+    }
+
+    /// The term for creating the Lease from this block: only a block reserved ahead, before
+    /// any of its terms was handed out (a recreation writes a mark).
+    fn first(&self) -> Option<i32> {
+        (self.last == 0 && self.mark >= 1).then_some(1)
+    }
+}
+
+/// Of `new_leases`, those whose first block a write of `cm` (the shard of `lease`) reserves:
+/// other leases of the same shard, with no mark in it (an unreadable one is not "none"), for
+/// which `held` says this ledger holds no block; at most [`AHEAD`], in the order given.
+fn ahead_of<'a>(
+    cm: &ConfigMap,
+    lease: &str,
+    new_leases: &'a [String],
+    held: impl Fn(&str) -> bool,
+) -> Vec<&'a str> {
+    let shard = shard_of(lease);
+    let mut seen = std::collections::HashSet::new();
+    new_leases
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != lease && shard_of(n) == shard)
+        .filter(|n| recorded(cm, n) == Ok(0) && !held(n))
+        .filter(|n| seen.insert(*n))
+        .take(AHEAD)
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,25 +197,18 @@ impl TermLedger {
     /// The next term for `lease`, greater than every term handed out for its name before.
     /// `current` is the term on the Lease as the caller read it: `Some` when the caller will
     /// update that Lease by compare-and-swap (the term may then come from this ledger's block),
-    /// `None` when it will create the Lease (a mark is always written first).
+    /// `None` when it will create the Lease (a mark is written first, unless the lease's first
+    /// block was reserved ahead and none of it handed out). `new_leases` names leases of the
+    /// namespace the caller expects to create (it is called only if a mark is written): those
+    /// in `lease`'s shard with no mark get their first block reserved by the same write.
     pub async fn next(
         &mut self,
         namespace: &str,
         lease: &str,
         current: Option<i32>,
+        new_leases: impl FnOnce() -> Vec<String>,
     ) -> Result<i32, TermError> {
         let lease_key = (namespace.to_string(), lease.to_string());
-        if let Some(current) = current {
-            let block = self.blocks.get_mut(&lease_key);
-            if let Some((block, next)) = block.and_then(|b| b.next(current).map(|n| (b, n))) {
-                block.last = next;
-                return Ok(next);
-            }
-        }
-        // The block is used up or cannot serve: forget it now, so that a mark write whose
-        // outcome is unknown (applied, answer lost) leaves no block behind to draw from.
-        self.blocks.remove(&lease_key);
-        let current = current.unwrap_or(0);
         let shard = shard_of(lease);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
         let key = (namespace.to_string(), shard.clone());
@@ -158,11 +216,63 @@ impl TermLedger {
             lease: lease.to_string(),
             source,
         };
+        let block = self.blocks.get(&lease_key).copied();
+        match (current, block) {
+            (Some(current), Some(block)) => {
+                if let Some(next) = block.next(current) {
+                    self.blocks.insert(
+                        lease_key,
+                        Block {
+                            last: next,
+                            ..block
+                        },
+                    );
+                    return Ok(next);
+                }
+            }
+            (None, Some(block)) => {
+                if let Some(first) = block.first() {
+                    // Reserved ahead by a write of this ledger's. Nobody else handed out a term of
+                    // it if nobody else wrote the shard since this ledger's last write (a
+                    // quorum read, cheaper for the API server than a write): see the module doc.
+                    let fresh = api.get_opt(&shard).await.map_err(api_err)?;
+                    let version = |cm: Option<&ConfigMap>| cm?.resource_version();
+                    let ours = version(self.shards.get(&key));
+                    if ours.is_some() && version(fresh.as_ref()) == ours {
+                        self.blocks.insert(
+                            lease_key,
+                            Block {
+                                last: first,
+                                ..block
+                            },
+                        );
+                        return Ok(first);
+                    }
+                    // Written by someone else: a mark write, from the shard as it is now.
+                    self.forget_ahead(namespace, &shard);
+                    match fresh {
+                        Some(cm) => self.shards.insert(key.clone(), cm),
+                        None => self.shards.remove(&key),
+                    };
+                }
+            }
+            (_, None) => {}
+        }
+        // The block is used up or cannot serve: forget it now, so that a mark write whose
+        // outcome is unknown (applied, answer lost) leaves no block behind to draw from.
+        self.blocks.remove(&lease_key);
+        let current = current.unwrap_or(0);
+        let new_leases = new_leases();
         for _ in 0..ATTEMPTS {
             let cached = self.shards.remove(&key);
             let read = match cached {
                 Some(cm) => Some(cm),
-                None => api.get_opt(&shard).await.map_err(api_err)?,
+                None => {
+                    // Another writer may have changed the shard since this ledger's copy: the
+                    // blocks it reserved ahead there are no longer known to be its own.
+                    self.forget_ahead(namespace, &shard);
+                    api.get_opt(&shard).await.map_err(api_err)?
+                }
             };
             let mut cm = read.unwrap_or_else(|| empty_shard(&shard));
             let mark = recorded(&cm, lease).map_err(|value| TermError::Unreadable {
@@ -175,9 +285,18 @@ impl TermLedger {
                 recorded: mark.max(current),
             })?;
             let block = Block::reserved_with(next);
-            cm.data
-                .get_or_insert_with(BTreeMap::new)
-                .insert(lease.to_string(), block.mark.to_string());
+            let ahead: Vec<String> = ahead_of(&cm, lease, &new_leases, |n| {
+                self.blocks
+                    .contains_key(&(namespace.to_string(), n.to_string()))
+            })
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+            let data = cm.data.get_or_insert_with(BTreeMap::new);
+            data.insert(lease.to_string(), block.mark.to_string());
+            for n in &ahead {
+                data.insert(n.clone(), Block::ahead().mark.to_string());
+            }
             // A shard read from the API carries its resourceVersion, so a concurrent writer
             // gets 409; a new one is created, so a concurrent creator gets 409 too.
             let written = if cm.resource_version().is_some() {
@@ -189,6 +308,10 @@ impl TermLedger {
                 Ok(cm) => {
                     self.shards.insert(key, cm);
                     self.blocks.insert(lease_key, block);
+                    for n in ahead {
+                        self.blocks
+                            .insert((namespace.to_string(), n), Block::ahead());
+                    }
                     return Ok(next);
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => continue,
@@ -200,6 +323,20 @@ impl TermLedger {
             shard,
         })
     }
+}
+
+impl TermLedger {
+    fn forget_ahead(&mut self, namespace: &str, shard: &str) {
+        forget_ahead(&mut self.blocks, namespace, shard);
+    }
+}
+
+/// Forgets the blocks reserved ahead in a shard and not drawn from yet (their leases' first
+/// creations write a mark instead: their reserved terms are skipped).
+fn forget_ahead(blocks: &mut HashMap<(String, String), Block>, namespace: &str, shard: &str) {
+    blocks.retain(|(ns, lease), block| {
+        !(ns == namespace && block.first().is_some() && shard_of(lease) == shard)
+    });
 }
 
 /// The mark recorded for `lease` in a shard: 0 if none, the stored text if it is not a number
@@ -312,6 +449,107 @@ mod tests {
         let end = Block::reserved_with(i32::MAX - 2);
         assert_eq!(end.mark, i32::MAX);
         assert_eq!(end.next(i32::MAX), None);
+    }
+
+    #[test]
+    fn a_block_reserved_ahead_serves_one_creation_then_only_updates() {
+        let mut b = Block::ahead();
+        assert_eq!(
+            b.mark, BLOCK,
+            "the mark a first mark write would have recorded"
+        );
+        assert_eq!(b.first(), Some(1), "the first creation takes term 1");
+        b.last = 1;
+        assert_eq!(b.first(), None, "a recreation writes a mark");
+        assert_eq!(b.next(1), Some(2), "updates draw from it as from any block");
+        assert_eq!(
+            Block::ahead().next(0),
+            None,
+            "a Lease that exists without a term of it (by hand, or holderless) needs a mark write"
+        );
+        assert_eq!(b.next(BLOCK), None, "one at the mark needs a mark write");
+        assert_eq!(
+            Block::reserved_with(1).first(),
+            None,
+            "only a block reserved ahead"
+        );
+    }
+
+    #[test]
+    fn new_leases_reserved_ahead_are_unmarked_unheld_others_of_the_shard() {
+        let lease = "lease-00042";
+        let shard = shard_of(lease);
+        let same: Vec<String> = (0..2_000)
+            .map(|i| format!("lease-{i:05}"))
+            .filter(|n| shard_of(n) == shard && n != lease)
+            .take(5)
+            .collect();
+        let other = (0..100)
+            .map(|i| format!("other-{i}"))
+            .find(|n| shard_of(n) != shard)
+            .unwrap();
+        let mut cm = empty_shard(&shard);
+        cm.data = Some(BTreeMap::from([
+            (same[0].clone(), "3".to_string()),
+            (same[1].clone(), "garbled".to_string()),
+        ]));
+        let mut given = vec![lease.to_string(), other, same[2].clone()];
+        given.extend(same.iter().cloned());
+        let held = |n: &str| n == same[3];
+        assert_eq!(
+            ahead_of(&cm, lease, &given, held),
+            vec![same[2].as_str(), same[4].as_str()],
+            "not the lease itself, another shard's, a marked or unreadable one, a held one, \
+             nor one twice"
+        );
+        let many: Vec<String> = (0..100_000)
+            .map(|i| format!("lease-{i:06}"))
+            .filter(|n| shard_of(n) == shard)
+            .collect();
+        assert!(many.len() > AHEAD);
+        assert_eq!(ahead_of(&cm, lease, &many, |_| false).len(), AHEAD);
+    }
+
+    #[test]
+    fn a_shard_read_again_forgets_only_its_unused_blocks_reserved_ahead() {
+        let shard = shard_of("lease-00042");
+        let mut same = (0..2_000)
+            .map(|i| format!("lease-{i:05}"))
+            .filter(|n| shard_of(n) == shard);
+        let (unused, used, ordinary) = (
+            same.next().unwrap(),
+            same.next().unwrap(),
+            same.next().unwrap(),
+        );
+        let elsewhere = (0..100)
+            .map(|i| format!("other-{i}"))
+            .find(|n| shard_of(n) != shard)
+            .unwrap();
+        let key = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+        let mut blocks = HashMap::from([
+            (key("ns", &unused), Block::ahead()),
+            (
+                key("ns", &used),
+                Block {
+                    last: 1,
+                    ..Block::ahead()
+                },
+            ),
+            (key("ns", &ordinary), Block::reserved_with(5)),
+            (key("ns", &elsewhere), Block::ahead()),
+            (key("other-ns", &unused), Block::ahead()),
+        ]);
+        forget_ahead(&mut blocks, "ns", &shard);
+        let mut left: Vec<_> = blocks.into_keys().collect();
+        left.sort();
+        let mut want = vec![
+            key("ns", &used),
+            key("ns", &ordinary),
+            key("ns", &elsewhere),
+            key("other-ns", &unused),
+        ];
+        want.sort();
+        assert_eq!(left, want);
     }
 
     #[test]
