@@ -600,9 +600,13 @@ async fn two_agents_with_one_identity_are_reported(env: Arc<TestEnv>) {
     let _a = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "twins", "1.30.0", &log);
     let _b = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "twins", "1.30.0", &log);
     let candidates: Api<LeaseCandidate> = env.api();
+    // The stamp returns (A, B, A) once an agent that saw the other's stamp refreshes, up to
+    // REFRESH_CONTESTED after it saw it; the first sight may be the other's answer to the
+    // first ping, which waits for the operator to act (its renew deadline, after creating its
+    // HA lease). Measured: 40.3 s from the spawns on a slow machine.
     let message = eventually(
         "DuplicateIdentity=True on the shared candidate",
-        DEADLINE,
+        DEADLINE + arbiter::candidate::REFRESH_CONTESTED,
         || async {
             let c = candidates.get("twin").await.ok()?;
             let cond = c
