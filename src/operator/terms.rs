@@ -135,7 +135,7 @@ impl Block {
     /// The term for creating the Lease from this block: only a block reserved ahead, before
     /// any of its terms was handed out (a recreation writes a mark).
     fn first(&self) -> Option<i32> {
-        (self.last == 0 && self.mark >= 1).then_some(1)
+        (self.last == 0).then_some(1)
     }
 }
 
@@ -148,12 +148,12 @@ fn ahead_of<'a>(
     new_leases: &'a [String],
     held: impl Fn(&str) -> bool,
 ) -> Vec<&'a str> {
-    let shard = shard_of(lease);
+    let shard = shard_index(lease);
     let mut seen = std::collections::HashSet::new();
     new_leases
         .iter()
         .map(String::as_str)
-        .filter(|n| *n != lease && shard_of(n) == shard)
+        .filter(|n| *n != lease && shard_index(n) == shard)
         .filter(|n| recorded(cm, n) == Ok(0) && !held(n))
         .filter(|n| seen.insert(*n))
         .take(AHEAD)
@@ -231,14 +231,13 @@ impl TermLedger {
                 }
             }
             (None, Some(block)) => {
-                if let Some(first) = block.first() {
-                    // Reserved ahead by a write of this ledger's. Nobody else handed out a term of
-                    // it if nobody else wrote the shard since this ledger's last write (a
-                    // quorum read, cheaper for the API server than a write): see the module doc.
+                if block.first().is_some() {
+                    // Reserved ahead by a write of this ledger's: see the module doc.
                     let fresh = api.get_opt(&shard).await.map_err(api_err)?;
                     let version = |cm: Option<&ConfigMap>| cm?.resource_version();
                     let ours = version(self.shards.get(&key));
-                    if ours.is_some() && version(fresh.as_ref()) == ours {
+                    if let Some(first) = first_unless_written(block, ours, version(fresh.as_ref()))
+                    {
                         self.blocks.insert(
                             lease_key,
                             Block {
@@ -249,7 +248,7 @@ impl TermLedger {
                         return Ok(first);
                     }
                     // Written by someone else: a mark write, from the shard as it is now.
-                    self.forget_ahead(namespace, &shard);
+                    forget_ahead(&mut self.blocks, namespace, &shard);
                     match fresh {
                         Some(cm) => self.shards.insert(key.clone(), cm),
                         None => self.shards.remove(&key),
@@ -270,7 +269,7 @@ impl TermLedger {
                 None => {
                     // Another writer may have changed the shard since this ledger's copy: the
                     // blocks it reserved ahead there are no longer known to be its own.
-                    self.forget_ahead(namespace, &shard);
+                    forget_ahead(&mut self.blocks, namespace, &shard);
                     api.get_opt(&shard).await.map_err(api_err)?
                 }
             };
@@ -325,9 +324,14 @@ impl TermLedger {
     }
 }
 
-impl TermLedger {
-    fn forget_ahead(&mut self, namespace: &str, shard: &str) {
-        forget_ahead(&mut self.blocks, namespace, shard);
+/// The term a creation takes from `block`, reserved ahead, given the resourceVersion of this
+/// ledger's own last write of the shard (`ours`; `None` after a failed write) and the one a
+/// quorum read returns now (`now`; `None`: the shard is gone). Only if nobody else wrote the
+/// shard since: then every write since the reservation was this ledger's.
+fn first_unless_written(block: Block, ours: Option<String>, now: Option<String>) -> Option<i32> {
+    match (ours, now) {
+        (Some(ours), Some(now)) if ours == now => block.first(),
+        _ => None,
     }
 }
 
@@ -451,6 +455,49 @@ mod tests {
         assert_eq!(end.next(i32::MAX), None);
     }
 
+    /// `count` lease names of `lease`'s shard, other than `lease`, and one of another shard.
+    fn shard_mates(lease: &str, count: usize) -> (Vec<String>, String) {
+        let shard = shard_index(lease);
+        let same = (0..100_000)
+            .map(|i| format!("lease-{i:06}"))
+            .filter(|n| shard_index(n) == shard && n != lease)
+            .take(count)
+            .collect();
+        let other = (0..100)
+            .map(|i| format!("other-{i}"))
+            .find(|n| shard_index(n) != shard)
+            .unwrap();
+        (same, other)
+    }
+
+    #[test]
+    fn a_creation_takes_its_reserved_term_only_from_a_shard_nobody_else_wrote() {
+        let v = |s: &str| Some(s.to_string());
+        let ahead = Block::ahead();
+        assert_eq!(first_unless_written(ahead, v("7"), v("7")), Some(1));
+        assert_eq!(
+            first_unless_written(ahead, v("7"), v("9")),
+            None,
+            "written by someone else (a hand edit, another operator)"
+        );
+        assert_eq!(
+            first_unless_written(ahead, None, v("7")),
+            None,
+            "this ledger's last write failed: its copy is gone"
+        );
+        assert_eq!(
+            first_unless_written(ahead, v("7"), None),
+            None,
+            "shard deleted"
+        );
+        let used = Block { last: 1, ..ahead };
+        assert_eq!(
+            first_unless_written(used, v("7"), v("7")),
+            None,
+            "used once"
+        );
+    }
+
     #[test]
     fn a_block_reserved_ahead_serves_one_creation_then_only_updates() {
         let mut b = Block::ahead();
@@ -478,17 +525,8 @@ mod tests {
     #[test]
     fn new_leases_reserved_ahead_are_unmarked_unheld_others_of_the_shard() {
         let lease = "lease-00042";
-        let shard = shard_of(lease);
-        let same: Vec<String> = (0..2_000)
-            .map(|i| format!("lease-{i:05}"))
-            .filter(|n| shard_of(n) == shard && n != lease)
-            .take(5)
-            .collect();
-        let other = (0..100)
-            .map(|i| format!("other-{i}"))
-            .find(|n| shard_of(n) != shard)
-            .unwrap();
-        let mut cm = empty_shard(&shard);
+        let (same, other) = shard_mates(lease, 5);
+        let mut cm = empty_shard(&shard_of(lease));
         cm.data = Some(BTreeMap::from([
             (same[0].clone(), "3".to_string()),
             (same[1].clone(), "garbled".to_string()),
@@ -502,10 +540,7 @@ mod tests {
             "not the lease itself, another shard's, a marked or unreadable one, a held one, \
              nor one twice"
         );
-        let many: Vec<String> = (0..100_000)
-            .map(|i| format!("lease-{i:06}"))
-            .filter(|n| shard_of(n) == shard)
-            .collect();
+        let (many, _) = shard_mates(lease, AHEAD + 10);
         assert!(many.len() > AHEAD);
         assert_eq!(ahead_of(&cm, lease, &many, |_| false).len(), AHEAD);
     }
@@ -513,18 +548,8 @@ mod tests {
     #[test]
     fn a_shard_read_again_forgets_only_its_unused_blocks_reserved_ahead() {
         let shard = shard_of("lease-00042");
-        let mut same = (0..2_000)
-            .map(|i| format!("lease-{i:05}"))
-            .filter(|n| shard_of(n) == shard);
-        let (unused, used, ordinary) = (
-            same.next().unwrap(),
-            same.next().unwrap(),
-            same.next().unwrap(),
-        );
-        let elsewhere = (0..100)
-            .map(|i| format!("other-{i}"))
-            .find(|n| shard_of(n) != shard)
-            .unwrap();
+        let (same, elsewhere) = shard_mates("lease-00042", 3);
+        let (unused, used, ordinary) = (&same[0], &same[1], &same[2]);
         let key = |ns: &str, n: &str| (ns.to_string(), n.to_string());
         let mut blocks = HashMap::from([
             (key("ns", &unused), Block::ahead()),
