@@ -549,29 +549,29 @@ mod tests {
     fn a_shard_read_again_forgets_only_its_unused_blocks_reserved_ahead() {
         let shard = shard_of("lease-00042");
         let (same, elsewhere) = shard_mates("lease-00042", 3);
-        let (unused, used, ordinary) = (&same[0], &same[1], &same[2]);
+        let (unused, used, ordinary) = (same[0].as_str(), same[1].as_str(), same[2].as_str());
         let key = |ns: &str, n: &str| (ns.to_string(), n.to_string());
         let mut blocks = HashMap::from([
-            (key("ns", &unused), Block::ahead()),
+            (key("ns", unused), Block::ahead()),
             (
-                key("ns", &used),
+                key("ns", used),
                 Block {
                     last: 1,
                     ..Block::ahead()
                 },
             ),
-            (key("ns", &ordinary), Block::reserved_with(5)),
+            (key("ns", ordinary), Block::reserved_with(5)),
             (key("ns", &elsewhere), Block::ahead()),
-            (key("other-ns", &unused), Block::ahead()),
+            (key("other-ns", unused), Block::ahead()),
         ]);
         forget_ahead(&mut blocks, "ns", &shard);
         let mut left: Vec<_> = blocks.into_keys().collect();
         left.sort();
         let mut want = vec![
-            key("ns", &used),
-            key("ns", &ordinary),
+            key("ns", used),
+            key("ns", ordinary),
             key("ns", &elsewhere),
-            key("other-ns", &unused),
+            key("other-ns", unused),
         ];
         want.sort();
         assert_eq!(left, want);
