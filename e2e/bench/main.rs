@@ -20,11 +20,12 @@
 //!   the scale bench's elections are bound by on this machine.
 //!
 //! `cargo test --release --test bench -- [--only failover|scale|pods|write-cost] [--runs N]
-//! [--leases N,N] [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]`;
+//! [--leases N,N] [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]
+//! [--ack-valid-for DURATION]`;
 //! `ARBITER_OPERATOR_BIN` runs another build of the operator, and `ARBITER_BENCH_CRD` (a CRD
 //! YAML file, e.g. that build's `crds/` file) has the scale bench install that CRD instead of
-//! this build's; `--concurrency` is passed to the scale bench's operator
-//! (default: the operator's own default); `ARBITER_E2E_APISERVER_FLAGS` is added after the
+//! this build's; `--concurrency` and `--ack-valid-for` are passed to the scale bench's
+//! operator (default: the operator's own defaults); `ARBITER_E2E_APISERVER_FLAGS` is added after the
 //! bench's own kube-apiserver flags (`--profiling=true` to take its CPU profile during a run).
 
 #[path = "../tests/support/mod.rs"]
@@ -66,6 +67,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let concurrency = arg("--concurrency");
+    let ack_valid_for = arg("--ack-valid-for");
     let audit = scale::Audit::prepare();
     // Flags given in ARBITER_E2E_APISERVER_FLAGS come last (e.g. `--profiling=true`, to take
     // kube-apiserver's CPU profile during a run).
@@ -104,6 +106,7 @@ fn main() {
                     unrelated,
                     window,
                     concurrency: concurrency.clone(),
+                    ack_valid_for: ack_valid_for.clone(),
                 };
                 scale::run(&cluster.kubeconfig, &audit, &setup).await;
             }

@@ -258,6 +258,8 @@ pub struct Setup {
     pub window: Duration,
     /// The operator's `--concurrency`, if not its default.
     pub concurrency: Option<String>,
+    /// The operator's `--ack-valid-for`, if not its default.
+    pub ack_valid_for: Option<String>,
 }
 
 /// Runs the scale benchmark.
@@ -280,6 +282,10 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     if let Some(c) = &setup.concurrency {
         flags.extend(["--concurrency", c]);
         println!("operator --concurrency {c}");
+    }
+    if let Some(v) = &setup.ack_valid_for {
+        flags.extend(["--ack-valid-for", v]);
+        println!("operator --ack-valid-for {v}");
     }
     let operator = if unrelated > 0 {
         flags.extend(["--namespace", &ns, "--metrics-address", "127.0.0.1:0"]);

@@ -489,6 +489,10 @@ async fn flag_errors_exit_2_with_one_message_and_create_nothing(env: Arc<TestEnv
             operator(&["--ha-renew-deadline", "20s"]),
             "--ha-renew-deadline (20s) < --ha-lease-duration (15s)",
         ),
+        (
+            operator(&["--ack-valid-for", "9s"]),
+            "--ack-valid-for (9s) must be at least twice --ack-window (5s)",
+        ),
     ];
     for (args, expected) in cases {
         let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))

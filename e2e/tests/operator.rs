@@ -39,6 +39,7 @@ crate::tests![operator:
     eviction_blocked_by_pdb_is_reported_and_retried,
     a_blocked_forced_exit_survives_an_operator_failover,
     third_party_strategy_gets_a_holderless_lease,
+    a_registration_proves_life_for_ack_valid_for,
     strategy_conflict_is_reported_and_changes_nothing,
     term_survives_lease_deletion,
     new_leases_of_a_shard_share_one_mark_write,
@@ -67,6 +68,18 @@ async fn condition(env: &TestEnv, candidate: &str, type_: &str) -> Option<(Strin
         .into_iter()
         .find(|c| c.type_ == type_)?;
     Some((cond.status, cond.reason))
+}
+
+/// Waits for `candidate` to be reported `Eligible=False`, reason `Unresponsive`: it was pinged
+/// and did not answer.
+async fn wait_unresponsive(env: &TestEnv, candidate: &str) {
+    let eligible = eventually("Unresponsive", DEADLINE, || async {
+        condition(env, candidate, "Eligible")
+            .await
+            .filter(|c| c.1 == "Unresponsive")
+    })
+    .await;
+    assert_eq!(eligible.0, "False", "{candidate}");
 }
 
 async fn single_candidate_is_elected(env: Arc<TestEnv>) {
@@ -279,13 +292,7 @@ async fn expired_lease_goes_to_a_live_candidate(env: Arc<TestEnv>) {
         "the re-election wrote the term marks' shard: {:?}",
         shard_after.data
     );
-    let eligible = eventually("old to be Unresponsive", DEADLINE, || async {
-        condition(&env, "old", "Eligible")
-            .await
-            .filter(|c| c.1 == "Unresponsive")
-    })
-    .await;
-    assert_eq!(eligible.0, "False");
+    wait_unresponsive(&env, "old").await;
 }
 
 /// The operator no longer reconciles a holder's renewals (a record that changes nothing but
@@ -531,6 +538,68 @@ async fn third_party_strategy_gets_a_holderless_lease(env: Arc<TestEnv>) {
     .await;
     assert_eq!(later.0, "False");
     assert_eq!(lease::holder(&api.get("tp").await.unwrap()), None);
+}
+
+/// `--ack-valid-for`: a candidate's registration counts as an answer for that long, so an
+/// election that comes later than the default 10 s after it (here: the lease was another
+/// strategy's until then; at scale: elections queued behind each other) needs no ping. But a
+/// holder whose term lapsed must answer a ping sent since: alone, it would otherwise be given
+/// term after term, dead, for as long as its registration counts.
+async fn a_registration_proves_life_for_ack_valid_for(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &["--ack-valid-for", "60s"]);
+    // Answers x's and y's pings (without the flag x would be pinged, answer, and be elected
+    // all the same), never z's.
+    let _r = Responder::start(env.client.clone(), &env.ns, &["x", "y"]);
+    // Registrations count only as the operator's watch delivers them, not from its first list.
+    eventually("the operator ready", DEADLINE, || async {
+        (op.http_get("/readyz").await.ends_with("ok")).then_some(())
+    })
+    .await;
+    // z holds "alone" at once, on its registration, and never renews: its 15 s term lapses.
+    create_candidate(&env, "z", "alone", "1.30.0", Some("1.30.0"), OEV, None).await;
+    // y, at the highest binaryVersion, makes "mig" a third-party strategy's lease: x waits.
+    create_candidate(&env, "y", "mig", "1.31.0", None, "example.com/other", None).await;
+    let api: Api<Lease> = env.api();
+    eventually("the third-party lease", DEADLINE, || async {
+        api.get_opt("mig")
+            .await
+            .ok()?
+            .filter(|l| lease::strategy(l).is_some())
+    })
+    .await;
+    create_candidate(&env, "x", "mig", "1.30.0", Some("1.30.0"), OEV, None).await;
+    let registered = Instant::now();
+    let reported = eventually("x reported, not leading", DEADLINE, || {
+        condition(&env, "x", "Leader")
+    })
+    .await;
+    assert_eq!(reported.0, "False");
+    let first = wait_for_holder(&env, "alone", "z", DEADLINE).await;
+    // The premise, not a condition to wait for: more than the default validity (twice the
+    // 5 s ack window) passes between x's registration and its election.
+    tokio::time::sleep_until((registered + Duration::from_secs(12)).into()).await;
+    let candidates: Api<LeaseCandidate> = env.api();
+    candidates
+        .delete("y", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = wait_for_holder(&env, "mig", "x", DEADLINE).await;
+    let x = candidates.get("x").await.unwrap();
+    assert_eq!(
+        x.spec.ping_time,
+        None,
+        "x was pinged though it registered {:?} before its election",
+        registered.elapsed()
+    );
+    // The candidates went back to the arbiter's strategy, and so did the Lease.
+    assert_eq!(lease::strategy(&held), Some(OEV));
+    // z, lapsed and alone, was asked, did not answer, and got no new term.
+    wait_unresponsive(&env, "z").await;
+    assert_eq!(
+        lease::term(&api.get("alone").await.unwrap()),
+        lease::term(&first),
+        "the lapsed holder was given a new term without answering"
+    );
 }
 
 async fn strategy_conflict_is_reported_and_changes_nothing(env: Arc<TestEnv>) {

@@ -29,11 +29,13 @@
 //!   equals, never put a newer version in charge while an older one runs.
 //! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
 //!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
-//!   stopped renewing) is passed over while anyone else can lead; one that released it (and can
-//!   still lead) only for a candidate at its versions or older, and among equals the handover's
-//!   target (the preferred holder) goes first: it is the one asked, and waited for.
+//!   stopped renewing) is passed over while anyone else can lead (alone, it must answer a ping
+//!   sent after the lapse); one that released it (and can still lead) only for a candidate at
+//!   its versions or older, and among equals the handover's target (the preferred holder) goes
+//!   first: it is the one asked, and waited for.
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
-//!   holder, and never touches the holder.
+//!   holder, and never touches the holder. When the candidates go back to the arbiter's
+//!   strategy, its next assignment writes that strategy on the Lease.
 //! - A **strategy conflict** changes nothing; it is reported.
 //! - A term ends only by the holder's own release (or withdrawal), its pod confirmed stopped,
 //!   or its lease expiring on the arbiter's clock. A **hand edit** does not end it: when the Lease is
@@ -152,6 +154,15 @@ pub struct Switchover {
 impl Lease {
     pub fn expired(&self) -> bool {
         self.unchanged_for >= self.duration
+    }
+
+    /// The holder whose term lapsed, and when it lapsed on the clock `now` is read on.
+    fn lapse(&self, now: Timestamp) -> Option<(&str, Timestamp)> {
+        let over_for = self.unchanged_for.checked_sub(self.duration)?;
+        let at = now
+            .checked_sub(SignedDuration::try_from(over_for).ok()?)
+            .ok()?;
+        Some((self.holder.as_deref()?, at))
     }
 }
 
@@ -362,13 +373,27 @@ pub fn decide(
         }
         None => candidates,
     };
+    let lapse = lease.and_then(|l| l.lapse(now));
     let parsed: Vec<Parsed> = candidates
         .iter()
         .map(|c| Parsed {
             candidate: c,
             binary: Version::parse(&c.binary_version),
             emulation: c.emulation_version.as_deref().map(Version::parse),
-            liveness: liveness(c, now, rules),
+            liveness: match liveness(c, now, rules) {
+                // A holder whose term lapsed is alive only by an answer to a ping sent since
+                // the lapse: its silence on the Lease is newer than any renewal of its
+                // candidate, and re-electing it on the strength of one (when nobody else can
+                // lead) would hand a dead holder term after term for as long as that counts.
+                Liveness::Acked
+                    if lapse.is_some_and(|(holder, at)| {
+                        holder == c.name && c.ping_time.is_none_or(|p| p < at)
+                    }) =>
+                {
+                    Liveness::Unknown
+                }
+                l => l,
+            },
         })
         .collect();
 

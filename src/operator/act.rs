@@ -265,7 +265,8 @@ impl Worker {
 }
 
 /// Names `holder` at `term`: a fresh acquire and renew time, no preferred holder, no
-/// incarnation until the new holder's agent renews, and the holder pod's restart count.
+/// incarnation until the new holder's agent renews, the holder pod's restart count, and the
+/// arbiter's strategy.
 fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i64, String)>) {
     let now = lease::now();
     let spec = l.spec.get_or_insert_with(LeaseSpec::default);
@@ -285,4 +286,11 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
         .unwrap_or_default();
     lease::set_annotation(l, RESTARTS_ANNOTATION, restarts.as_deref());
     lease::set_annotation(l, HOLDER_POD_ANNOTATION, uid.as_deref());
+    // Only the arbiter's own strategy assigns: a Lease that still names another (its
+    // candidates went back to the arbiter's) says so in the same write, so that no other
+    // controller takes it for its own. One without a strategy is left without.
+    let oev = crate::api::OLDEST_EMULATION_VERSION;
+    if lease::strategy(l).is_some_and(|s| s != oev) {
+        lease::set_strategy(l, oev);
+    }
 }

@@ -63,6 +63,13 @@ pub struct Settings {
     /// How long a pinged candidate has to acknowledge.
     #[arg(long, default_value = "5s", value_parser = crate::flags::positive_duration)]
     pub ack_window: Duration,
+    /// How long a candidate's write of its `renewTime` (an answer to a ping, its registration,
+    /// a refresh) proves it alive without another ping (default and least: twice
+    /// --ack-window; at most 5m). Longer saves pings when elections queue behind each other
+    /// (thousands of candidates registering at once), at the price of electing a candidate that
+    /// died within it: its lease then expires, as a dead holder's does.
+    #[arg(long, value_parser = crate::flags::positive_duration)]
+    pub ack_valid_for: Option<Duration>,
     /// Report candidates whose binaryVersion is more than this many minor versions from the
     /// oldest live candidate's.
     #[arg(long)]
@@ -96,7 +103,7 @@ pub struct Settings {
     pub reconcile_stall: Duration,
     /// Leases reconciled at once (1 to 64): each lease always by the same worker, never two
     /// at a time.
-    #[arg(long, default_value = "4", value_parser = clap::value_parser!(u16).range(1..=metrics::MAX_WORKERS as i64))]
+    #[arg(long, default_value = "8", value_parser = clap::value_parser!(u16).range(1..=metrics::MAX_WORKERS as i64))]
     pub concurrency: u16,
     /// Apply the LeaseCandidate CRD at start-up (server-side apply).
     #[arg(long)]
@@ -132,9 +139,22 @@ impl Settings {
                 self.ha_lease_duration
             );
         }
+        let ack_valid_for = self.ack_valid_for.unwrap_or(self.ack_window * 2);
+        if ack_valid_for < self.ack_window * 2 {
+            crate::usage!(
+                "--ack-valid-for ({ack_valid_for:?}) must be at least twice --ack-window ({:?}): an answer that comes late in the window would be too old to count by the time its election is decided, and the candidate would be pinged again and again",
+                self.ack_window
+            );
+        }
+        if self.ack_valid_for.is_some() && ack_valid_for > crate::candidate::REFRESH {
+            crate::usage!(
+                "--ack-valid-for ({ack_valid_for:?}) must be at most {:?} (an agent's refresh): beyond it every live candidate counts as alive anyway, and a dead one for longer",
+                crate::candidate::REFRESH
+            );
+        }
         self.rules = Rules {
             ack_window: self.ack_window,
-            ack_valid_for: self.ack_window * 2,
+            ack_valid_for,
             max_skew: self.max_skew,
             refuse_skew: self.refuse_skew,
         };
@@ -318,5 +338,46 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: Settings,
+    }
+
+    fn validated(args: &[&str]) -> anyhow::Result<Settings> {
+        let mut s = Flags::try_parse_from(std::iter::once("operator").chain(args.iter().copied()))?
+            .settings;
+        s.validate()?;
+        Ok(s)
+    }
+
+    #[test]
+    fn an_answer_counts_for_twice_the_ack_window_unless_told_otherwise() {
+        let s = |args: &[&str]| validated(args).unwrap().rules.ack_valid_for;
+        assert_eq!(s(&[]), Duration::from_secs(10));
+        assert_eq!(s(&["--ack-window", "2s"]), Duration::from_secs(4));
+        assert_eq!(s(&["--ack-valid-for", "60s"]), Duration::from_secs(60));
+        assert_eq!(s(&["--ack-valid-for", "10s"]), Duration::from_secs(10));
+        let err = validated(&["--ack-valid-for", "9s"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--ack-valid-for (9s) must be at least twice --ack-window (5s)"),
+            "{err}"
+        );
+        assert!(validated(&["--ack-valid-for", "0s"]).is_err());
+        assert_eq!(s(&["--ack-valid-for", "5m"]), Duration::from_secs(300));
+        let err = validated(&["--ack-valid-for", "301s"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must be at most 300s"), "{err}");
     }
 }

@@ -1,20 +1,24 @@
 //! Proof of life without a ping: a candidate the arbiter saw renew lately.
 //!
 //! An agent writes its candidate's `renewTime` when it registers and refreshes it on its own
-//! every 5 min ([`crate::candidate::REFRESH`]). When the candidate watch delivers such a write as it happens (a live event that
-//! changed `renewTime`, or created the candidate; not a relist, which may deliver writes of long
-//! ago), the arbiter notes when, on its monotonic clock. For the ack validity (10 s) after that,
-//! the candidate counts as alive without a ping, as if it had answered one: provided its
-//! `renewTime` is also that recent on the arbiter's own clock and not ahead of it by more than
-//! [`AHEAD`], so that a watch which delivered an old write late does not pass for a fresh one
-//! (a candidate whose clock runs further ahead is simply pinged).
+//! every 5 min ([`crate::candidate::REFRESH`]). When the candidate watch delivers such a write
+//! as it happens (a live event that changed `renewTime`, or created the candidate; not a
+//! relist, which may deliver writes of long ago), the arbiter notes when, on its monotonic
+//! clock. For the ack validity after that (`--ack-valid-for`, 10 s by default), the candidate
+//! counts as alive without a ping, as if it had answered one: provided its `renewTime` is also
+//! that recent on the arbiter's own clock and not ahead of it by more than [`AHEAD`], so that a
+//! watch which delivered an old write late does not pass for a fresh one (a candidate whose
+//! clock runs further ahead is simply pinged).
 //!
 //! This saves the pings of a first election (every candidate just registered), and of any
 //! election among candidates that refreshed lately (rare between elections: an agent
 //! refreshes every 5 min, which at 30,000 candidates is 100 writes a second; every 30 s, as
-//! before, it was 1,000, far more than the pings it saved). It decides nothing about safety: a
-//! candidate that dies right after renewing may be elected, as one that dies right after
-//! answering a ping may, and its lease then expires. The stricter checks still need an answer
+//! before, it was 1,000, far more than the pings it saved). When thousands of candidates
+//! register at once, their elections queue, and one reconciled later than the validity after
+//! its candidates registered pings them all the same: a longer `--ack-valid-for` saves those.
+//! It decides nothing about safety: a candidate that dies right after renewing may be elected,
+//! as one that dies right after answering a ping may, and its lease then expires (the longer
+//! the validity, the likelier). The stricter checks still need an answer
 //! to a ping sent after the fact: the target of a handover, the next holder after a release.
 
 use std::time::{Duration, Instant};

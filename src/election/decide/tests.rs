@@ -283,11 +283,44 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
         act(&cands, Some(&lease(Some("lapsed"), 15)), now),
         assign_after_lapse("other", "lapsed")
     );
-    // Alone, it may lead again (a new term).
+    // Alone, it may lead again (a new term), once it answered a ping sent since the lapse.
     assert_eq!(
         act(&cands[..1], Some(&lease(Some("lapsed"), 15)), now),
         assign("lapsed")
     );
+    // Not on an answer from before the lapse, nor on a renewal of its own however recent
+    // (with an ack validity longer than the lease, it would get term after term while dead).
+    let long = Rules {
+        ack_valid_for: Duration::from_secs(60),
+        ..Rules::default()
+    };
+    let answered_before = acked("lapsed", "1.19.0", now - secs(2));
+    let renewed = Candidate {
+        ping_time: None,
+        renew_time: Some(now - secs(20)),
+        renewed_lately: true,
+        ..cands[0].clone()
+    };
+    let ping_lapsed = Action::Ping {
+        candidates: vec!["lapsed".into()],
+    };
+    for c in [answered_before, renewed] {
+        let lease = lease(Some("lapsed"), 16);
+        assert_eq!(
+            decide(std::slice::from_ref(&c), Some(&lease), None, now, &long).action,
+            ping_lapsed,
+            "{c:?}"
+        );
+        // A candidate that did not hold the lease is elected on the same evidence.
+        let other = Candidate {
+            name: "other".into(),
+            ..c
+        };
+        assert_eq!(
+            decide(&[other], Some(&lease), None, now, &long).action,
+            assign_after_lapse("other", "lapsed")
+        );
+    }
     // A released lease is no lapse: the best candidate gets it back...
     assert_eq!(act(&cands, Some(&lease(None, 15)), now), assign("lapsed"));
     // ...unless it is the one that released it, and someone else at its versions can lead.
@@ -428,7 +461,22 @@ fn third_party_strategy_creates_a_holderless_lease_and_never_touches_the_holder(
         strategy: Some(strategy),
         ..expired
     };
-    assert_eq!(act(&[c], Some(&tagged), now), Action::Nothing);
+    assert_eq!(
+        act(std::slice::from_ref(&c), Some(&tagged), now),
+        Action::Nothing
+    );
+    // Its candidates go back to OldestEmulationVersion: an election, whose assignment writes
+    // that strategy on the Lease (not a write of its own: it would make the expired holder's
+    // record new, and live for another duration).
+    let back = Candidate {
+        strategy: OEV.into(),
+        emulation_version: Some("1.19.0".into()),
+        ..c
+    };
+    assert_eq!(
+        act(std::slice::from_ref(&back), Some(&tagged), now),
+        assign_after_lapse("id-1", "id-expired")
+    );
 }
 
 // ---- beyond upstream ----
