@@ -29,10 +29,11 @@
 //!   equals, never put a newer version in charge while an older one runs.
 //! - A lease that expired, was released, or whose holder's pod is confirmed stopped is
 //!   **assigned** at once to the best acknowledged candidate. A holder whose term lapsed (it
-//!   stopped renewing) is passed over while anyone else can lead (alone, it must answer a ping
-//!   sent after the lapse); one that released it (and can still lead) only for a candidate at
-//!   its versions or older, and among equals the handover's target (the preferred holder) goes
-//!   first: it is the one asked, and waited for.
+//!   stopped renewing) is passed over while anyone else can lead; one that released it (and
+//!   can still lead) only for a candidate at its versions or older, and among equals the
+//!   handover's target (the preferred holder) goes first: it is the one asked, and waited for.
+//!   After a lapse, a candidate is alive only by an answer to a ping sent during the lapsed
+//!   term (the lapsed holder: since the lapse), not by an older answer or a renewal of its own.
 //! - Under a **third-party strategy** the arbiter creates the Lease with that strategy and no
 //!   holder, and never touches the holder. When the candidates go back to the arbiter's
 //!   strategy, its next assignment writes that strategy on the Lease.
@@ -156,14 +157,29 @@ impl Lease {
         self.unchanged_for >= self.duration
     }
 
-    /// The holder whose term lapsed, and when it lapsed on the clock `now` is read on.
-    fn lapse(&self, now: Timestamp) -> Option<(&str, Timestamp)> {
+    /// The holder whose term lapsed, and what an answer must have come after to prove a
+    /// candidate alive now (on the clock `now` is read on).
+    fn lapse(&self, now: Timestamp) -> Option<(&str, Lapse)> {
         let over_for = self.unchanged_for.checked_sub(self.duration)?;
-        let at = now
+        let lapsed = now
             .checked_sub(SignedDuration::try_from(over_for).ok()?)
             .ok()?;
-        Some((self.holder.as_deref()?, at))
+        // An acquire time ahead of this clock (a skewed replica, a hand edit) proves nothing.
+        let began = self.acquired.filter(|a| *a <= lapsed).unwrap_or(lapsed);
+        Some((self.holder.as_deref()?, Lapse { lapsed, began }))
     }
+}
+
+/// After a term lapsed, liveness counts only from answers to pings sent since: the lapsed
+/// holder's since the lapse (its silence on the Lease is newer than any earlier answer or
+/// renewal of its candidate), anyone else's since the term began. Without it, with an ack
+/// validity longer than a lease, dead candidates would be given term after term on the
+/// strength of old answers or registrations (a lone holder, or two taking turns), while a live
+/// one waited.
+#[derive(Clone, Copy)]
+struct Lapse {
+    lapsed: Timestamp,
+    began: Timestamp,
 }
 
 /// The holder the arbiter last saw (or assigned) on this lease, remembered by the arbiter
@@ -381,13 +397,14 @@ pub fn decide(
             binary: Version::parse(&c.binary_version),
             emulation: c.emulation_version.as_deref().map(Version::parse),
             liveness: match liveness(c, now, rules) {
-                // A holder whose term lapsed is alive only by an answer to a ping sent since
-                // the lapse: its silence on the Lease is newer than any renewal of its
-                // candidate, and re-electing it on the strength of one (when nobody else can
-                // lead) would hand a dead holder term after term for as long as that counts.
                 Liveness::Acked
-                    if lapse.is_some_and(|(holder, at)| {
-                        holder == c.name && c.ping_time.is_none_or(|p| p < at)
+                    if lapse.is_some_and(|(holder, since)| {
+                        let since = if holder == c.name {
+                            since.lapsed
+                        } else {
+                            since.began
+                        };
+                        c.ping_time.is_none_or(|p| p < since)
                     }) =>
                 {
                     Liveness::Unknown

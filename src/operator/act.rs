@@ -294,3 +294,28 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
         lease::set_strategy(l, oev);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::OLDEST_EMULATION_VERSION as OEV;
+
+    #[test]
+    fn an_assignment_names_the_arbiters_strategy_on_a_lease_that_names_another() {
+        let cases = [
+            (Some("example.com/other"), Some(OEV)),
+            (Some(OEV), Some(OEV)),
+            // Made by hand, or by a client that does not set one: left without.
+            (None, None),
+        ];
+        for (before, after) in cases {
+            let mut l = Lease::default();
+            if let Some(s) = before {
+                lease::set_strategy(&mut l, s);
+            }
+            assign(&mut l, "h", 2, 15, None);
+            assert_eq!(lease::strategy(&l), after, "{before:?}");
+            assert_eq!(lease::holder(&l), Some("h"));
+        }
+    }
+}

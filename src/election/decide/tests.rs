@@ -294,33 +294,63 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
         ack_valid_for: Duration::from_secs(60),
         ..Rules::default()
     };
-    let answered_before = acked("lapsed", "1.19.0", now - secs(2));
+    // The lapsed term began 17 s ago and lapsed 1 s ago.
+    let lapsed_lease = Lease {
+        acquired: Some(now - secs(17)),
+        ..lease(Some("lapsed"), 16)
+    };
+    let answered_in_term = acked("lapsed", "1.19.0", now - secs(2));
     let renewed = Candidate {
         ping_time: None,
-        renew_time: Some(now - secs(20)),
+        renew_time: Some(now - secs(5)),
         renewed_lately: true,
         ..cands[0].clone()
     };
-    let ping_lapsed = Action::Ping {
-        candidates: vec!["lapsed".into()],
+    let answered_before_term = acked("lapsed", "1.19.0", now - secs(20));
+    let ping = |name: &str| Action::Ping {
+        candidates: vec![name.into()],
     };
-    for c in [answered_before, renewed] {
-        let lease = lease(Some("lapsed"), 16);
-        assert_eq!(
-            decide(std::slice::from_ref(&c), Some(&lease), None, now, &long).action,
-            ping_lapsed,
-            "{c:?}"
-        );
-        // A candidate that did not hold the lease is elected on the same evidence.
-        let other = Candidate {
-            name: "other".into(),
-            ..c
-        };
-        assert_eq!(
-            decide(&[other], Some(&lease), None, now, &long).action,
-            assign_after_lapse("other", "lapsed")
-        );
+    let decide_long = |c: &Candidate| {
+        decide(
+            std::slice::from_ref(c),
+            Some(&lapsed_lease),
+            None,
+            now,
+            &long,
+        )
+    };
+    let other = |c: &Candidate| Candidate {
+        name: "other".into(),
+        ..c.clone()
+    };
+    for c in [&answered_in_term, &renewed, &answered_before_term] {
+        assert_eq!(decide_long(c).action, ping("lapsed"), "{c:?}");
     }
+    // Anyone else must have answered a ping sent during the lapsed term: not on a renewal, nor
+    // on an answer from before the term (two dead candidates would otherwise take turns).
+    assert_eq!(
+        decide_long(&other(&answered_in_term)).action,
+        assign_after_lapse("other", "lapsed")
+    );
+    for c in [&renewed, &answered_before_term] {
+        assert_eq!(decide_long(&other(c)).action, ping("other"), "{c:?}");
+    }
+    // Without an acquire time, since the lapse.
+    let unstamped = Lease {
+        acquired: None,
+        ..lapsed_lease.clone()
+    };
+    assert_eq!(
+        decide(
+            &[other(&answered_in_term)],
+            Some(&unstamped),
+            None,
+            now,
+            &long
+        )
+        .action,
+        ping("other")
+    );
     // A released lease is no lapse: the best candidate gets it back...
     assert_eq!(act(&cands, Some(&lease(None, 15)), now), assign("lapsed"));
     // ...unless it is the one that released it, and someone else at its versions can lead.
