@@ -44,7 +44,7 @@
 mod leadership;
 mod registration;
 
-pub use registration::{REFRESH, REFRESH_CONTESTED};
+pub use registration::{REFRESH, REFRESH_CONTESTED, REFRESH_ON_NEW_OTHER};
 
 use std::time::Duration;
 

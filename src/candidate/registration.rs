@@ -32,6 +32,11 @@ pub const REFRESH: Duration = Duration::from_secs(300);
 /// reports (`DuplicateIdentity`; its window is two minutes).
 pub const REFRESH_CONTESTED: Duration = Duration::from_secs(30);
 
+/// How soon the agent writes when it first sees a given other process's incarnation on its
+/// candidate: its own stamp then returns within seconds, which is what the arbiter reports,
+/// instead of up to [`REFRESH_CONTESTED`] later. One write per other process it sees.
+pub const REFRESH_ON_NEW_OTHER: Duration = Duration::from_secs(2);
+
 /// How often the agent reads its candidate from the API server's cache (and how long a read
 /// may take), in case its watch hangs on a dead connection: a ping it missed is answered, and
 /// another process's stamp noticed, no later than this.
@@ -217,10 +222,13 @@ impl Freshness {
         let stamp = c.annotations().get(INCARNATION_ANNOTATION);
         let other = stamp.filter(|s| **s != self.incarnation);
         if let Some(other) = other {
-            if !self.contested {
+            let new_other = self.reported.as_ref() != Some(other);
+            if new_other {
+                self.next = self.next.min(now + REFRESH_ON_NEW_OTHER);
+            } else if !self.contested {
                 self.next = self.next.min(now + REFRESH_CONTESTED);
             }
-            if self.reported.as_ref() != Some(other) {
+            if new_other {
                 tracing::warn!(
                     candidate = %c.name_any(),
                     %other,
@@ -476,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn another_process_on_the_candidate_makes_it_refresh_every_30_s() {
+    fn another_process_on_the_candidate_makes_it_write_within_seconds_then_every_30_s() {
         let t0 = Instant::now();
         let wall = Timestamp::now();
         let mut f = Freshness::new(ME.into(), t0);
@@ -486,16 +494,28 @@ mod tests {
             None
         );
         assert!(f.contested);
-        assert_eq!(f.next, t1 + REFRESH_CONTESTED);
+        // A process not seen before: its own stamp goes back within seconds.
+        assert_eq!(f.next, t1 + REFRESH_ON_NEW_OTHER);
         // Seeing it again does not push the refresh back.
         f.seen(
             &candidate("other", None, Some(wall)),
-            t1 + Duration::from_secs(20),
+            t1 + Duration::from_secs(1),
             wall,
         );
-        assert_eq!(f.next, t1 + REFRESH_CONTESTED);
-        // Its write lands before its echo: still contested, so 30 s again.
-        let t2 = t1 + REFRESH_CONTESTED;
+        assert_eq!(f.next, t1 + REFRESH_ON_NEW_OTHER);
+        // Its write lands before its echo: still contested, so 30 s from then.
+        let t2 = t1 + REFRESH_ON_NEW_OTHER;
+        f.written(t2);
+        assert_eq!(f.next, t2 + REFRESH_CONTESTED);
+        // The same other process's stamp again, after its own: every 30 s, not sooner.
+        f.seen(&candidate(ME, None, Some(wall)), t2, wall);
+        f.seen(&candidate("other", None, Some(wall)), t2, wall);
+        assert_eq!(f.next, t2 + REFRESH_CONTESTED);
+        // A third process: within seconds again.
+        let t3 = t2 + Duration::from_secs(5);
+        f.seen(&candidate("third", None, Some(wall)), t3, wall);
+        assert_eq!(f.next, t3 + REFRESH_ON_NEW_OTHER);
+        let t2 = t3 + REFRESH_ON_NEW_OTHER;
         f.written(t2);
         assert_eq!(f.next, t2 + REFRESH_CONTESTED);
         // Its own stamp stays: back to five minutes after the next write.
@@ -503,11 +523,11 @@ mod tests {
         assert!(!f.contested);
         f.written(t2 + REFRESH_CONTESTED);
         assert_eq!(f.next, t2 + REFRESH_CONTESTED + REFRESH);
-        // A refresh due sooner than 30 s is not put off by another stamp.
+        // A refresh due sooner is not put off by another stamp.
         let mut g = Freshness::new(ME.into(), t0);
-        g.next = t0 + Duration::from_secs(10);
+        g.next = t0 + Duration::from_secs(1);
         g.seen(&candidate("other", None, Some(wall)), t0, wall);
-        assert_eq!(g.next, t0 + Duration::from_secs(10));
+        assert_eq!(g.next, t0 + Duration::from_secs(1));
     }
 
     #[test]

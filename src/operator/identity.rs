@@ -4,9 +4,10 @@
 //! writes it: when it registers, refreshes, or answers a ping. A restarted agent changes the
 //! stamp once (A, B). Two live agents sharing a name keep overwriting each other, so the stamp
 //! returns to a value it had (A, B, A) within a short window: an agent that sees another
-//! process's stamp on its candidate refreshes every 30 s instead of every 5 min
-//! ([`crate::candidate::REFRESH_CONTESTED`]), so each writes at least once in the window. The log is fed by the candidate
-//! watch, which sees every update in order.
+//! process's stamp on its candidate writes within seconds of its first sight of that process
+//! ([`crate::candidate::REFRESH_ON_NEW_OTHER`]), then every 30 s instead of every 5 min
+//! ([`crate::candidate::REFRESH_CONTESTED`]), so each writes at least once in the window. The
+//! log is fed by the candidate watch, which sees every update in order.
 
 use std::time::{Duration, Instant};
 
