@@ -598,16 +598,21 @@ async fn a_stopped_agent_cannot_keep_its_workload_running(env: Arc<TestEnv>) {
 }
 
 async fn two_agents_with_one_identity_are_reported(env: Arc<TestEnv>) {
-    let _op = operator(&env);
+    let op = operator(&env);
+    // The operator watches the candidates before the agents' first writes: the stamp's
+    // return within seconds is what it must see (later, the agents flip it every 30 s).
+    eventually("the operator ready", DEADLINE, || async {
+        (op.http_get("/readyz").await.ends_with("ok")).then_some(())
+    })
+    .await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let _a = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "twins", "1.30.0", &log);
     let _b = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "twins", "1.30.0", &log);
     let candidates: Api<LeaseCandidate> = env.api();
     // The stamp returns (A, B, A) once an agent that saw the other's stamp writes, within
-    // REFRESH_ON_NEW_OTHER (2 s) of its first sight of it. (When that waited for the 30 s
-    // contested refresh, it came 40.3 s after the spawns on a slow machine: the first sight
-    // can be the other's answer to the operator's first ping.)
+    // REFRESH_ON_NEW_OTHER (2 s) of its first sight of it (when that waited for the 30 s
+    // contested refresh, detection came 40.3 s after the spawns on a slow machine).
     let message = eventually(
         "DuplicateIdentity=True on the shared candidate",
         DEADLINE,

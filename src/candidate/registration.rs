@@ -34,8 +34,13 @@ pub const REFRESH_CONTESTED: Duration = Duration::from_secs(30);
 
 /// How soon the agent writes when it first sees a given other process's incarnation on its
 /// candidate: its own stamp then returns within seconds, which is what the arbiter reports,
-/// instead of up to [`REFRESH_CONTESTED`] later. One write per other process it sees.
+/// instead of up to [`REFRESH_CONTESTED`] later. One write per other process it sees (however
+/// many share the identity), not while a failed write waits out its backoff.
 pub const REFRESH_ON_NEW_OTHER: Duration = Duration::from_secs(2);
+
+/// How many other incarnations an agent remembers having seen on its candidate: beyond it (a
+/// twin restarting in a loop) the oldest is forgotten, and seen again counts as new.
+const OTHERS_KEPT: usize = 16;
 
 /// How often the agent reads its candidate from the API server's cache (and how long a read
 /// may take), in case its watch hangs on a dead connection: a ping it missed is answered, and
@@ -193,8 +198,9 @@ struct Freshness {
     next: Instant,
     /// Another process's incarnation is on the candidate (as last seen).
     contested: bool,
-    /// The last other incarnation reported in the log (reported once, not at every flip).
-    reported: Option<String>,
+    /// The other incarnations seen on the candidate so far (each reported once, and each
+    /// answered with one write within [`REFRESH_ON_NEW_OTHER`]); at most [`OTHERS_KEPT`].
+    others: Vec<String>,
     /// A `renewTime` that could not be written (a ping's answer): written with the next try.
     pending: Option<jiff::Timestamp>,
 }
@@ -206,7 +212,7 @@ impl Freshness {
             incarnation,
             next: now + REFRESH,
             contested: false,
-            reported: None,
+            others: Vec::new(),
             pending: None,
         }
     }
@@ -222,8 +228,9 @@ impl Freshness {
         let stamp = c.annotations().get(INCARNATION_ANNOTATION);
         let other = stamp.filter(|s| **s != self.incarnation);
         if let Some(other) = other {
-            let new_other = self.reported.as_ref() != Some(other);
-            if new_other {
+            let new_other = !self.others.contains(other);
+            // Not while a failed write waits out its backoff.
+            if new_other && self.pending.is_none() {
                 self.next = self.next.min(now + REFRESH_ON_NEW_OTHER);
             } else if !self.contested {
                 self.next = self.next.min(now + REFRESH_CONTESTED);
@@ -235,7 +242,10 @@ impl Freshness {
                     "another process wrote this candidate: refreshing every {}s while it does",
                     REFRESH_CONTESTED.as_secs()
                 );
-                self.reported = Some(other.clone());
+                if self.others.len() == OTHERS_KEPT {
+                    self.others.remove(0);
+                }
+                self.others.push(other.clone());
             }
         }
         self.contested = other.is_some();
@@ -274,8 +284,9 @@ impl Freshness {
 /// Answers pings and refreshes `renewTime`, forever. Returns only on error.
 ///
 /// A ping is answered as the watch delivers it. The refresh comes [`REFRESH`] after the last
-/// write, or [`REFRESH_CONTESTED`] while the candidate carries another process's incarnation;
-/// a write that failed is retried with backoff from [`RETRY_FIRST`]. Every
+/// write, or [`REFRESH_CONTESTED`] while the candidate carries another process's incarnation
+/// (within [`REFRESH_ON_NEW_OTHER`] of the first sight of each other process's); a write that
+/// failed is retried with backoff from [`RETRY_FIRST`]. Every
 /// [`READ_EVERY`] the candidate is also read from the API server's cache, which answers
 /// a ping a hung watch did not deliver.
 pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> anyhow::Error {
@@ -517,6 +528,9 @@ mod tests {
         assert_eq!(f.next, t3 + REFRESH_ON_NEW_OTHER);
         let t2 = t3 + REFRESH_ON_NEW_OTHER;
         f.written(t2);
+        // The first one's stamp again (three processes taking turns): not new, 30 s.
+        f.seen(&candidate("other", None, Some(wall)), t2, wall);
+        assert_eq!(f.next, t2 + REFRESH_CONTESTED);
         assert_eq!(f.next, t2 + REFRESH_CONTESTED);
         // Its own stamp stays: back to five minutes after the next write.
         f.seen(&candidate(ME, None, Some(wall)), t2, wall);
@@ -528,6 +542,12 @@ mod tests {
         g.next = t0 + Duration::from_secs(1);
         g.seen(&candidate("other", None, Some(wall)), t0, wall);
         assert_eq!(g.next, t0 + Duration::from_secs(1));
+        // A failed write's backoff is not cut to seconds by a new process (to the contested
+        // 30 s at most, as before).
+        let mut h = Freshness::new(ME.into(), t0);
+        h.failed(wall, t0, Duration::from_secs(40));
+        h.seen(&candidate("other", None, Some(wall)), t0, wall);
+        assert_eq!(h.next, t0 + REFRESH_CONTESTED);
     }
 
     #[test]
