@@ -601,10 +601,7 @@ async fn two_agents_with_one_identity_are_reported(env: Arc<TestEnv>) {
     let op = operator(&env);
     // The operator watches the candidates before the agents' first writes: the stamp's
     // return within seconds is what it must see (later, the agents flip it every 30 s).
-    eventually("the operator ready", DEADLINE, || async {
-        (op.http_get("/readyz").await.ends_with("ok")).then_some(())
-    })
-    .await;
+    op.wait_ready().await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let _a = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "twins", "1.30.0", &log);

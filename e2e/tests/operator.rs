@@ -470,10 +470,7 @@ async fn only_the_pods_it_follows_are_kept(env: Arc<TestEnv>) {
             .find(|l| l.starts_with("arbiter_pods_followed "))
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
     }
-    eventually("the caches synced, nothing followed", DEADLINE, || async {
-        (op.http_get("/readyz").await.ends_with("ok")).then_some(())
-    })
-    .await;
+    op.wait_ready().await;
     assert_eq!(followed(&op).await, Some(0.0));
     create_candidate(
         &env,
@@ -551,10 +548,7 @@ async fn a_registration_proves_life_for_ack_valid_for(env: Arc<TestEnv>) {
     // all the same), never z's.
     let _r = Responder::start(env.client.clone(), &env.ns, &["x", "y"]);
     // Registrations count only as the operator's watch delivers them, not from its first list.
-    eventually("the operator ready", DEADLINE, || async {
-        (op.http_get("/readyz").await.ends_with("ok")).then_some(())
-    })
-    .await;
+    op.wait_ready().await;
     // z holds "alone" at once, on its registration, and never renews: its 15 s term lapses.
     create_candidate(&env, "z", "alone", "1.30.0", Some("1.30.0"), OEV, None).await;
     // y, at the highest binaryVersion, makes "mig" a third-party strategy's lease: x waits.

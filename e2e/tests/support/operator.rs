@@ -83,6 +83,15 @@ impl Operator {
         self.child.id() as i32
     }
 
+    /// Waits until `/readyz` answers ok: the operator leads and its caches are synced, so a
+    /// write made from now on reaches it as a watch event, not in its first list.
+    pub async fn wait_ready(&self) {
+        eventually("the operator ready", Duration::from_secs(60), || async {
+            self.http_get("/readyz").await.ends_with("ok").then_some(())
+        })
+        .await;
+    }
+
     /// GETs `path` from the operator's metrics server (its address is in its log).
     pub async fn http_get(&self, path: &str) -> String {
         let addr = eventually(
