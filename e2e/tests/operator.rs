@@ -55,6 +55,7 @@ crate::tests![operator:
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
     standby_statuses_wait_for_the_elections_and_are_then_written,
+    deposed_statuses_wait_for_the_elections_and_are_then_written,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -1578,6 +1579,134 @@ async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
         metrics.contains("arbiter_queue_idle_depth 0"),
         "no status still waits:\n{metrics}"
     );
+}
+
+/// Under a burst of re-elections (holders that stop renewing together), a deposed holder's
+/// `Leader=False` waits until the worker has no lease due, behind the new holder's
+/// `Leader=True` at a higher term, and is written then, with its `Deposed` Event: many arrive
+/// after the last Lease changed hands, and in the end every status says who holds the lease.
+async fn deposed_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
+    const LEASES: usize = 30;
+    let leases: Vec<(String, String, String)> = (0..LEASES)
+        .map(|i| {
+            let l = format!("lapse-{i:02}");
+            (l.clone(), format!("{l}-old"), format!("{l}-new"))
+        })
+        .collect();
+    for (lease, old, new) in &leases {
+        create_candidate(&env, old, lease, "1.30.0", Some("1.30.0"), OEV, None).await;
+        create_candidate(&env, new, lease, "1.31.0", Some("1.31.0"), OEV, None).await;
+    }
+    let names: Vec<&str> = leases
+        .iter()
+        .flat_map(|(_, o, n)| [o.as_str(), n.as_str()])
+        .collect();
+    let _r = Responder::start(env.client.clone(), &env.ns, &names);
+    // Every holder renews its Lease until it is taken off this list.
+    let renewing: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::new(
+        std::sync::Mutex::new(names.iter().map(|n| n.to_string()).collect()),
+    );
+    let renewer = {
+        let (api, renewing) = (env.api::<Lease>(), renewing.clone());
+        tokio::spawn(async move {
+            loop {
+                for mut l in api
+                    .list(&Default::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                {
+                    let holds =
+                        lease::holder(&l).is_some_and(|h| renewing.lock().unwrap().contains(h));
+                    if holds && l.name_any().starts_with("lapse-") {
+                        l.spec.as_mut().unwrap().renew_time = Some(lease::now());
+                        let _ = api.replace(&l.name_any(), &PostParams::default(), &l).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let op = Operator::start(&env, &["--concurrency", "1", "--lease-duration", "5s"]);
+    eventually(
+        "every lease held by its oldest candidate",
+        Duration::from_secs(90),
+        || async {
+            let api: Api<Lease> = env.api();
+            let mut held = 0;
+            for (lease, old, _) in &leases {
+                let l = api.get_opt(lease).await.ok()??;
+                held += usize::from(lease::holder(&l) == Some(old.as_str()));
+            }
+            (held == LEASES).then_some(())
+        },
+    )
+    .await;
+    // When each Lease first named its new holder, and each old holder was first reported not
+    // to hold it.
+    let (moved, watch_leases) = first_seen(env.api::<Lease>(), |l| {
+        lease::holder(l).is_some_and(|h| h.starts_with("lapse-") && h.ends_with("-new"))
+    });
+    let (deposed, watch_candidates) = first_seen(env.api::<LeaseCandidate>(), |c| {
+        c.name_any().ends_with("-old")
+            && c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|x| x.type_ == "Leader" && x.status == "False")
+            })
+    });
+    // The old holders stop renewing at once: their terms lapse together.
+    for (_, old, _) in &leases {
+        renewing.lock().unwrap().remove(old);
+    }
+    eventually(
+        "every lease moved and every old holder reported deposed",
+        Duration::from_secs(90),
+        || async {
+            let done =
+                moved.lock().unwrap().len() == LEASES && deposed.lock().unwrap().len() == LEASES;
+            done.then_some(())
+        },
+    )
+    .await;
+    watch_leases.abort();
+    watch_candidates.abort();
+    // (The renewer goes on: a new holder whose term lapsed would be deposed in turn.)
+    for (lease, old, new) in &leases {
+        let l: Lease = env.api().get(lease).await.unwrap();
+        assert_eq!(lease::holder(&l), Some(new.as_str()), "{lease}");
+        assert_eq!(
+            condition(&env, old, "Leader").await,
+            Some(("False".into(), "NotHolder".into()))
+        );
+        assert_eq!(
+            condition(&env, new, "Leader").await,
+            Some(("True".into(), "Holder".into()))
+        );
+    }
+    let last_moved = *moved.lock().unwrap().values().max().unwrap();
+    let deposed = deposed.lock().unwrap().clone();
+    let after: Vec<&String> = leases
+        .iter()
+        .map(|(_, old, _)| old)
+        .filter(|old| deposed[*old] > last_moved)
+        .collect();
+    // Not all: the worker may run out of due leases (the rest waiting for their pings'
+    // answers) and write the waiting statuses in between. (Written with each election, as
+    // before, only the last lease's could come after its own Lease.)
+    assert!(
+        after.len() >= LEASES / 3,
+        "only {} of {LEASES} deposed holders' statuses arrived after the last Lease moved: {after:?}",
+        after.len()
+    );
+    // The Deposed Event goes with the status that waited.
+    wait_for_event(&env, after[0], "Deposed", DEADLINE).await;
+    let metrics = op.http_get("/metrics").await;
+    assert!(
+        metrics.contains("arbiter_queue_idle_depth 0"),
+        "no status still waits:\n{metrics}"
+    );
+    renewer.abort();
 }
 
 /// When a watch first saw each object (by name) for which `counts` holds.

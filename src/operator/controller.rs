@@ -21,7 +21,7 @@ use super::depose::Deposer;
 use super::index::owner_pod;
 use super::metrics::{LeaseLabels, Metrics};
 use super::queue::{LeaseKey, Queue};
-use super::report::{publish, report};
+use super::report::{MayWait, publish, report};
 use super::single_active::{self, Prepared};
 use super::status;
 use super::terms::TermLedger;
@@ -83,7 +83,11 @@ async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
         let result = worker.reconcile(&key, &mut queue).await;
         worker.metrics.progress.end(index);
         let requeue = match result {
-            Ok(after) => after,
+            Ok(Reconciled { after, electing }) => {
+                queue.electing(&key, electing);
+                after
+            }
+            // An election under way stays so (its retry ranks from its start).
             Err(err) => {
                 worker.metrics.reconcile_errors.inc();
                 tracing::warn!(lease = %key, error = %format!("{err:#}"), "reconcile failed; retrying");
@@ -96,6 +100,23 @@ async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
             .observe(start.elapsed().as_secs_f64());
         if let Some(after) = requeue {
             queue.requeue(key, after);
+        }
+    }
+}
+
+/// What a reconcile left to do.
+struct Reconciled {
+    /// When to look at the lease again.
+    after: Option<Duration>,
+    /// Whether the lease's election is under way ([`Queue::electing`]).
+    electing: bool,
+}
+
+impl Reconciled {
+    fn after(after: Option<Duration>) -> Reconciled {
+        Reconciled {
+            after,
+            electing: false,
         }
     }
 }
@@ -144,11 +165,7 @@ impl Worker {
 
     /// `queue` (this worker's) says whether other leases are due, and takes `key` back for
     /// when none is if statuses were left to wait.
-    async fn reconcile(
-        &mut self,
-        key: &LeaseKey,
-        queue: &mut Queue,
-    ) -> anyhow::Result<Option<Duration>> {
+    async fn reconcile(&mut self, key: &LeaseKey, queue: &mut Queue) -> anyhow::Result<Reconciled> {
         let mut candidates = self
             .caches
             .by_lease
@@ -171,8 +188,8 @@ impl Worker {
         )
         .await?;
         let plan = match prepared {
-            Prepared::CleanedUp | Prepared::Frozen => return Ok(None),
-            Prepared::Loading => return Ok(Some(Duration::from_millis(500))),
+            Prepared::CleanedUp | Prepared::Frozen => return Ok(Reconciled::after(None)),
+            Prepared::Loading => return Ok(Reconciled::after(Some(Duration::from_millis(500)))),
             Prepared::Ordinary => None,
             Prepared::Workload(p) => Some(*p),
         };
@@ -264,7 +281,10 @@ impl Worker {
             && !self.still_electable(c)
         {
             tracing::debug!(lease = %key, %holder, "the elected candidate's pod stopped while deciding; deciding again");
-            return Ok(Some(Duration::ZERO));
+            return Ok(Reconciled {
+                after: Some(Duration::ZERO),
+                electing: true,
+            });
         }
         let policy = plan
             .as_ref()
@@ -294,7 +314,7 @@ impl Worker {
                     "Deposed",
                     note,
                 );
-                return Ok(Some(Duration::ZERO));
+                return Ok(Reconciled::after(Some(Duration::ZERO)));
             }
         }
         // The pod a new holder deposes (single-active: the active pod; otherwise a lapsed
@@ -410,6 +430,17 @@ impl Worker {
                 (t < term).then(|| (c.name_any(), t))
             })
             .collect();
+        // Statuses that can wait are left for when this worker has no other lease due.
+        let now_lease = written.as_ref().or(lease.as_deref());
+        let (first, deposed) = (
+            status::may_wait(now_lease),
+            status::deposed_may_wait(now_lease),
+        );
+        let busy = (first || deposed) && queue.busy_besides(key);
+        let may_wait = MayWait {
+            first: first && busy,
+            deposed: deposed && busy,
+        };
         // A status that could not be written is tried again soon (a holder's renewals no
         // longer bring the lease back every few seconds).
         let reported = report(
@@ -425,7 +456,7 @@ impl Worker {
             &duplicates,
             &overruns,
             &mut self.statuses,
-            status::may_wait(written.as_ref().or(lease.as_deref())) && queue.busy_besides(key),
+            may_wait,
         )
         .await;
         if reported.waiting {
@@ -494,10 +525,29 @@ impl Worker {
             .as_ref()
             .and(lease_view.as_ref())
             .map(|l| l.duration / 3);
-        Ok([after, retry, renew, report_retry]
-            .into_iter()
-            .flatten()
-            .min())
+        // An election under way, until someone is elected: pinging, waiting for answers or for
+        // a term to run out (each ends within an ack window or a lease duration). Not a lease
+        // with nobody to elect: only a change can bring it a candidate, and it would rank ahead
+        // of every expiry for as long as it stays so.
+        let electing = written.is_none()
+            && matches!(
+                decision.action,
+                Action::Ping { .. }
+                    | Action::WaitForAcks
+                    | Action::WaitForTerm { .. }
+                    | Action::Assign { .. }
+                    | Action::CreateLease {
+                        holder: Some(_),
+                        ..
+                    }
+            );
+        Ok(Reconciled {
+            after: [after, retry, renew, report_retry]
+                .into_iter()
+                .flatten()
+                .min(),
+            electing,
+        })
     }
 
     /// Deletes candidates that belong to no pod and have not renewed for `--candidate-expiry`

@@ -39,8 +39,9 @@ struct Term {
     term: i32,
 }
 
-/// The candidate whose `Leader` condition the arbiter last set to True: the memory a replica
-/// taking over inherits.
+/// The candidate whose `Leader` condition the arbiter last set to True (of several, the one at
+/// the highest term: a deposed holder's `Leader=False` may wait behind the new holder's): the
+/// memory a replica taking over inherits.
 #[derive(Clone, Debug)]
 pub struct Leader {
     pub name: String,

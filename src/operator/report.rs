@@ -29,8 +29,19 @@ pub(super) struct Reported {
     pub waiting: bool,
 }
 
-/// Conditions on candidates, Events and metrics for what was decided and done. With
-/// `may_wait` (the worker has other leases due), statuses that can wait are left for later.
+/// Which statuses may be left for when the worker has nothing else due (it has other leases
+/// due now).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct MayWait {
+    /// A candidate's first status that says it stands by ([`status::can_wait`]).
+    pub first: bool,
+    /// A deposed holder's `Leader=False`, once the holder's `Leader=True` at a higher term is
+    /// on the server or written with it ([`status::deposed_can_wait`]).
+    pub deposed: bool,
+}
+
+/// Conditions on candidates, Events and metrics for what was decided and done. Statuses that
+/// `may_wait` allows are left for later.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn report(
     client: &Client,
@@ -45,11 +56,29 @@ pub(super) async fn report(
     duplicates: &[(String, Vec<String>)],
     overruns: &[(String, i32)],
     written: &mut Written<Vec<Condition>>,
-    may_wait: bool,
+    may_wait: MayWait,
 ) -> Reported {
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
     }
+    let now = std::time::Instant::now();
+    // Each candidate's status as last written: the cache's, or this worker's newer write.
+    let mut current_of = |c: &LeaseCandidate| -> Vec<Condition> {
+        let cached = c
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
+        let mine = written.current(&c.uid().unwrap_or_default(), cached, now);
+        mine.map(|m| m.to_vec()).unwrap_or_else(|| cached.to_vec())
+    };
+    let holder_candidate = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h));
+    // The holder's term as reported never goes down (the Lease deleted, its leaseTransitions
+    // lowered by hand): a deposed holder's `Leader=True` that waits names a lower term than the
+    // holder's, and a replica taking over remembers the highest.
+    let term = holder_candidate
+        .and_then(|c| status::leader_term(&current_of(c)))
+        .map_or(term, |reported| reported.max(term));
     let facts = status::LeaseFacts {
         lease: &key.name,
         holder,
@@ -58,9 +87,9 @@ pub(super) async fn report(
         overruns,
     };
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
-    let mut updates = Vec::new();
+    // Written now; and the deposed holders' that may wait, once the holder's is written.
+    let (mut updates, mut deposed) = (Vec::new(), Vec::new());
     let mut waiting = false;
-    let now = std::time::Instant::now();
     // A lease's first election: while the arbiter waits for answers to its pings, a candidate
     // never reported on waits for the outcome (an ack window or two): written now, the new
     // holder's status would be written again a moment later. (Once the Lease exists, or for a
@@ -69,6 +98,9 @@ pub(super) async fn report(
     // clock, does not hold reports back.)
     let first_election_settling =
         !lease_exists && matches!(decision.action, Action::Ping { .. } | Action::WaitForAcks);
+    // The holder's status is never left to wait: a deposed holder's may, behind it.
+    let holder_term = holder_candidate.map(|_| term);
+    let mut holder_shown = true;
     for c in candidates {
         let name = c.name_any();
         let cached = c
@@ -77,9 +109,7 @@ pub(super) async fn report(
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
         let uid = c.uid().unwrap_or_default();
-        // What this worker wrote last, if the cache does not show it yet.
-        let mine = written.current(&uid, cached, now);
-        let current = mine.as_deref().unwrap_or(cached);
+        let current = &current_of(c);
         if first_election_settling && current.is_empty() {
             continue;
         }
@@ -87,14 +117,23 @@ pub(super) async fn report(
         let Some(conditions) = status::merge(current, desired) else {
             continue;
         };
-        if may_wait && status::can_wait(current, &conditions) {
+        if may_wait.first && status::can_wait(current, &conditions) {
             waiting = true;
             continue;
         }
-        // Events on transitions only, so a steady state is quiet.
+        let may_wait_deposed = may_wait.deposed
+            && holder_term.is_some_and(|t| status::leader_term(current).is_some_and(|was| was < t))
+            && status::deposed_can_wait(current, &conditions);
+        let is_holder = holder == Some(name.as_str());
+        // Events on transitions only, so a steady state is quiet. A holder elected again at a
+        // new term (its lease lapsed, or it was deposed while its status waited) is elected
+        // again.
         let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
         let mut events = Vec::new();
-        if became(status::LEADER) {
+        let new_term = is_holder
+            && status::leader_term(current).is_some_and(|was| was < term)
+            && status::leader_term(&conditions) == Some(term);
+        if became(status::LEADER) || new_term {
             events.push((
                 EventType::Normal,
                 "Elected",
@@ -144,7 +183,7 @@ pub(super) async fn report(
         // No observedGeneration (see status::conditions); null removes one an earlier version wrote.
         let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
         let (api, read) = (&api, cached.to_vec());
-        updates.push(async move {
+        let update = async move {
             let done = match api
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -158,16 +197,38 @@ pub(super) async fn report(
             for (type_, reason, note) in events {
                 publish(recorder, &c.object_ref(&()), type_, reason, note);
             }
-            done
-        });
+            (is_holder, done)
+        };
+        holder_shown &= !is_holder;
+        if may_wait_deposed {
+            deposed.push(update);
+        } else {
+            updates.push(update);
+        }
     }
     // Candidates' statuses are independent of each other: written side by side.
-    let done = futures::stream::iter(updates)
+    let mut done = futures::stream::iter(updates)
         .buffer_unordered(CONCURRENT_WRITES)
         .collect::<Vec<_>>()
         .await;
-    let complete = done.iter().all(Option::is_some);
-    for (uid, read, wrote) in done.into_iter().flatten() {
+    // The holder's `Leader=True` is on the server (unchanged, or written just now): the deposed
+    // holders' statuses may wait. Else they are written now: a replica taking over would
+    // remember a deposed holder's `Leader=True` for want of the holder's.
+    holder_shown |= done.iter().any(|(h, d)| *h && d.is_some());
+    if !deposed.is_empty() {
+        if holder_shown {
+            waiting = true;
+        } else {
+            done.extend(
+                futures::stream::iter(deposed)
+                    .buffer_unordered(CONCURRENT_WRITES)
+                    .collect::<Vec<_>>()
+                    .await,
+            );
+        }
+    }
+    let complete = done.iter().all(|(_, d)| d.is_some());
+    for (uid, read, wrote) in done.into_iter().filter_map(|(_, d)| d) {
         written.record(&uid, read, wrote, now);
     }
     if let Action::RefuseSwitchover { reason } = &decision.action
@@ -343,5 +404,237 @@ mod tests {
             EVENTS_IN_FLIGHT,
             "more Events in flight than allowed"
         );
+    }
+
+    /// The candidates' status writes a report makes, by candidate name, against a stand-in
+    /// API server that accepts every write.
+    async fn status_writes(
+        candidates: &[Arc<LeaseCandidate>],
+        holder: &str,
+        term: i32,
+        may_wait: MayWait,
+    ) -> (Vec<String>, bool) {
+        status_writes_failing(candidates, holder, term, may_wait, None).await
+    }
+
+    /// The same; the stand-in refuses `failing`'s status writes (they are still listed).
+    async fn status_writes_failing(
+        candidates: &[Arc<LeaseCandidate>],
+        holder: &str,
+        term: i32,
+        may_wait: MayWait,
+        failing: Option<&'static str>,
+    ) -> (Vec<String>, bool) {
+        let patched = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let service = {
+            let patched = patched.clone();
+            tower::service_fn(move |req: http::Request<kube::client::Body>| {
+                let patched = patched.clone();
+                async move {
+                    let path = req.uri().path().to_string();
+                    let body = if let Some(rest) = path.split("/leasecandidates/").nth(1) {
+                        let name = rest.trim_end_matches("/status").to_string();
+                        patched.lock().unwrap().push(name.clone());
+                        if Some(name.as_str()) == failing {
+                            return Ok(http::Response::builder()
+                                .status(429)
+                                .header("content-type", "application/json")
+                                .body(kube::client::Body::from(
+                                    json!({
+                                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                        "message": "too many requests", "reason": "TooManyRequests",
+                                        "code": 429
+                                    })
+                                    .to_string()
+                                    .into_bytes(),
+                                ))
+                                .unwrap());
+                        }
+                        json!({
+                            "apiVersion": "arbiter.dev/v1alpha1",
+                            "kind": "LeaseCandidate",
+                            "metadata": { "name": name, "namespace": "ns" },
+                            "spec": {
+                                "leaseName": "l",
+                                "binaryVersion": "1.30.0",
+                                "strategy": "OldestEmulationVersion"
+                            }
+                        })
+                        .to_string()
+                        .into_bytes()
+                    } else {
+                        // An Event, as created.
+                        http_body_util::BodyExt::collect(req.into_body())
+                            .await?
+                            .to_bytes()
+                            .to_vec()
+                    };
+                    Ok::<_, tower::BoxError>(
+                        http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/json")
+                            .body(kube::client::Body::from(body))
+                            .unwrap(),
+                    )
+                }
+            })
+        };
+        let client = Client::new(service, "ns");
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "arbiter".into(),
+                instance: None,
+            },
+        );
+        let key = LeaseKey {
+            namespace: "ns".into(),
+            name: "l".into(),
+        };
+        let reported = report(
+            &client,
+            &recorder,
+            &Metrics::default(),
+            &key,
+            candidates,
+            &decision(),
+            true,
+            Some(holder),
+            term,
+            &[],
+            &[],
+            &mut Written::default(),
+            may_wait,
+        )
+        .await;
+        let mut patched = patched.lock().unwrap().clone();
+        patched.sort();
+        (patched, reported.waiting)
+    }
+
+    /// Every candidate eligible, nothing to do.
+    fn decision() -> Decision {
+        use crate::election::decide::{Liveness, Standing};
+        Decision {
+            action: Action::Nothing,
+            strategy: crate::election::strategy::Resolution::Strategy(
+                crate::api::OLDEST_EMULATION_VERSION.into(),
+            ),
+            standings: ["a", "b", "c"]
+                .into_iter()
+                .map(|n| (n.to_string(), Standing::Eligible(Liveness::Acked)))
+                .collect(),
+            skew_violations: vec![],
+        }
+    }
+
+    /// `name`, with the status the arbiter wrote when `holder` held lease l at `term`.
+    fn reported_as(name: &str, holder: &str, term: i32) -> Arc<LeaseCandidate> {
+        let mut c = LeaseCandidate::new(
+            name,
+            crate::api::LeaseCandidateSpec {
+                lease_name: "l".into(),
+                binary_version: "1.30.0".into(),
+                emulation_version: Some("1.30.0".into()),
+                strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
+                ping_time: None,
+                renew_time: None,
+            },
+        );
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.uid = Some(format!("uid-{name}"));
+        let facts = status::LeaseFacts {
+            lease: "l",
+            holder: Some(holder),
+            term,
+            duplicates: &[],
+            overruns: &[],
+        };
+        c.status = Some(crate::api::LeaseCandidateStatus {
+            conditions: status::conditions(name, &decision(), &facts),
+            ..Default::default()
+        });
+        Arc::new(c)
+    }
+
+    /// A deposed holder's `Leader=False` waits while the worker is busy, and only behind the
+    /// new holder's `Leader=True` at a higher term; the new holder's never waits.
+    #[tokio::test]
+    async fn a_deposed_holders_status_waits_only_behind_the_new_holders() {
+        let busy = MayWait {
+            first: true,
+            deposed: true,
+        };
+        let (a, c) = (reported_as("a", "a", 7), reported_as("c", "a", 7));
+        // b was elected at term 8: its status changes, and a's.
+        let b = reported_as("b", "a", 7);
+        let all = [a.clone(), b.clone(), c.clone()];
+        assert_eq!(
+            status_writes(&all, "b", 8, busy).await,
+            (vec!["b".to_string()], true),
+            "a's waits"
+        );
+        assert_eq!(
+            status_writes(&all, "b", 8, MayWait::default()).await,
+            (vec!["a".to_string(), "b".to_string()], false),
+            "nothing else due: both at once"
+        );
+        // b's write fails: a's is written too, not left for a replica taking over to find as
+        // the only Leader=True.
+        assert_eq!(
+            status_writes_failing(&all, "b", 8, busy, Some("b")).await,
+            (vec!["a".to_string(), "b".to_string()], false)
+        );
+        // b's Leader=True is on the server already: a's still waits.
+        let b_reported = reported_as("b", "b", 8);
+        assert_eq!(
+            status_writes(&[a.clone(), b_reported.clone(), c.clone()], "b", 8, busy).await,
+            (vec![], true)
+        );
+        // The holder's candidate is gone: no Leader=True at its term can be written, so a's
+        // is written at once (else a replica taking over would remember a).
+        assert_eq!(
+            status_writes(&[a.clone(), c.clone()], "b", 8, busy).await,
+            (vec!["a".to_string()], false)
+        );
+        // A Leader=True that names the term the Lease is at (a hand edit): not stale.
+        assert_eq!(
+            status_writes(
+                &[reported_as("a", "a", 8), b_reported.clone(), c.clone()],
+                "b",
+                8,
+                busy
+            )
+            .await,
+            (vec!["a".to_string()], false)
+        );
+        // The Lease's term went down (deleted: 0; or lowered by hand): b is still reported at
+        // its term, so a's waits behind it, and nothing is rewritten.
+        assert_eq!(
+            status_writes(&[a.clone(), b_reported, c], "b", 0, busy).await,
+            (vec![], true)
+        );
+        // Deposed and unresponsive: a reason it cannot be elected is reported at once.
+        let mut unresponsive = decision();
+        unresponsive.standings.insert(
+            "a".into(),
+            crate::election::decide::Standing::Ineligible(
+                crate::election::decide::Reason::Unresponsive,
+            ),
+        );
+        let desired = status::conditions(
+            "a",
+            &unresponsive,
+            &status::LeaseFacts {
+                lease: "l",
+                holder: Some("b"),
+                term: 8,
+                duplicates: &[],
+                overruns: &[],
+            },
+        );
+        let current = a.status.as_ref().unwrap().conditions.clone();
+        let merged = status::merge(&current, desired).unwrap();
+        assert!(!status::deposed_can_wait(&current, &merged));
     }
 }

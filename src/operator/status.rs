@@ -214,6 +214,46 @@ pub fn can_wait(current: &[Condition], desired: &[Condition]) -> bool {
             .all(|c| (c.type_ == ELIGIBLE) == (c.status == "True"))
 }
 
+/// Whether writing `desired` over `current` can wait until the worker has nothing else due, for
+/// a candidate that no longer holds the lease: only its `Leader` goes from True to False,
+/// nothing else changes. The caller lets it wait only while the new holder's `Leader=True`, at
+/// a higher term of an arbiter-elected lease, is on the server or being written with it: a
+/// replica taking over that finds both remembers the one of the highest term
+/// ([`leader_term`]), so the stale one misleads no one but a human reader of `kubectl get`
+/// (the Lease, and `arbiter status`, say who holds it). Its `Deposed` Event waits with it.
+pub fn deposed_can_wait(current: &[Condition], desired: &[Condition]) -> bool {
+    let rest = |conditions: &[Condition]| -> Vec<(String, String, String, String)> {
+        conditions
+            .iter()
+            .filter(|c| c.type_ != LEADER)
+            .map(|c| {
+                (
+                    c.type_.clone(),
+                    c.status.clone(),
+                    c.reason.clone(),
+                    c.message.clone(),
+                )
+            })
+            .collect()
+    };
+    is_true(current, LEADER) && !is_true(desired, LEADER) && rest(current) == rest(desired)
+}
+
+/// The term a `Leader=True` says the candidate holds ("holds lease L at term N"), if
+/// `Leader` is True (0 when the message names no term).
+pub fn leader_term(conditions: &[Condition]) -> Option<i32> {
+    let leader = conditions
+        .iter()
+        .find(|c| c.type_ == LEADER && c.status == "True")?;
+    Some(
+        leader
+            .message
+            .rsplit_once(" at term ")
+            .and_then(|(_, t)| t.trim().parse().ok())
+            .unwrap_or(0),
+    )
+}
+
 /// Whether statuses of the lease whose Lease is `lease` may wait at all ([`can_wait`]): only
 /// while the Lease is at its first term, under the arbiter's own strategy. The arbiter's terms
 /// never repeat, so no candidate but the holder has ever held it, and no `Leader=True` the
@@ -224,6 +264,14 @@ pub fn may_wait(lease: Option<&Lease>) -> bool {
     lease.is_some_and(|l| {
         crate::lease::term(l) <= 1 && crate::lease::strategy(l) == Some(OLDEST_EMULATION_VERSION)
     })
+}
+
+/// Whether a deposed holder's status may wait at all ([`deposed_can_wait`]): under the
+/// arbiter's own strategy, whose every assignment takes a higher term than any before it. Not
+/// while the Lease is gone (the term it had is not known), nor under a third-party strategy
+/// (whose holders change without a term: the stale `Leader=True` would tie with the holder's).
+pub fn deposed_may_wait(lease: Option<&Lease>) -> bool {
+    lease.is_some_and(|l| crate::lease::strategy(l) == Some(OLDEST_EMULATION_VERSION))
 }
 
 /// Whether `type_` is True in `conditions`.
@@ -257,6 +305,11 @@ mod tests {
     /// The conditions of `candidate` when `a` holds the lease and `b` and `c` are eligible
     /// (`c` breaking the skew rule).
     fn judged(candidate: &str) -> Vec<Condition> {
+        judged_at(candidate, "a", 1)
+    }
+
+    /// The same, with `holder` holding the lease at `term`.
+    fn judged_at(candidate: &str, holder: &str, term: i32) -> Vec<Condition> {
         use crate::election::decide::{Action, Liveness, SkewViolation};
         let version = |v: &str| crate::election::Version::parse(v).unwrap();
         let decision = Decision {
@@ -274,12 +327,43 @@ mod tests {
         };
         let facts = LeaseFacts {
             lease: "l",
-            holder: Some("a"),
-            term: 1,
+            holder: Some(holder),
+            term,
             duplicates: &[],
             overruns: &[],
         };
         conditions(candidate, &decision, &facts)
+    }
+
+    #[test]
+    fn only_a_deposed_holders_leader_false_can_wait_and_the_term_is_read_back() {
+        let was = judged_at("a", "a", 7);
+        assert_eq!(leader_term(&was), Some(7));
+        let now = merge(&was, judged_at("a", "b", 8)).expect("a no longer holds it");
+        assert_eq!(leader_term(&now), None);
+        assert!(deposed_can_wait(&was, &now), "only Leader changes");
+        assert!(
+            !deposed_can_wait(&judged_at("b", "a", 7), &judged_at("b", "b", 8)),
+            "the new holder's status"
+        );
+        assert!(
+            !deposed_can_wait(&judged_at("c", "a", 7), &judged_at("c", "b", 8)),
+            "a standby's (unchanged)"
+        );
+        let mut also_ineligible = now.clone();
+        let eligible = also_ineligible
+            .iter_mut()
+            .find(|c| c.type_ == ELIGIBLE)
+            .unwrap();
+        eligible.status = "False".into();
+        eligible.reason = "Unresponsive".into();
+        assert!(
+            !deposed_can_wait(&was, &also_ineligible),
+            "a reason it cannot be elected is reported at once"
+        );
+        let mut no_term = was.clone();
+        no_term[0].message = "holds lease l".into();
+        assert_eq!(leader_term(&no_term), Some(0), "True, at no known term");
     }
 
     #[test]

@@ -166,17 +166,10 @@ impl Worker {
                 }),
             term: lease::term(l),
         });
-        let leader = candidates.iter().find_map(|c| {
-            let leads = c.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|x| x.type_ == "Leader" && x.status == "True")
-            });
-            leads.then(|| held::Leader {
-                name: c.name_any(),
-                pod_uid: owner_pod(c).map(|(_, uid)| uid),
-                declared: declared_duration(Some(c)),
-            })
+        let leader = last_reported_leader(candidates).map(|c| held::Leader {
+            name: c.name_any(),
+            pod_uid: owner_pod(c).map(|(_, uid)| uid),
+            declared: declared_duration(Some(c)),
         });
         let held = &self.caches.held;
         held.observe(
@@ -291,6 +284,23 @@ impl Worker {
     }
 }
 
+/// The candidate the arbiter last reported `Leader=True`: of several (a deposed holder's
+/// `Leader=False` may wait while the worker is busy, see `status::deposed_can_wait`), the one
+/// whose condition names the highest term; of equal terms, the first.
+pub(super) fn last_reported_leader(
+    candidates: &[Arc<LeaseCandidate>],
+) -> Option<&Arc<LeaseCandidate>> {
+    candidates
+        .iter()
+        .rev()
+        .filter_map(|c| {
+            let conditions = c.status.as_ref().map(|s| s.conditions.as_slice())?;
+            Some((super::status::leader_term(conditions)?, c))
+        })
+        .max_by_key(|(term, _)| *term)
+        .map(|(_, c)| c)
+}
+
 /// When to look at a lease again even if nothing changes, after `action` on `lease`: just
 /// after the holder's expiry, or after a wait. A holder whose lease has expired and whom
 /// nothing replaced (nobody can be elected, or the lease is another strategy's) is looked at
@@ -318,6 +328,62 @@ pub(super) fn look_again(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn of_several_reported_leaders_the_highest_terms_is_remembered() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let candidate = |name: &str, leader: Option<&str>| {
+            let mut c = LeaseCandidate::new(
+                name,
+                crate::api::LeaseCandidateSpec {
+                    lease_name: "l".into(),
+                    binary_version: "1.30.0".into(),
+                    emulation_version: Some("1.30.0".into()),
+                    strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
+                    ping_time: None,
+                    renew_time: None,
+                },
+            );
+            c.status = Some(crate::api::LeaseCandidateStatus {
+                conditions: leader
+                    .map(|message| {
+                        vec![Condition {
+                            type_: "Leader".into(),
+                            status: "True".into(),
+                            reason: "Holder".into(),
+                            message: message.into(),
+                            observed_generation: None,
+                            last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+                        }]
+                    })
+                    .unwrap_or_default(),
+                ..Default::default()
+            });
+            Arc::new(c)
+        };
+        let name = |cs: &[Arc<LeaseCandidate>]| last_reported_leader(cs).map(|c| c.name_any());
+        let deposed = candidate("a", Some("holds lease l at term 7"));
+        let holder = candidate("b", Some("holds lease l at term 8"));
+        let standby = candidate("c", None);
+        assert_eq!(
+            name(&[deposed.clone(), holder.clone(), standby.clone()]),
+            Some("b".into())
+        );
+        assert_eq!(
+            name(&[holder.clone(), deposed.clone()]),
+            Some("b".into()),
+            "whatever the order"
+        );
+        assert_eq!(name(&[deposed.clone(), standby.clone()]), Some("a".into()));
+        assert_eq!(name(std::slice::from_ref(&standby)), None);
+        let unknown = candidate("d", Some("holds lease l"));
+        assert_eq!(
+            name(&[unknown.clone(), candidate("e", Some("holds lease l"))]),
+            Some("d".into()),
+            "of equal terms the first"
+        );
+        assert_eq!(name(&[unknown, holder]), Some("b".into()));
+    }
 
     fn held_for(unchanged_for: Duration) -> decide::Lease {
         decide::Lease {
