@@ -125,12 +125,20 @@ pub(super) async fn report(
             && holder_term.is_some_and(|t| status::leader_term(current).is_some_and(|was| was < t))
             && status::deposed_can_wait(current, &conditions);
         let is_holder = holder == Some(name.as_str());
-        // Events on transitions only, so a steady state is quiet. A holder elected again at a
-        // new term (its lease lapsed, or it was deposed while its status waited) is elected
-        // again.
+        // Events on transitions only, so a steady state is quiet. A holder the arbiter elects
+        // again at a new term (its lease lapsed, or it was deposed while its status waited) is
+        // elected again; a term raised by hand elects nobody.
         let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
         let mut events = Vec::new();
         let new_term = is_holder
+            && matches!(
+                decision.action,
+                Action::Assign { .. }
+                    | Action::CreateLease {
+                        holder: Some(_),
+                        ..
+                    }
+            )
             && status::leader_term(current).is_some_and(|was| was < term)
             && status::leader_term(&conditions) == Some(term);
         if became(status::LEADER) || new_term {
