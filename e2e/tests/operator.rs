@@ -1502,26 +1502,43 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
     );
 }
 
+/// `count` leases `{prefix}-NN`, each with two candidates registered: `{prefix}-NN-old` at
+/// 1.30.0 and `{prefix}-NN-new` at 1.31.0 (OldestEmulationVersion elects the old one). Returns
+/// (lease, old, new) per lease.
+async fn register_old_and_new(
+    env: &TestEnv,
+    prefix: &str,
+    count: usize,
+) -> Vec<(String, String, String)> {
+    let leases: Vec<(String, String, String)> = (0..count)
+        .map(|i| {
+            let l = format!("{prefix}-{i:02}");
+            (l.clone(), format!("{l}-old"), format!("{l}-new"))
+        })
+        .collect();
+    for (lease, old, new) in &leases {
+        create_candidate(env, old, lease, "1.30.0", Some("1.30.0"), OEV, None).await;
+        create_candidate(env, new, lease, "1.31.0", Some("1.31.0"), OEV, None).await;
+    }
+    leases
+}
+
+/// Both candidates' names of every lease `register_old_and_new` made.
+fn both_names(leases: &[(String, String, String)]) -> Vec<&str> {
+    leases
+        .iter()
+        .flat_map(|(_, o, n)| [o.as_str(), n.as_str()])
+        .collect()
+}
+
 /// Under a burst of first elections, a standby's first status (it only says the candidate
 /// stands by) waits until the worker has no lease due, and is written then: many of them arrive
 /// after the last Lease is created, and in the end every candidate has its conditions.
 async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
     const LEASES: usize = 30;
-    let leases: Vec<(String, String, String)> = (0..LEASES)
-        .map(|i| {
-            let l = format!("burst-{i:02}");
-            (l.clone(), format!("{l}-old"), format!("{l}-new"))
-        })
-        .collect();
     // Registered before the operator starts: every lease is due at once.
-    for (lease, old, new) in &leases {
-        create_candidate(&env, old, lease, "1.30.0", Some("1.30.0"), OEV, None).await;
-        create_candidate(&env, new, lease, "1.31.0", Some("1.31.0"), OEV, None).await;
-    }
-    let alive: Vec<&str> = leases
-        .iter()
-        .flat_map(|(_, o, n)| [o.as_str(), n.as_str()])
-        .collect();
+    let leases = register_old_and_new(&env, "burst", LEASES).await;
+    let alive = both_names(&leases);
     let _r = Responder::start(env.client.clone(), &env.ns, &alive);
     // When each burst Lease, and each candidate's first status, was first seen.
     let (created, watch_leases) =
@@ -1587,20 +1604,8 @@ async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
 /// after the last Lease changed hands, and in the end every status says who holds the lease.
 async fn deposed_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
     const LEASES: usize = 30;
-    let leases: Vec<(String, String, String)> = (0..LEASES)
-        .map(|i| {
-            let l = format!("lapse-{i:02}");
-            (l.clone(), format!("{l}-old"), format!("{l}-new"))
-        })
-        .collect();
-    for (lease, old, new) in &leases {
-        create_candidate(&env, old, lease, "1.30.0", Some("1.30.0"), OEV, None).await;
-        create_candidate(&env, new, lease, "1.31.0", Some("1.31.0"), OEV, None).await;
-    }
-    let names: Vec<&str> = leases
-        .iter()
-        .flat_map(|(_, o, n)| [o.as_str(), n.as_str()])
-        .collect();
+    let leases = register_old_and_new(&env, "lapse", LEASES).await;
+    let names = both_names(&leases);
     let _r = Responder::start(env.client.clone(), &env.ns, &names);
     // Every holder renews its Lease until it is taken off this list.
     let renewing: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::new(

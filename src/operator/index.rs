@@ -162,20 +162,9 @@ mod tests {
     use kube::runtime::{reflector, watcher};
 
     use super::*;
-    use crate::api::LeaseCandidateSpec;
 
     fn candidate(name: &str, lease: &str) -> LeaseCandidate {
-        let mut c = LeaseCandidate::new(
-            name,
-            LeaseCandidateSpec {
-                lease_name: lease.into(),
-                binary_version: "1.30.0".into(),
-                emulation_version: Some("1.30.0".into()),
-                strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
-                ping_time: None,
-                renew_time: None,
-            },
-        );
+        let mut c = crate::api::test_candidate(name, lease);
         c.metadata.namespace = Some("ns".into());
         c
     }

@@ -538,17 +538,7 @@ mod tests {
 
     /// `name`, with the status the arbiter wrote when `holder` held lease l at `term`.
     fn reported_as(name: &str, holder: &str, term: i32) -> Arc<LeaseCandidate> {
-        let mut c = LeaseCandidate::new(
-            name,
-            crate::api::LeaseCandidateSpec {
-                lease_name: "l".into(),
-                binary_version: "1.30.0".into(),
-                emulation_version: Some("1.30.0".into()),
-                strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
-                ping_time: None,
-                renew_time: None,
-            },
-        );
+        let mut c = crate::api::test_candidate(name, "l");
         c.metadata.namespace = Some("ns".into());
         c.metadata.uid = Some(format!("uid-{name}"));
         let facts = status::LeaseFacts {

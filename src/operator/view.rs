@@ -333,17 +333,7 @@ mod tests {
     fn of_several_reported_leaders_the_highest_terms_is_remembered() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
         let candidate = |name: &str, leader: Option<&str>| {
-            let mut c = LeaseCandidate::new(
-                name,
-                crate::api::LeaseCandidateSpec {
-                    lease_name: "l".into(),
-                    binary_version: "1.30.0".into(),
-                    emulation_version: Some("1.30.0".into()),
-                    strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
-                    ping_time: None,
-                    renew_time: None,
-                },
-            );
+            let mut c = crate::api::test_candidate(name, "l");
             c.status = Some(crate::api::LeaseCandidateStatus {
                 conditions: leader
                     .map(|message| {
