@@ -21,6 +21,10 @@ use kube::{Client, ResourceExt};
 pub const MANAGED_LABEL: &str = "arbiter.dev/managed";
 pub const STRATEGY_ANNOTATION: &str = "arbiter.dev/strategy";
 pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
+/// On a Lease: the uid of the pod its holder runs in (written by the arbiter with each
+/// assignment, so that the holder's confirmed death is recognised even after its candidate is
+/// gone).
+pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 /// The holding agent's process incarnation (a random id per start).
 pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
 

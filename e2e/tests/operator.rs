@@ -1523,6 +1523,23 @@ async fn register_old_and_new(
     leases
 }
 
+/// `lease`'s Lease names `holder`, whose status says so (`Leader=True`), and `other`'s status
+/// says it does not hold it.
+async fn assert_held(env: &TestEnv, lease: &str, holder: &str, other: &str) {
+    let l: Lease = env.api().get(lease).await.unwrap();
+    assert_eq!(lease::holder(&l), Some(holder), "{lease}");
+    assert_eq!(
+        condition(env, holder, "Leader").await,
+        Some(("True".into(), "Holder".into())),
+        "{holder}"
+    );
+    assert_eq!(
+        condition(env, other, "Leader").await,
+        Some(("False".into(), "NotHolder".into())),
+        "{other}"
+    );
+}
+
 /// Both candidates' names of every lease `register_old_and_new` made.
 fn both_names(leases: &[(String, String, String)]) -> Vec<&str> {
     leases
@@ -1561,16 +1578,7 @@ async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
     watch_leases.abort();
     watch_candidates.abort();
     for (lease, old, new) in &leases {
-        let l: Lease = env.api().get(lease).await.unwrap();
-        assert_eq!(lease::holder(&l), Some(old.as_str()), "{lease}");
-        assert_eq!(
-            condition(&env, old, "Leader").await,
-            Some(("True".into(), "Holder".into()))
-        );
-        assert_eq!(
-            condition(&env, new, "Leader").await,
-            Some(("False".into(), "NotHolder".into()))
-        );
+        assert_held(&env, lease, old, new).await;
         assert_eq!(
             condition(&env, new, "Eligible").await,
             Some(("True".into(), "Eligible".into()))
@@ -1678,16 +1686,7 @@ async fn deposed_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
     watch_candidates.abort();
     // (The renewer goes on: a new holder whose term lapsed would be deposed in turn.)
     for (lease, old, new) in &leases {
-        let l: Lease = env.api().get(lease).await.unwrap();
-        assert_eq!(lease::holder(&l), Some(new.as_str()), "{lease}");
-        assert_eq!(
-            condition(&env, old, "Leader").await,
-            Some(("False".into(), "NotHolder".into()))
-        );
-        assert_eq!(
-            condition(&env, new, "Leader").await,
-            Some(("True".into(), "Holder".into()))
-        );
+        assert_held(&env, lease, new, old).await;
     }
     // A status written with its election (as before) is on the server a round trip after its
     // Lease, before the worker's next reconcile: no other Lease moves in between. One that

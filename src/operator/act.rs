@@ -15,7 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::controller::{CONCURRENT_WRITES, HOLDER_POD_ANNOTATION, Worker};
+use super::controller::{CONCURRENT_WRITES, Worker};
 use super::depose::{self, RESTARTS_ANNOTATION};
 use super::index::owner_pod;
 use super::queue::LeaseKey;
@@ -23,7 +23,7 @@ use super::report::publish;
 use super::written::LeaseVersion;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
-use crate::lease::{self, LeaseStore, MANAGED_LABEL};
+use crate::lease::{self, HOLDER_POD_ANNOTATION, LeaseStore, MANAGED_LABEL};
 
 impl Worker {
     /// The Lease as this worker last wrote it while its cache has not caught up with that

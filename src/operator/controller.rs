@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::Api;
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
@@ -31,13 +30,10 @@ use super::watch::{Caches, pod_state};
 use super::written::{LeaseVersion, Written};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action};
-use crate::lease;
+use crate::lease::{self, HOLDER_POD_ANNOTATION};
 
 /// How many independent writes for one lease (pings) are in flight at once.
 pub(super) const CONCURRENT_WRITES: usize = 8;
-
-/// On a Lease: the uid of the pod its holder runs in.
-pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 
 /// When a lease whose report (a candidate's status, the pending forced exits) could not be
 /// written is looked at again.
@@ -548,46 +544,6 @@ impl Worker {
                 .min(),
             electing,
         })
-    }
-
-    /// Deletes candidates that belong to no pod and have not renewed for `--candidate-expiry`
-    /// (pod-owned ones are garbage-collected with their pod), and drops them from `candidates`.
-    async fn expire_candidates(&self, key: &LeaseKey, candidates: &mut Vec<Arc<LeaseCandidate>>) {
-        let expiry = self.settings.candidate_expiry;
-        let now = jiff::Timestamp::now();
-        let stale = |c: &LeaseCandidate| {
-            owner_pod(c).is_none()
-                && c.spec.renew_time.as_ref().is_none_or(|r| {
-                    Duration::try_from(now.duration_since(r.0)).is_ok_and(|age| age > expiry)
-                })
-        };
-        let api: Api<LeaseCandidate> = Api::namespaced(self.client.clone(), &key.namespace);
-        let mut kept = Vec::with_capacity(candidates.len());
-        for c in candidates.drain(..) {
-            if !stale(&c) {
-                kept.push(c);
-                continue;
-            }
-            // Only the version we judged: a candidate that renewed meanwhile is not deleted.
-            let dp = kube::api::DeleteParams {
-                preconditions: Some(kube::api::Preconditions {
-                    uid: c.uid(),
-                    resource_version: c.resource_version(),
-                }),
-                ..Default::default()
-            };
-            match api.delete(&c.name_any(), &dp).await {
-                Ok(_) => {
-                    self.metrics.candidates_expired.inc();
-                    tracing::info!(lease = %key, candidate = %c.name_any(), ?expiry, "deleted a candidate that stopped renewing");
-                }
-                Err(e) => {
-                    tracing::warn!(candidate = %c.name_any(), error = %e, "deleting an expired candidate failed");
-                    kept.push(c);
-                }
-            }
-        }
-        *candidates = kept;
     }
 
     /// Leaderless time and handover duration, for metrics.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Resource, ResourceExt};
 
-use super::controller::{HOLDER_POD_ANNOTATION, Worker};
+use super::controller::Worker;
 use super::depose::{self, OnDepose, PENDING_ANNOTATION, RESTARTS_ANNOTATION, Target};
 use super::index::owner_pod;
 use super::metrics::MethodLabels;
@@ -19,7 +19,7 @@ use super::report::publish;
 use super::single_active::{self, Plan};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
-use crate::lease::{self, LeaseStore};
+use crate::lease::{self, HOLDER_POD_ANNOTATION, LeaseStore};
 
 /// The pods `lease`'s holder may run in (none when nobody holds it): the one recorded when its
 /// term was assigned, and the one its candidate names now. Never forced out.

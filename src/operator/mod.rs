@@ -8,6 +8,7 @@ mod act;
 pub mod annotated;
 pub mod controller;
 pub mod depose;
+mod expire;
 mod force;
 pub mod ha;
 pub mod held;

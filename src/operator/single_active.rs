@@ -234,7 +234,7 @@ impl Plan {
             .find(|c| c.name_any() == previous && managed(c))?;
         let assigned_to = lease
             .annotations()
-            .get(super::controller::HOLDER_POD_ANNOTATION)
+            .get(lease::HOLDER_POD_ANNOTATION)
             .cloned()
             .or_else(|| owner_pod(candidate).map(|(_, uid)| uid))?;
         let pod = self.pod(previous).filter(|p| {

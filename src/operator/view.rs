@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::controller::{HOLDER_POD_ANNOTATION, Worker, declared_duration};
+use super::controller::{Worker, declared_duration};
 use super::held;
 use super::index::owner_pod;
 use super::queue::LeaseKey;
 use super::records;
 use crate::api::LeaseCandidate;
 use crate::election::decide;
-use crate::lease::{self, INCARNATION_ANNOTATION};
+use crate::lease::{self, HOLDER_POD_ANNOTATION, INCARNATION_ANNOTATION};
 
 /// A Lease record as this process first saw it.
 pub(super) struct Seen {
