@@ -1754,12 +1754,25 @@ where
     (seen, task)
 }
 
+/// A candidate without a pod whose renewal is older than `--candidate-expiry` is deleted; one
+/// that never wrote `renewTime` (made by hand) counts from its creation and is kept, though the
+/// reconciles that deleted the other and elected a holder judged it.
 async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
     let _op = Operator::start(&env, &["--candidate-expiry", "15m"]);
     let _r = Responder::start(env.client.clone(), &env.ns, &["fresh"]);
+    let api: Api<LeaseCandidate> = env.api();
+    // First: the candidate watch delivers in order, so every later reconcile of "gc" sees it.
+    create_candidate(&env, "by-hand", "gc", "1.0.0", Some("1.0.0"), OEV, None).await;
+    let never_renewed = json!({"spec": {"renewTime": null}});
+    api.patch(
+        "by-hand",
+        &PatchParams::default(),
+        &Patch::Merge(&never_renewed),
+    )
+    .await
+    .unwrap();
     create_candidate(&env, "fresh", "gc", "1.0.0", Some("1.0.0"), OEV, None).await;
     create_candidate(&env, "stale", "gc", "1.0.0", Some("1.0.0"), OEV, None).await;
-    let api: Api<LeaseCandidate> = env.api();
     let old = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
     let patch = serde_json::json!({"spec": {"renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(old)}});
     api.patch(
@@ -1775,6 +1788,10 @@ async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
     .await;
     wait_for_holder(&env, "gc", "fresh", DEADLINE).await;
     assert!(api.get_opt("fresh").await.unwrap().is_some());
+    assert!(
+        api.get_opt("by-hand").await.unwrap().is_some(),
+        "a candidate that never renewed was deleted at once"
+    );
 }
 
 /// The README's metric table is the truth: every family a running operator exposes is listed

@@ -1,10 +1,17 @@
 //! Candidates that stopped renewing: one that belongs to no pod and has not renewed for
 //! `--candidate-expiry` is deleted (a pod-owned one is garbage-collected with its pod), with a
 //! precondition on the version judged, so a candidate that renewed meanwhile is kept.
+//!
+//! A candidate that never wrote `renewTime` (made by hand, or by a client that leaves it out)
+//! counts from its creation: it is not deleted the moment the operator first sees it. The times
+//! are the writers' wall clocks read on the operator's: a candidate process whose clock runs
+//! behind by more than `--candidate-expiry` less its refresh (5 min) has its candidate deleted
+//! while it lives, unless a pod owns it (README, Limits).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 
@@ -13,26 +20,34 @@ use super::index::owner_pod;
 use super::queue::LeaseKey;
 use crate::api::LeaseCandidate;
 
+/// Whether `c` is to be deleted at `now`: no pod owns it, and its last renewal (else its
+/// creation) is more than `expiry` ago. A time in the future, or no time at all, is not expired.
+pub(super) fn expired(c: &LeaseCandidate, now: Timestamp, expiry: Duration) -> bool {
+    let since = c
+        .spec
+        .renew_time
+        .as_ref()
+        .map(|r| r.0)
+        .or_else(|| c.creation_timestamp().map(|t| t.0));
+    owner_pod(c).is_none()
+        && since.is_some_and(|t| {
+            Duration::try_from(now.duration_since(t)).is_ok_and(|age| age > expiry)
+        })
+}
+
 impl Worker {
-    /// Deletes candidates that belong to no pod and have not renewed for `--candidate-expiry`
-    /// (pod-owned ones are garbage-collected with their pod), and drops them from `candidates`.
+    /// Deletes `candidates` that [`expired`] (only the version judged), and drops them from it.
     pub(super) async fn expire_candidates(
         &self,
         key: &LeaseKey,
         candidates: &mut Vec<Arc<LeaseCandidate>>,
     ) {
         let expiry = self.settings.candidate_expiry;
-        let now = jiff::Timestamp::now();
-        let stale = |c: &LeaseCandidate| {
-            owner_pod(c).is_none()
-                && c.spec.renew_time.as_ref().is_none_or(|r| {
-                    Duration::try_from(now.duration_since(r.0)).is_ok_and(|age| age > expiry)
-                })
-        };
+        let now = Timestamp::now();
         let api: Api<LeaseCandidate> = Api::namespaced(self.client.clone(), &key.namespace);
         let mut kept = Vec::with_capacity(candidates.len());
         for c in candidates.drain(..) {
-            if !stale(&c) {
+            if !expired(&c, now, expiry) {
                 kept.push(c);
                 continue;
             }
@@ -56,5 +71,92 @@ impl Worker {
             }
         }
         *candidates = kept;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference, Time};
+
+    use super::*;
+
+    const EXPIRY: Duration = Duration::from_secs(30 * 60);
+
+    fn at(now: Timestamp, minutes_ago: i64) -> Timestamp {
+        now - jiff::SignedDuration::from_mins(minutes_ago)
+    }
+
+    /// (what, renewed minutes ago, created minutes ago, owned by a pod, expired)
+    #[test]
+    fn a_candidate_expires_when_nothing_it_wrote_is_recent_and_no_pod_owns_it() {
+        let now = Timestamp::from_second(2_000_000_000).unwrap();
+        let cases = [
+            ("renewed just now", Some(0), Some(120), false, false),
+            (
+                "renewed within the expiry",
+                Some(29),
+                Some(120),
+                false,
+                false,
+            ),
+            (
+                "renewed before the expiry",
+                Some(31),
+                Some(120),
+                false,
+                true,
+            ),
+            (
+                "renewed long ago but owned by a pod",
+                Some(600),
+                Some(600),
+                true,
+                false,
+            ),
+            (
+                "never renewed, created just now",
+                None,
+                Some(0),
+                false,
+                false,
+            ),
+            (
+                "never renewed, created long ago",
+                None,
+                Some(31),
+                false,
+                true,
+            ),
+            (
+                "renewed in the future (a clock ahead)",
+                Some(-60),
+                Some(120),
+                false,
+                false,
+            ),
+            (
+                "a recent renewal counts, not the creation",
+                Some(1),
+                Some(600),
+                false,
+                false,
+            ),
+            ("no time at all", None, None, false, false),
+        ];
+        for (what, renewed, created, owned, want) in cases {
+            let mut c = crate::api::test_candidate("c", "l");
+            c.spec.renew_time = renewed.map(|m| MicroTime(at(now, m)));
+            c.metadata.creation_timestamp = created.map(|m| Time(at(now, m)));
+            if owned {
+                c.metadata.owner_references = Some(vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    name: "p".into(),
+                    uid: "uid-p".into(),
+                    ..Default::default()
+                }]);
+            }
+            assert_eq!(expired(&c, now, EXPIRY), want, "{what}");
+        }
     }
 }
