@@ -53,7 +53,7 @@ pub(crate) fn test_candidate(name: &str, lease: &str) -> LeaseCandidate {
         LeaseCandidateSpec {
             lease_name: lease.into(),
             binary_version: "1.30.0".into(),
-            emulation_version: None,
+            emulation_version: Some("1.30.0".into()),
             strategy: OLDEST_EMULATION_VERSION.into(),
             ping_time: None,
             renew_time: None,

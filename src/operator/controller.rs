@@ -167,7 +167,7 @@ impl Worker {
             .by_lease
             .candidates(key, &self.caches.candidates);
         let lease = self.newest_lease(key);
-        self.expire_candidates(key, &mut candidates).await;
+        let next_expiry = self.expire_candidates(key, &mut candidates).await;
         // A single-active lease's reconcile (its role labels) never interleaves with another
         // of the namespace's, whatever worker runs it.
         let _serial = match self.caches.workloads.governing(key) {
@@ -538,7 +538,7 @@ impl Worker {
                     }
             );
         Ok(Reconciled {
-            after: [after, retry, renew, report_retry]
+            after: [after, retry, renew, report_retry, next_expiry]
                 .into_iter()
                 .flatten()
                 .min(),

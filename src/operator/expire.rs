@@ -20,36 +20,45 @@ use super::index::owner_pod;
 use super::queue::LeaseKey;
 use crate::api::LeaseCandidate;
 
-/// Whether `c` is to be deleted at `now`: no pod owns it, and its last renewal (else its
-/// creation) is more than `expiry` ago. A time in the future, or no time at all, is not expired.
-pub(super) fn expired(c: &LeaseCandidate, now: Timestamp, expiry: Duration) -> bool {
+/// How long until `c` is to be deleted, as of `now` (zero: it is due): `expiry` after its last
+/// renewal, else after its creation. `None` when a pod owns it (it goes with the pod) or it
+/// carries no time at all.
+pub(super) fn expires_in(c: &LeaseCandidate, now: Timestamp, expiry: Duration) -> Option<Duration> {
+    if owner_pod(c).is_some() {
+        return None;
+    }
     let since = c
         .spec
         .renew_time
         .as_ref()
         .map(|r| r.0)
-        .or_else(|| c.creation_timestamp().map(|t| t.0));
-    owner_pod(c).is_none()
-        && since.is_some_and(|t| {
-            Duration::try_from(now.duration_since(t)).is_ok_and(|age| age > expiry)
-        })
+        .or_else(|| c.creation_timestamp().map(|t| t.0))?;
+    let age = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+    Some(expiry.saturating_sub(age))
 }
 
 impl Worker {
-    /// Deletes `candidates` that [`expired`] (only the version judged), and drops them from it.
+    /// Deletes `candidates` that are due ([`expires_in`] zero; only the version judged), and
+    /// drops them from it. Returns when the next of those kept is due (a second after), so the
+    /// lease is looked at again then even if nothing else changes.
     pub(super) async fn expire_candidates(
         &self,
         key: &LeaseKey,
         candidates: &mut Vec<Arc<LeaseCandidate>>,
-    ) {
+    ) -> Option<Duration> {
         let expiry = self.settings.candidate_expiry;
         let now = Timestamp::now();
         let api: Api<LeaseCandidate> = Api::namespaced(self.client.clone(), &key.namespace);
         let mut kept = Vec::with_capacity(candidates.len());
+        let mut next: Option<Duration> = None;
         for c in candidates.drain(..) {
-            if !expired(&c, now, expiry) {
-                kept.push(c);
-                continue;
+            match expires_in(&c, now, expiry) {
+                Some(Duration::ZERO) => {}
+                due => {
+                    next = next.into_iter().chain(due).min();
+                    kept.push(c);
+                    continue;
+                }
             }
             // Only the version we judged: a candidate that renewed meanwhile is not deleted.
             let dp = kube::api::DeleteParams {
@@ -64,6 +73,13 @@ impl Worker {
                     self.metrics.candidates_expired.inc();
                     tracing::info!(lease = %key, candidate = %c.name_any(), ?expiry, "deleted a candidate that stopped renewing");
                 }
+                // Gone already (the cache lags): nothing to elect.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // Renewed or replaced since the version judged: the cache will show it.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    tracing::debug!(candidate = %c.name_any(), "an expired candidate changed before its deletion: kept");
+                    kept.push(c);
+                }
                 Err(e) => {
                     tracing::warn!(candidate = %c.name_any(), error = %e, "deleting an expired candidate failed");
                     kept.push(c);
@@ -71,6 +87,7 @@ impl Worker {
             }
         }
         *candidates = kept;
+        next.map(|d| d + Duration::from_secs(1))
     }
 }
 
@@ -87,6 +104,28 @@ mod tests {
     }
 
     /// (what, renewed minutes ago, created minutes ago, owned by a pod, expired)
+    #[test]
+    fn the_time_left_counts_from_the_last_renewal_else_the_creation() {
+        let now = Timestamp::from_second(2_000_000_000).unwrap();
+        let mut c = crate::api::test_candidate("c", "l");
+        c.metadata.creation_timestamp = Some(Time(at(now, 20)));
+        assert_eq!(
+            expires_in(&c, now, EXPIRY),
+            Some(Duration::from_secs(10 * 60))
+        );
+        c.spec.renew_time = Some(MicroTime(at(now, 5)));
+        assert_eq!(
+            expires_in(&c, now, EXPIRY),
+            Some(Duration::from_secs(25 * 60))
+        );
+        c.spec.renew_time = Some(MicroTime(at(now, -5)));
+        assert_eq!(
+            expires_in(&c, now, EXPIRY),
+            Some(EXPIRY),
+            "a time ahead counts as now"
+        );
+    }
+
     #[test]
     fn a_candidate_expires_when_nothing_it_wrote_is_recent_and_no_pod_owns_it() {
         let now = Timestamp::from_second(2_000_000_000).unwrap();
@@ -156,7 +195,8 @@ mod tests {
                     ..Default::default()
                 }]);
             }
-            assert_eq!(expired(&c, now, EXPIRY), want, "{what}");
+            let due = expires_in(&c, now, EXPIRY) == Some(Duration::ZERO);
+            assert_eq!(due, want, "{what}");
         }
     }
 }
