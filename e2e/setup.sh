@@ -32,6 +32,15 @@ if ((${#node_need[@]})); then
   $sudo apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins \
     busybox-static iptables iproute2 >/dev/null
 fi
+# faketime: agents with a wall clock ahead of the arbiter's (the trust-boundary tests and
+# `make chaos`'s "candidate clock ahead" fault).
+if ! command -v faketime >/dev/null; then
+  echo "[setup] missing: faketime; installing from Debian" >&2
+  sudo=""
+  [[ $(id -u) == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends faketime >/dev/null
+fi
 for tool in go cargo rustup kubectl; do
   command -v "$tool" >/dev/null || { echo "[setup] $tool is required and not installed" >&2; exit 1; }
 done

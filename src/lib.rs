@@ -15,6 +15,7 @@ pub mod lease;
 pub mod memory;
 pub mod operator;
 pub mod status;
+pub mod tolerant;
 pub mod workloads;
 
 /// A random id for process incarnations and replica identities (not for cryptography).

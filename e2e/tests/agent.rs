@@ -40,6 +40,7 @@ crate::tests![agent:
     clearing_the_holder_does_not_shorten_its_term,
     lowering_the_lease_duration_does_not_shorten_the_term,
     forging_the_holder_pod_uid_does_not_shorten_the_term,
+    re_pointing_the_holders_candidate_at_an_ended_pod_does_not_shorten_the_term,
     forging_a_release_does_not_shorten_the_term,
     forging_a_withdrawal_does_not_shorten_the_term,
     clearing_the_holder_then_failing_over_does_not_shorten_its_term,
@@ -859,6 +860,9 @@ enum HandEdit {
     LowerDuration,
     /// `arbiter.dev/holder-pod-uid` pointed at a pod that has stopped.
     ForgePodUid,
+    /// The holder's candidate's `ownerReferences` pointed at a pod that has stopped (as
+    /// `kubectl patch` does, or a replacement pod of the same name that registered and ended).
+    RepointOwner,
     /// `holderIdentity: ""` with `arbiter.dev/released-by` naming the holder, by hand.
     ForgeRelease,
     /// The holder's candidate annotated `arbiter.dev/withdrawn: <its incarnation>` by hand
@@ -883,6 +887,14 @@ async fn lowering_the_lease_duration_does_not_shorten_the_term(env: Arc<TestEnv>
 
 async fn forging_the_holder_pod_uid_does_not_shorten_the_term(env: Arc<TestEnv>) {
     hand_edit_does_not_shorten_the_term(env, HandEdit::ForgePodUid).await
+}
+
+/// Trust-boundary item 5: a term ends on the death of what took it, not of the pod its
+/// candidate names now.
+async fn re_pointing_the_holders_candidate_at_an_ended_pod_does_not_shorten_the_term(
+    env: Arc<TestEnv>,
+) {
+    hand_edit_does_not_shorten_the_term(env, HandEdit::RepointOwner).await
 }
 
 async fn forging_a_withdrawal_does_not_shorten_the_term(env: Arc<TestEnv>) {
@@ -929,7 +941,7 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     })
     .await;
     // A pod that has certainly stopped, for the forged annotation.
-    let stopped_pod = if edit == HandEdit::ForgePodUid {
+    let stopped_pod = if matches!(edit, HandEdit::ForgePodUid | HandEdit::RepointOwner) {
         let si = StandIn::spawn(
             env.client.clone(),
             &env.ns,
@@ -947,7 +959,7 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
             (p.status?.phase.as_deref() == Some("Succeeded")).then_some(())
         })
         .await;
-        Some(si.uid.clone())
+        Some((si.name.clone(), si.uid.clone()))
     } else {
         None
     };
@@ -978,9 +990,17 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
             leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
         }
         HandEdit::ForgePodUid => {
-            let uid = stopped_pod.expect("made above");
+            let (_, uid) = stopped_pod.expect("made above");
             let p = json!({ "metadata": { "annotations": { "arbiter.dev/holder-pod-uid": uid } } });
             leases.patch("edit", &pp, &Patch::Merge(&p)).await.unwrap();
+        }
+        HandEdit::RepointOwner => {
+            let (name, uid) = stopped_pod.expect("made above");
+            let candidates: Api<LeaseCandidate> = env.api();
+            let p = json!({ "metadata": { "ownerReferences": [
+                { "apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid }
+            ] } });
+            candidates.patch("a", &pp, &Patch::Merge(&p)).await.unwrap();
         }
         HandEdit::ForgeRelease => {
             let p = json!({

@@ -11,6 +11,7 @@ mod operator;
 mod real_node;
 mod single_active;
 mod support;
+mod trust;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -47,6 +48,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(chart::tests());
     all.extend(single_active::tests());
     all.extend(real_node::tests());
+    all.extend(trust::tests());
     all
 }
 

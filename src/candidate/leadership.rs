@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
@@ -111,9 +110,8 @@ pub async fn run(
     renewed: watch::Sender<Option<(i32, Instant)>>,
 ) -> anyhow::Error {
     let store = LeaseStore::new(client.clone(), &config.namespace);
-    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.lease));
-    let mut events = watcher(api, cfg)
+    let mut events = crate::tolerant::watch::<Lease>(client, Some(&config.namespace), cfg)
         .backoff(crate::client::reconnect_backoff())
         .boxed();
     let mut latest = Latest::default();

@@ -222,7 +222,7 @@ impl Candidate {
         if let Some(path) = &self.config.termination_log {
             record_incarnation(path, &incarnation);
         }
-        registration::register(&client, &self.config, &incarnation).await?;
+        let answered = registration::register(&client, &self.config, &incarnation).await?;
         let (tx, rx) = watch::channel(State::Following);
         let (ended_tx, ended) = watch::channel(None);
         let (renewed_tx, renewed) = watch::channel(None);
@@ -236,7 +236,7 @@ impl Candidate {
         let (cfg1, cfg2) = (config.clone(), config.clone());
         let task = tokio::spawn(async move {
             let e = tokio::select! {
-                e = registration::keep_fresh(c1, cfg1, inc2) => e,
+                e = registration::keep_fresh(c1, cfg1, inc2, answered) => e,
                 e = leadership::run(c2, cfg2, inc, tx.clone(), ended_tx, renewed_tx) => e,
             };
             // Whatever died, leadership ends with it: never a zombie leader.

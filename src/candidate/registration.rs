@@ -61,12 +61,19 @@ const RETRY_FIRST: Duration = Duration::from_secs(2);
 /// it retries with backoff ([`crate::client::reconnect_backoff`]: 0.5 s doubling to 2 s, each jittered up to twice itself)
 /// and logs each attempt; anything the API server refuses outright (no CRD, no RBAC, an invalid
 /// candidate, a changed leaseName) fails at once.
-pub async fn register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
+///
+/// Returns the ping the candidate carried when the registration wrote its `renewTime`: that
+/// write answers it (the arbiter counts a `renewTime` written after its ping as the answer).
+pub async fn register(
+    client: &Client,
+    config: &Config,
+    incarnation: &str,
+) -> anyhow::Result<Option<jiff::Timestamp>> {
     let mut backoff = crate::client::reconnect_backoff();
     let mut attempt = 1u32;
     loop {
         let e = match try_register(client, config, incarnation).await {
-            Ok(()) => return Ok(()),
+            Ok(ping) => return Ok(ping),
             Err(e) => e,
         };
         let transient = e
@@ -96,7 +103,11 @@ fn is_transient(e: &kube::Error) -> bool {
     }
 }
 
-async fn try_register(client: &Client, config: &Config, incarnation: &str) -> anyhow::Result<()> {
+async fn try_register(
+    client: &Client,
+    config: &Config,
+    incarnation: &str,
+) -> anyhow::Result<Option<jiff::Timestamp>> {
     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
     let declared = config.timings.lease_duration.as_secs().to_string();
     // Twice at most: a create that loses a race with another writer becomes an update.
@@ -111,7 +122,7 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                 anyhow::Error::new(e).context(what)
             }
         })?;
-        match existing {
+        let written = match existing {
             Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
                 "LeaseCandidate {}/{} already exists for lease {:?}, and leaseName is immutable: delete it, or run with another identity",
                 config.namespace,
@@ -145,7 +156,7 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                     &PatchParams::default(),
                     &Patch::Merge(&patch),
                 )
-                .await?;
+                .await?
             }
             None => {
                 let spec = LeaseCandidateSpec {
@@ -166,7 +177,7 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                 );
                 candidate.metadata.owner_references = owner_references(config);
                 match api.create(&PostParams::default(), &candidate).await {
-                    Ok(_) => {}
+                    Ok(c) => c,
                     Err(kube::Error::Api(s)) if s.code == 409 => continue,
                     Err(kube::Error::Api(s)) if s.code == 422 => {
                         anyhow::bail!("the API server refused the candidate: {}", s.message)
@@ -179,9 +190,9 @@ async fn try_register(client: &Client, config: &Config, incarnation: &str) -> an
                     }
                 }
             }
-        }
+        };
         tracing::info!(candidate = %config.identity, lease = %config.lease, "registered as a candidate");
-        return Ok(());
+        return Ok(written.spec.ping_time.map(|t| t.0));
     }
     anyhow::bail!(
         "LeaseCandidate {}/{} keeps changing under us",
@@ -203,17 +214,23 @@ struct Freshness {
     others: Vec<String>,
     /// A `renewTime` that could not be written (a ping's answer): written with the next try.
     pending: Option<jiff::Timestamp>,
+    /// The last ping this process answered. Each ping is answered once, by writing a
+    /// `renewTime` other than the one the candidate carries: the arbiter counts such a change,
+    /// seen after its ping, as the answer, whatever either clock says (this machine's clock
+    /// may run ahead of the arbiter's, so `renewTime >= pingTime` may hold before any answer).
+    answered: Option<jiff::Timestamp>,
 }
 
 impl Freshness {
-    /// Just registered, at `now`.
-    fn new(incarnation: String, now: Instant) -> Freshness {
+    /// Just registered, at `now`; the registration's write answered `answered`.
+    fn new(incarnation: String, now: Instant, answered: Option<jiff::Timestamp>) -> Freshness {
         Freshness {
             incarnation,
             next: now + REFRESH,
             contested: false,
             others: Vec::new(),
             pending: None,
+            answered,
         }
     }
 
@@ -249,11 +266,14 @@ impl Freshness {
             }
         }
         self.contested = other.is_some();
-        // Answer a ping with renewTime >= pingTime, whatever this machine's clock says.
-        match (&c.spec.ping_time, &c.spec.renew_time) {
-            (Some(ping), renew) if renew.as_ref().is_none_or(|r| r.0 < ping.0) => {
+        // Answer a ping not answered yet, with a renewTime other than the one on the candidate
+        // (and, for readers comparing them as upstream does, not below the ping).
+        match &c.spec.ping_time {
+            Some(ping) if self.answered != Some(ping.0) => {
                 tracing::debug!(candidate = %c.name_any(), "answering ping");
-                Some(self.take_pending(ping.0.max(wall)))
+                self.answered = Some(ping.0);
+                let renew = self.take_pending(ping.0.max(wall));
+                Some(other_than(renew, c.spec.renew_time.as_ref().map(|t| t.0)))
             }
             _ => None,
         }
@@ -281,6 +301,17 @@ impl Freshness {
     }
 }
 
+/// `renew` to the microsecond (as the API server keeps it), one microsecond later if that is
+/// `current`: an answer must change the candidate's `renewTime`.
+fn other_than(renew: jiff::Timestamp, current: Option<jiff::Timestamp>) -> jiff::Timestamp {
+    let micros = jiff::Timestamp::from_microsecond(renew.as_microsecond()).unwrap_or(renew);
+    if Some(micros) == current {
+        micros + jiff::SignedDuration::from_micros(1)
+    } else {
+        micros
+    }
+}
+
 /// Answers pings and refreshes `renewTime`, forever. Returns only on error.
 ///
 /// A ping is answered as the watch delivers it. The refresh comes [`REFRESH`] after the last
@@ -289,15 +320,21 @@ impl Freshness {
 /// failed is retried with backoff from [`RETRY_FIRST`]. Every
 /// [`READ_EVERY`] the candidate is also read from the API server's cache, which answers
 /// a ping a hung watch did not deliver.
-pub async fn keep_fresh(client: Client, config: Config, incarnation: String) -> anyhow::Error {
-    let api: Api<LeaseCandidate> = Api::namespaced(client, &config.namespace);
+/// `answered` is the ping the registration answered.
+pub async fn keep_fresh(
+    client: Client,
+    config: Config,
+    incarnation: String,
+    answered: Option<jiff::Timestamp>,
+) -> anyhow::Error {
+    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.identity));
-    let mut events = watcher(api.clone(), cfg)
+    let mut events = crate::tolerant::watch::<LeaseCandidate>(client, Some(&config.namespace), cfg)
         .backoff(crate::client::reconnect_backoff())
         .applied_objects()
         .boxed();
     // Registration has just written the candidate.
-    let mut state = Freshness::new(incarnation.clone(), Instant::now());
+    let mut state = Freshness::new(incarnation.clone(), Instant::now(), answered);
     let mut retries = retry_backoff();
     let mut check = tokio::time::interval(READ_EVERY);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -460,6 +497,11 @@ mod tests {
         c
     }
 
+    /// This machine's clock, to the microsecond (as the API server keeps timestamps).
+    fn now() -> Timestamp {
+        Timestamp::from_microsecond(Timestamp::now().as_microsecond()).unwrap()
+    }
+
     fn secs(n: i64) -> SignedDuration {
         SignedDuration::from_secs(n)
     }
@@ -467,8 +509,9 @@ mod tests {
     #[test]
     fn alone_it_refreshes_every_five_minutes() {
         let t0 = Instant::now();
-        let wall = Timestamp::now();
-        let mut f = Freshness::new(ME.into(), t0);
+        let wall = now();
+        // Its registration answered the ping on the candidate.
+        let mut f = Freshness::new(ME.into(), t0, Some(wall));
         assert_eq!(f.next, t0 + REFRESH);
         // Its own writes, a status, an answered ping: nothing to write, nothing sooner.
         assert_eq!(
@@ -486,19 +529,44 @@ mod tests {
     #[test]
     fn a_ping_is_answered_at_once_and_not_before_the_ping() {
         let t0 = Instant::now();
-        let wall = Timestamp::now();
-        let mut f = Freshness::new(ME.into(), t0);
+        let wall = now();
+        let mut f = Freshness::new(ME.into(), t0, None);
         let ping = wall + secs(5); // this machine's clock is 5 s behind the arbiter's
         let c = candidate(ME, Some(ping), Some(wall - secs(60)));
         assert_eq!(f.seen(&c, t0, wall), Some(ping));
-        assert_eq!(f.seen(&c, t0, wall + secs(9)), Some(wall + secs(9)));
+        // Once: seen again (the read, a status write), the same ping is not answered again.
+        assert_eq!(f.seen(&c, t0, wall + secs(9)), None);
+        // A new ping is.
+        let again = candidate(ME, Some(wall + secs(20)), Some(ping));
+        assert_eq!(f.seen(&again, t0, wall + secs(30)), Some(wall + secs(30)));
+    }
+
+    #[test]
+    fn a_ping_is_answered_with_a_changed_renew_time_whatever_this_machines_clock_says() {
+        let t0 = Instant::now();
+        let wall = now();
+        let ahead = Timestamp::from_microsecond((wall + secs(600)).as_microsecond()).unwrap();
+        // This machine's clock is 10 minutes ahead: its registration wrote `ahead`, which is
+        // after the arbiter's ping. It answers all the same, with another renewTime.
+        let mut f = Freshness::new(ME.into(), t0, None);
+        let c = candidate(ME, Some(wall), Some(ahead));
+        let renew = f.seen(&c, t0, ahead).expect("answered");
+        assert_ne!(renew, ahead, "the answer changes renewTime");
+        assert!(renew > ahead);
+        // The ping the registration's write answered is not answered again.
+        let mut g = Freshness::new(ME.into(), t0, Some(wall));
+        assert_eq!(g.seen(&c, t0, ahead), None);
+        assert!(
+            g.seen(&candidate(ME, Some(wall + secs(1)), Some(ahead)), t0, ahead)
+                .is_some()
+        );
     }
 
     #[test]
     fn another_process_on_the_candidate_makes_it_write_within_seconds_then_every_30_s() {
         let t0 = Instant::now();
-        let wall = Timestamp::now();
-        let mut f = Freshness::new(ME.into(), t0);
+        let wall = now();
+        let mut f = Freshness::new(ME.into(), t0, None);
         let t1 = t0 + Duration::from_secs(100);
         assert_eq!(
             f.seen(&candidate("other", None, Some(wall)), t1, wall),
@@ -538,13 +606,13 @@ mod tests {
         f.written(t2 + REFRESH_CONTESTED);
         assert_eq!(f.next, t2 + REFRESH_CONTESTED + REFRESH);
         // A refresh due sooner is not put off by another stamp.
-        let mut g = Freshness::new(ME.into(), t0);
+        let mut g = Freshness::new(ME.into(), t0, None);
         g.next = t0 + Duration::from_secs(1);
         g.seen(&candidate("other", None, Some(wall)), t0, wall);
         assert_eq!(g.next, t0 + Duration::from_secs(1));
         // A failed write's backoff is not cut to seconds by a new process (to the contested
         // 30 s at most, as before).
-        let mut h = Freshness::new(ME.into(), t0);
+        let mut h = Freshness::new(ME.into(), t0, None);
         h.failed(wall, t0, Duration::from_secs(40));
         h.seen(&candidate("other", None, Some(wall)), t0, wall);
         assert_eq!(h.next, t0 + REFRESH_CONTESTED);
@@ -553,8 +621,8 @@ mod tests {
     #[test]
     fn a_failed_answer_is_retried_without_going_below_the_ping() {
         let t0 = Instant::now();
-        let wall = Timestamp::now();
-        let mut f = Freshness::new(ME.into(), t0);
+        let wall = now();
+        let mut f = Freshness::new(ME.into(), t0, None);
         let ping = wall + secs(5);
         let renew = f
             .seen(&candidate(ME, Some(ping), Some(wall - secs(60))), t0, wall)

@@ -8,8 +8,10 @@
 //!   is running, it did not ignore the last ping, and it does not break the skew rule when
 //!   skew is refused. Before electing, the arbiter **pings** (`spec.pingTime`) the eligible
 //!   candidates whose liveness it does not know (one it saw renew on its own lately counts as
-//!   alive: [`Candidate::renewed_lately`]), waits up to the ack window for their
-//!   `renewTime >= pingTime`, and elects only among those that acknowledged. It stops waiting
+//!   alive: [`Candidate::renewed_lately`]), waits up to the ack window for them to write their
+//!   `renewTime` after the ping (a change the arbiter observed, [`super::heard`]; never
+//!   `renewTime >= pingTime`, which compares two hosts' clocks), and elects only among those
+//!   that acknowledged. It stops waiting
 //!   as soon as the best candidate that could still answer has answered: no later answer could
 //!   change the outcome. So it asks only candidates that would outrank every one that
 //!   answered, and the best of them alone: when it answers, nobody else is asked. Once a
@@ -18,7 +20,8 @@
 //! - A **live holder** (lease not expired on the arbiter's clock, holder not released, its pod
 //!   not confirmed stopped) is never replaced directly. A better candidate gets it only through
 //!   a **handover request** (`preferredHolder`), after which the holder releases, and only once
-//!   it has answered a ping sent during the current term (after `acquireTime`): an older answer
+//!   it has answered a ping sent during the current term (after the arbiter first saw the
+//!   term): an older answer
 //!   may come from a process that has exited since, and the live holder would stop for nobody.
 //!   After the release, the next holder must again have answered since the release was seen.
 //! - A **withdrawn** candidate (its agent stopped its work and left) is never elected.
@@ -46,14 +49,16 @@
 //!
 //! Expiry is `unchanged_for >= duration`, where `unchanged_for` is measured by the caller on its
 //! monotonic clock since it first saw the current Lease record: no wall clock is trusted for it.
-//! Ping and ack times are compared with each other and with `now` only for the arbiter's own
-//! `pingTime`, which it wrote with its own clock.
+//! Every other time this module compares (pings sent and shown, terms seen, `now`) is a point
+//! on the arbiter's own clock; no timestamp written by a candidate, another replica or a hand
+//! edit is compared with anything.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
+pub use super::heard::Ping;
 use super::oldest_emulation::{self, Ranked};
 use super::strategy::{self, Resolution};
 use super::{Version, VersionError};
@@ -95,12 +100,13 @@ pub struct Candidate {
     pub emulation_version: Option<String>,
     pub strategy: String,
     pub created: Timestamp,
-    pub ping_time: Option<Timestamp>,
-    pub renew_time: Option<Timestamp>,
+    /// The arbiter's own last ping to it and whether it answered ([`super::heard`]): points on
+    /// the arbiter's own clock, never a timestamp the candidate or anyone else wrote.
+    pub ping: Option<Ping>,
     /// The arbiter saw it renew on its own within the ack validity (judged by the caller on
-    /// its own clocks): alive without a ping, unless a ping it ignored says otherwise. Never
-    /// enough where an answer to a ping sent after an event is required (a handover's target,
-    /// the next holder after a release).
+    /// its own clocks: [`super::heard`]): alive without a ping, unless a ping it ignored says
+    /// otherwise. Never enough where an answer to a ping sent after an event is required (a
+    /// handover's target, the next holder after a release).
     pub renewed_lately: bool,
     pub pod: PodState,
     /// Its agent said it is gone (it stopped its workload and exited without being able to
@@ -132,9 +138,10 @@ pub struct Lease {
     /// The holder's work is confirmed stopped: its pod stopped (known even after its candidate
     /// is gone), or its agent withdrew after stopping it.
     pub holder_pod_stopped: bool,
-    /// When the current holder was assigned (`acquireTime`, written by the arbiter on its own
-    /// clock, like `pingTime`).
-    pub acquired: Option<Timestamp>,
+    /// When the arbiter first saw (or made) the current holder's term, on its own clock: the
+    /// term began no later. (Not `acquireTime`: another replica, or a hand edit, may have
+    /// written that on another clock.)
+    pub term_seen: Option<Timestamp>,
     /// A planned switchover someone asked for (`arbiter handover`).
     pub switchover: Option<Switchover>,
     /// The term (`leaseTransitions`).
@@ -164,8 +171,8 @@ impl Lease {
         let lapsed = now
             .checked_sub(SignedDuration::try_from(over_for).ok()?)
             .ok()?;
-        // An acquire time ahead of this clock (a skewed replica, a hand edit) proves nothing.
-        let began = self.acquired.filter(|a| *a <= lapsed).unwrap_or(lapsed);
+        // The term was seen before it lapsed (a sighting after it would be a clock fault).
+        let began = self.term_seen.filter(|a| *a <= lapsed).unwrap_or(lapsed);
         Some((self.holder.as_deref()?, Lapse { lapsed, began }))
     }
 }
@@ -315,22 +322,25 @@ pub struct Decision {
     pub skew_violations: Vec<SkewViolation>,
 }
 
-/// A candidate's liveness at `now`, judged from the arbiter's own ping time.
-/// A candidate that renewed on its own lately ([`Candidate::renewed_lately`]) and whose
-/// liveness would otherwise be unknown counts as having answered.
+/// A candidate's liveness at `now` (on the arbiter's own clock), judged from the arbiter's own
+/// last ping: answered, it proves life for the ack validity from when it was sent; unanswered,
+/// it is pending for the ack window from when the arbiter's watch showed it (the answer comes
+/// through the same watch), or, while the watch has not shown it, for the ack validity from when
+/// it was sent. A candidate that renewed on its own lately ([`Candidate::renewed_lately`]) and
+/// whose liveness would otherwise be unknown counts as having answered.
 pub fn liveness(candidate: &Candidate, now: Timestamp, rules: &Rules) -> Liveness {
-    let from_ping = match candidate.ping_time {
+    let age = |at: Timestamp| Duration::try_from(now.duration_since(at)).unwrap_or(Duration::ZERO);
+    let from_ping = match candidate.ping {
         None => Liveness::Unknown,
-        Some(ping) => {
-            let since_ping = Duration::try_from(now.duration_since(ping)).unwrap_or(Duration::ZERO);
-            let acked = candidate.renew_time.is_some_and(|renew| renew >= ping);
-            match (acked, since_ping) {
-                (true, age) if age <= rules.ack_valid_for => Liveness::Acked,
-                (true, _) => Liveness::Unknown,
-                (false, age) if age < rules.ack_window => Liveness::Pending,
-                (false, _) => Liveness::Unresponsive,
-            }
-        }
+        Some(p) if p.answered && age(p.sent) <= rules.ack_valid_for => Liveness::Acked,
+        Some(p) if p.answered => Liveness::Unknown,
+        Some(Ping {
+            shown: Some(shown), ..
+        }) if age(shown) < rules.ack_window => Liveness::Pending,
+        Some(Ping {
+            shown: None, sent, ..
+        }) if age(sent) < rules.ack_valid_for => Liveness::Pending,
+        Some(_) => Liveness::Unresponsive,
     };
     match from_ping {
         Liveness::Unknown if candidate.renewed_lately => Liveness::Acked,
@@ -338,12 +348,13 @@ pub fn liveness(candidate: &Candidate, now: Timestamp, rules: &Rules) -> Livenes
     }
 }
 
-/// While a term runs, its holder is judged by the term, not by the process its candidate
-/// names now: a holder whose registered process exited ([`PodState::ProcessExited`]) stays
-/// electable (the caller marks it [`PodState::Stopped`] on proof that the process that took the
-/// term ended). Without this, a newer candidate would be asked to take over from a live holder.
-/// Once the term is over (lapsed, or its pod proven stopped) it is a candidate like any other.
-/// `None`: nothing to change.
+/// While a term runs, its holder is judged by the term, not by the process or pod its
+/// candidate names now: a holder whose registered process exited ([`PodState::ProcessExited`]),
+/// or whose candidate names a pod that stopped or is unknown (its `ownerReferences` re-pointed,
+/// by hand or by a replacement pod of the same name), stays electable; only the caller's proof
+/// that what took the term ended ([`Lease::holder_pod_stopped`]) ends it. Without this, a newer
+/// candidate would be asked to take over from a live holder. Once the term is over (lapsed, or
+/// proven stopped) it is a candidate like any other. `None`: nothing to change.
 fn holder_judged_by_its_term(
     candidates: &[Candidate],
     lease: Option<&Lease>,
@@ -352,7 +363,13 @@ fn holder_judged_by_its_term(
         .filter(|l| !l.expired() && !l.holder_pod_stopped)?
         .holder
         .as_deref()?;
-    let exited = |c: &Candidate| c.name == holder && c.pod == PodState::ProcessExited;
+    let exited = |c: &Candidate| {
+        c.name == holder
+            && matches!(
+                c.pod,
+                PodState::ProcessExited | PodState::Stopped | PodState::Missing
+            )
+    };
     candidates.iter().any(exited).then(|| {
         candidates
             .iter()
@@ -404,7 +421,7 @@ pub fn decide(
                         } else {
                             since.began
                         };
-                        c.ping_time.is_none_or(|p| p < since)
+                        c.ping.is_none_or(|p| p.sent < since)
                     }) =>
                 {
                     Liveness::Unknown
@@ -448,7 +465,7 @@ pub fn decide(
         });
     }
 
-    if let Some(remaining) = previous.and_then(|p| term_left(p, lease, candidates)) {
+    if let Some(remaining) = previous.and_then(|p| term_left(p, lease)) {
         let holder = previous.map(|p| p.holder.clone()).unwrap_or_default();
         return decision(Action::WaitForTerm { holder, remaining });
     }
@@ -470,7 +487,8 @@ pub fn decide(
         candidates
             .iter()
             .find(|c| c.name == name)
-            .and_then(|c| c.ping_time)
+            .and_then(|c| c.ping)
+            .map(|p| p.sent)
     };
     let answered_since = |name: &str, l: Liveness, since: Option<Timestamp>| match (l, since) {
         (Liveness::Acked, Some(since)) if pinged(name).is_none_or(|p| p < since) => {
@@ -479,16 +497,11 @@ pub fn decide(
         _ => l,
     };
 
-    let holder_live = lease.is_some_and(|l| {
-        let Some(holder) = &l.holder else {
-            return false;
-        };
-        let stopped = l.holder_pod_stopped
-            || candidates
-                .iter()
-                .any(|c| &c.name == holder && c.pod == PodState::Stopped);
-        !l.expired() && !stopped
-    });
+    // Only the caller's proof about what took the term ends it early (the pod recorded at the
+    // assignment, the incarnation that renewed it): the pod the holder's candidate names now is
+    // whatever its writer put there.
+    let holder_live =
+        lease.is_some_and(|l| l.holder.is_some() && !l.expired() && !l.holder_pod_stopped);
 
     if let (true, Some(l), Some(sw)) = (
         holder_live,
@@ -496,7 +509,7 @@ pub fn decide(
         lease.and_then(|l| l.switchover.as_ref()),
     ) {
         let holder = l.holder.as_deref().unwrap_or_default();
-        let began = l.acquired.filter(|a| *a <= now);
+        let began = l.term_seen.filter(|a| *a <= now);
         let target = if (sw.holder.as_str(), sw.term) != (holder, l.term) {
             Err(format!(
                 "the lease moved on: it was asked of {} at term {}, and {holder} holds term {} now",
@@ -544,7 +557,7 @@ pub fn decide(
             // The target must have answered during this term (a ping after `acquireTime`; one
             // ahead of this clock, from a skewed replica or a hand edit, is not waited for).
             Some(best) => {
-                let began = l.acquired.filter(|a| *a <= now);
+                let began = l.term_seen.filter(|a| *a <= now);
                 match liveness_of(&best).map(|lv| answered_since(&best, lv, began)) {
                     Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&best) => {
                         Action::WaitForRelease { to: best }
@@ -729,17 +742,13 @@ pub fn switchover_target(
 /// How long the previous holder's term may still run although the Lease no longer names it:
 /// `None` when the Lease names it (the ordinary rules apply), or its term certainly ended
 /// (it released the lease itself, its pod is confirmed stopped, or its lease expired).
-fn term_left(p: &Previous, lease: Option<&Lease>, candidates: &[Candidate]) -> Option<Duration> {
+fn term_left(p: &Previous, lease: Option<&Lease>) -> Option<Duration> {
     if lease.is_some_and(|l| l.holder.as_deref() == Some(p.holder.as_str())) {
         return None;
     }
     let released_itself = lease
         .is_some_and(|l| l.holder.is_none() && l.released_by.as_deref() == Some(p.holder.as_str()));
-    let pod_stopped = p.pod_stopped
-        || candidates
-            .iter()
-            .any(|c| c.name == p.holder && c.pod == PodState::Stopped);
-    if released_itself || pod_stopped || p.quiet_for >= p.duration {
+    if released_itself || p.pod_stopped || p.quiet_for >= p.duration {
         return None;
     }
     Some(p.duration - p.quiet_for)

@@ -8,11 +8,14 @@
 //! - [`strategy::resolve`]: the strategy of the candidates with the highest binaryVersion
 //!   governs the lease; disagreement at that version is a conflict, never a guess. The result
 //!   does not depend on the order candidates are listed in.
+//! - [`heard`]: what the arbiter heard from a candidate (answers to its own pings, renewals
+//!   seen as they happened), on its own clocks: no other host's timestamp is compared.
 //! - [`oldest_emulation`]: among eligible candidates, the lowest emulationVersion leads, then
 //!   the lowest binaryVersion, the oldest candidate, and the lowest name: a total order, so the
 //!   same candidates always elect the same holder.
 
 pub mod decide;
+pub mod heard;
 pub mod oldest_emulation;
 pub mod strategy;
 mod version;

@@ -173,36 +173,48 @@ impl Worker {
             }
             (Action::Ping { candidates: pinged }, _) => {
                 let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
-                // To the microsecond, as the API server keeps it.
+                // The value is for readers (`kubectl get`, upstream's tools); the arbiter itself
+                // times the ping on its own clock and knows it by the version the write made.
                 let at = jiff::Timestamp::from_microsecond(jiff::Timestamp::now().as_microsecond())
                     .map(MicroTime)?;
                 let ping = json!({ "spec": { "pingTime": at } });
-                let now = std::time::Instant::now();
-                // Not pinged again while the cache does not show the last ping this worker sent
-                // (its answer is on its way in the same watch).
-                let due: Vec<(&LeaseCandidate, Option<jiff::Timestamp>)> = pinged
-                    .iter()
-                    .filter_map(|name| candidates.iter().find(|c| c.name_any() == *name))
-                    .map(|c| (&**c, c.spec.ping_time.as_ref().map(|t| t.0)))
-                    .filter(|(c, cached)| {
-                        let uid = c.uid().unwrap_or_default();
-                        self.pings.current(&uid, cached, now).is_none()
-                    })
-                    .collect();
                 let (api, ping) = (&api, &ping);
-                let sent = futures::stream::iter(due)
-                    .map(|(c, cached)| async move {
-                        api.patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(ping))
-                            .await
-                            .map(|_| (c.uid().unwrap_or_default(), cached))
-                    })
-                    .buffer_unordered(CONCURRENT_WRITES)
-                    .collect::<Vec<_>>()
-                    .await;
-                for (uid, cached) in sent.iter().flatten() {
-                    self.pings.record(uid, *cached, Some(at.0), now);
+                let sent = futures::stream::iter(
+                    pinged
+                        .iter()
+                        .filter(|name| candidates.iter().any(|c| c.name_any() == **name)),
+                )
+                .map(|name| async move {
+                    let sent = Instant::now();
+                    api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
+                        .await
+                        .map(|answer| (answer, sent))
+                        .map_err(|e| (name.clone(), e))
+                })
+                .buffer_unordered(CONCURRENT_WRITES)
+                .collect::<Vec<_>>()
+                .await;
+                for (answer, at) in sent.iter().flatten() {
+                    self.caches.liveness.pinged(answer, *at);
                 }
-                sent.into_iter().collect::<Result<Vec<_>, _>>()?;
+                for e in sent.into_iter().filter_map(Result::err) {
+                    match e {
+                        // Gone, whatever the cache says: left out from now on.
+                        (name, kube::Error::Api(s)) if s.code == 404 => {
+                            tracing::debug!(lease = %key, candidate = %name, "pinged a candidate that is gone");
+                            if let Some(uid) = candidates
+                                .iter()
+                                .find(|c| c.name_any() == name)
+                                .and_then(|c| c.uid())
+                            {
+                                self.caches.by_lease.gone(&uid);
+                            }
+                        }
+                        (name, e) => {
+                            return Err(anyhow::Error::new(e).context(format!("pinging {name}")));
+                        }
+                    }
+                }
                 None
             }
             _ => None,

@@ -63,7 +63,6 @@ pub async fn run(
             timers: HashMap::new(),
             reported: HashSet::new(),
             statuses: Written::default(),
-            pings: Written::default(),
             leases: Written::default(),
         };
         Box::pin(work(index, worker, queue))
@@ -133,8 +132,6 @@ pub(super) struct Worker {
     pub(super) reported: HashSet<(String, String)>,
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     statuses: Written<Vec<Condition>>,
-    /// Ping times this worker wrote that its cache may not show yet (not sent again meanwhile).
-    pub(super) pings: Written<Option<jiff::Timestamp>>,
     /// Leases this worker wrote that its cache may not show yet (the next write's base).
     pub(super) leases: Written<LeaseVersion>,
 }
@@ -191,9 +188,15 @@ impl Worker {
         };
         self.metrics.candidates(key, candidates.len());
 
+        let valid = self.settings.rules.ack_valid_for;
+        let heard: Vec<_> = candidates
+            .iter()
+            .map(|c| self.caches.liveness.judge(c, valid))
+            .collect();
         let mut inputs: Vec<decide::Candidate> = candidates
             .iter()
-            .map(|c| decide::Candidate {
+            .enumerate()
+            .map(|(i, c)| decide::Candidate {
                 name: c.name_any(),
                 binary_version: c.spec.binary_version.clone(),
                 emulation_version: c.spec.emulation_version.clone(),
@@ -202,14 +205,8 @@ impl Worker {
                     .creation_timestamp()
                     .map(|t| t.0)
                     .unwrap_or_else(jiff::Timestamp::now),
-                ping_time: c.spec.ping_time.as_ref().map(|t| t.0),
-                renew_time: c.spec.renew_time.as_ref().map(|t| t.0),
-                renewed_lately: self.caches.renewals.lately(
-                    &key.namespace,
-                    &c.name_any(),
-                    jiff::Timestamp::now(),
-                    self.settings.rules.ack_valid_for,
-                ),
+                ping: heard[i].ping,
+                renewed_lately: heard[i].renewed_lately,
                 pod: pod_state(c, &self.caches),
                 withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
             })

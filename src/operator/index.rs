@@ -7,7 +7,7 @@
 //! is gone or names another lease (deleted and recreated while the watch was re-listing, which
 //! sends no delete) is simply not returned. A stale pod entry only costs an extra reconcile.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
@@ -58,6 +58,9 @@ struct Inner {
     by_lease: HashMap<LeaseKey, BTreeSet<String>>,
     /// owner pod uid → (lease, candidate name) of the candidates it owns.
     by_pod: HashMap<String, BTreeSet<(LeaseKey, String)>>,
+    /// Uids of candidates the API server said are gone (a write got 404) while the cache still
+    /// shows them: left out until the watch delivers their deletion or a relist drops them.
+    gone: HashSet<String>,
 }
 
 /// The Pod a candidate belongs to: `(name, uid)` of its Pod owner reference.
@@ -89,9 +92,23 @@ impl CandidateIndex {
         index.by_lease.entry(key).or_default().insert(c.name_any());
     }
 
+    /// A write to candidate `uid` got 404: it is gone, whatever the cache says (a watch that
+    /// lags, or one stuck on an event, must not make every reconcile of its lease fail).
+    pub fn gone(&self, uid: &str) {
+        self.0.lock().unwrap().gone.insert(uid.to_string());
+    }
+
+    /// After a relist: forgets the gone candidates the cache no longer holds.
+    pub fn retain_gone(&self, cached: impl Fn(&str) -> bool) {
+        self.0.lock().unwrap().gone.retain(|uid| cached(uid));
+    }
+
     /// A candidate was deleted.
     pub fn remove(&self, c: &LeaseCandidate) {
         let mut index = self.0.lock().unwrap();
+        if let Some(uid) = c.uid() {
+            index.gone.remove(&uid);
+        }
         let key = key_of(c);
         if let Some((_, uid)) = owner_pod(c)
             && let Some(entries) = index.by_pod.get_mut(&uid)
@@ -141,10 +158,8 @@ impl CandidateIndex {
         key: &LeaseKey,
         cache: &Store<LeaseCandidate>,
     ) -> Vec<Arc<LeaseCandidate>> {
-        let names: Vec<String> = self
-            .0
-            .lock()
-            .unwrap()
+        let index = self.0.lock().unwrap();
+        let names: Vec<String> = index
             .by_lease
             .get(key)
             .map(|n| n.iter().cloned().collect())
@@ -153,6 +168,7 @@ impl CandidateIndex {
             .iter()
             .filter_map(|name| cache.get(&ObjectRef::new(name).within(&key.namespace)))
             .filter(|c| c.spec.lease_name == key.name)
+            .filter(|c| c.uid().is_none_or(|uid| !index.gone.contains(&uid)))
             .collect()
     }
 }
@@ -208,6 +224,27 @@ mod tests {
         index.insert(&moved);
         assert!(index.candidates(&key("one"), &cache).is_empty());
         assert_eq!(names(index.candidates(&key("two"), &cache)), ["b", "c"]);
+    }
+
+    #[test]
+    fn a_candidate_the_api_server_said_is_gone_is_left_out_until_the_cache_drops_it() {
+        let (cache, mut writer) = reflector::store::<LeaseCandidate>();
+        let index = CandidateIndex::default();
+        let mut a = candidate("a", "one");
+        a.metadata.uid = Some("uid-a".into());
+        writer.apply_watcher_event(&watcher::Event::Apply(a.clone()));
+        index.insert(&a);
+        index.gone("uid-a");
+        assert!(index.candidates(&key("one"), &cache).is_empty());
+        // Recreated under the same name (another uid): there again.
+        let mut again = candidate("a", "one");
+        again.metadata.uid = Some("uid-a2".into());
+        writer.apply_watcher_event(&watcher::Event::Apply(again.clone()));
+        index.insert(&again);
+        assert_eq!(names(index.candidates(&key("one"), &cache)), ["a"]);
+        // A relist that no longer holds the gone uid forgets it.
+        index.retain_gone(|uid| uid == "uid-a2");
+        assert!(index.0.lock().unwrap().gone.is_empty());
     }
 
     #[test]

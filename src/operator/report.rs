@@ -197,6 +197,11 @@ pub(super) async fn report(
                 .await
             {
                 Ok(_) => Some((uid, read, conditions)),
+                // Gone: nothing left to report on it.
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    tracing::debug!(candidate = %name, "the candidate is gone; its status is not written");
+                    Some((uid, read, conditions))
+                }
                 Err(e) => {
                     tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
                     None

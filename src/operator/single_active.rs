@@ -149,8 +149,11 @@ impl Plan {
             match self.pod(&c.name_any()).filter(own) {
                 Some(p) if pod_ready(p) => {
                     input.pod = PodState::Running;
-                    input.ping_time = Some(now);
-                    input.renew_time = Some(now);
+                    input.ping = Some(decide::Ping {
+                        sent: now,
+                        shown: Some(now),
+                        answered: true,
+                    });
                 }
                 _ => input.pod = PodState::Stopped,
             }

@@ -10,7 +10,6 @@ use kube::ResourceExt;
 
 use super::controller::{Worker, declared_duration};
 use super::held;
-use super::index::owner_pod;
 use super::queue::LeaseKey;
 use super::records;
 use crate::api::LeaseCandidate;
@@ -24,6 +23,10 @@ pub(super) struct Seen {
     holder: Option<String>,
     /// When this process first saw the lease (since it led): no record is older than that.
     first: Instant,
+    /// The holder and term of the current record, and when this process first saw a record
+    /// of them: the term began no later.
+    term: (Option<String>, i32),
+    term_since: Instant,
 }
 
 impl Seen {
@@ -35,19 +38,23 @@ impl Seen {
             since: now,
             holder: None,
             first: now,
+            term: (None, 0),
+            term_since: now,
         }
     }
 
-    /// The record with `fingerprint` naming `holder`, first delivered at `delivered` (if the
-    /// watch stamped it): how long it has been unchanged, and the holder it had before if it
-    /// just released.
+    /// The record with `fingerprint` naming `holder` at `term`, first delivered at `delivered`
+    /// (if the watch stamped it): how long it has been unchanged, and the holder it had before
+    /// if it just released. [`Seen::term_since`] then says since when its term is known.
     fn observe(
         &mut self,
         fingerprint: String,
         holder: Option<String>,
+        term: i32,
         delivered: Option<Instant>,
         now: Instant,
     ) -> (Duration, Option<String>) {
+        let key = (holder.clone(), term);
         let mut released = None;
         if self.fingerprint.is_empty() {
             // First sight since this process led (after a start, or taking over from another
@@ -58,20 +65,30 @@ impl Seen {
                 since: now,
                 holder,
                 first: now,
+                term: key,
+                term_since: now,
             };
         } else if self.fingerprint != fingerprint {
             if holder.is_none() {
                 released = self.holder.clone();
             }
+            // A record the watch has not stamped yet (the cache is a step ahead of it, or the
+            // worker's own write) is as old as this sight of it. Never older than the first
+            // sight: the view may go back from the worker's own write to a record the cache
+            // still shows ([`super::written`]), delivered before this process led.
+            let since = delivered.unwrap_or(now).max(self.first);
+            let (term, term_since) = if self.term == key {
+                (key, self.term_since)
+            } else {
+                (key, since)
+            };
             *self = Seen {
                 fingerprint,
-                // A record the watch has not stamped yet (the cache is a step ahead of it, or
-                // the worker's own write) is as old as this sight of it. Never older than the
-                // first sight: the view may go back from the worker's own write to a record
-                // the cache still shows ([`super::written`]), delivered before this process led.
-                since: delivered.unwrap_or(now).max(self.first),
+                since,
                 holder,
                 first: self.first,
+                term,
+                term_since,
             };
         } else if let Some(d) = delivered {
             // The same record delivered again since (an earlier record restored by hand after
@@ -100,12 +117,20 @@ impl Worker {
     /// How long the Lease record has been unchanged, on this process's monotonic clock (since
     /// the watch delivered it: [`super::records`]), and the holder it had before if it just
     /// released.
-    fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>) {
+    /// Also how long this process has known the Lease's current term (its holder and
+    /// `leaseTransitions`): a lower bound of the term's age, on this process's clock.
+    fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>, Duration) {
         let fingerprint = records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
         let delivered = self.caches.records.since(key, &fingerprint);
         let seen = self.seen.entry(key.clone()).or_insert_with(Seen::first);
-        seen.observe(fingerprint, holder, delivered, Instant::now())
+        let now = Instant::now();
+        let (age, released) = seen.observe(fingerprint, holder, lease::term(lease), delivered, now);
+        (
+            age,
+            released,
+            now.saturating_duration_since(seen.term_since),
+        )
     }
 
     /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped.
@@ -128,21 +153,22 @@ impl Worker {
     ) -> View {
         let mut released = None;
         let now = Instant::now();
+        let wall = jiff::Timestamp::now();
+        let mut term_known_for = Duration::ZERO;
         let observed = lease.map(|l| {
-            let (unchanged_for, r) = self.observe(key, l);
+            let (unchanged_for, r, term_age) = self.observe(key, l);
             released = r;
+            term_known_for = term_age;
             (l, unchanged_for)
         });
         // What this process remembers of the holder: no edit of the Lease shortens a term.
         let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
-        // The holder's own candidate says more than the Lease (which anyone may edit): the pod
-        // it runs in, and the lease duration its agent writes.
+        // The holder's own candidate may lengthen its term (the lease duration its agent
+        // writes), never shorten it: the pod its `ownerReferences` name now is whatever its
+        // writer put there, not the pod that took the term.
         let holder_candidate = observed
             .and_then(|(l, _)| lease::holder(l))
             .and_then(|h| candidates.iter().find(|c| c.name_any() == h));
-        let candidate_pod = holder_candidate
-            .and_then(|c| owner_pod(c))
-            .map(|(_, uid)| uid);
         let declared = declared_duration(holder_candidate);
         let seen = observed.map(|(l, unchanged_for)| held::Seen {
             holder: lease::holder(l),
@@ -150,11 +176,12 @@ impl Worker {
             duration: lease::duration(l)
                 .unwrap_or(self.settings.lease_duration)
                 .max(declared),
-            pod_uid: candidate_pod.as_deref().or_else(|| {
-                l.annotations()
-                    .get(HOLDER_POD_ANNOTATION)
-                    .map(String::as_str)
-            }),
+            // As the arbiter recorded it at assignment (its field manager), not a hand edit.
+            pod_uid: l
+                .annotations()
+                .get(HOLDER_POD_ANNOTATION)
+                .map(String::as_str)
+                .filter(|_| lease::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION)),
             released_by: lease::released_by(l),
             // Only as an agent wrote it (arbiter's field manager), not a hand edit.
             incarnation: l
@@ -166,9 +193,11 @@ impl Worker {
                 }),
             term: lease::term(l),
         });
+        // Its candidate's pod is only a claim: the term remembered this way runs its full
+        // duration.
         let leader = last_reported_leader(candidates).map(|c| held::Leader {
             name: c.name_any(),
-            pod_uid: owner_pod(c).map(|(_, uid)| uid),
+            pod_uid: None,
             declared: declared_duration(Some(c)),
         });
         let held = &self.caches.held;
@@ -195,14 +224,17 @@ impl Worker {
         });
         // The process that took the holder's term (its incarnation as remembered: learned once
         // per term, from a record an agent wrote) ended with its container: the kubelet
-        // reported the termination message it wrote.
+        // reported the termination message it wrote, in the pod the term was assigned in.
         let ended = observed
             .and_then(|(l, _)| lease::holder(l))
             .and_then(|holder| {
                 let (h, incarnation) = held.incarnation(key)?;
+                let (_, recorded) = held.term_of(key, holder)?;
                 let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
-                (h == holder && super::stopped::incarnation_ended(&pod, &incarnation))
-                    .then_some(incarnation)
+                (h == holder
+                    && pod.uid() == recorded
+                    && super::stopped::incarnation_ended(&pod, &incarnation))
+                .then_some(incarnation)
             });
         let process_ended = ended.is_some();
         // Its candidate is not elected again until a new process of it registers (the last
@@ -248,11 +280,11 @@ impl Worker {
                 unchanged_for,
                 released_by: released_by.map(str::to_string),
                 holder_pod_stopped: pod_stopped,
-                acquired: l
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.acquire_time.as_ref())
-                    .map(|t| t.0),
+                term_seen: Some(crate::election::heard::own_clock(
+                    now.checked_sub(term_known_for).unwrap_or(now),
+                    now,
+                    wall,
+                )),
                 switchover: l
                     .annotations()
                     .get(lease::HANDOVER_REQUEST_ANNOTATION)
@@ -384,7 +416,7 @@ mod tests {
             unchanged_for,
             released_by: None,
             holder_pod_stopped: false,
-            acquired: None,
+            term_seen: None,
             switchover: None,
             term: 1,
         }
@@ -439,13 +471,13 @@ mod tests {
         let mut seen = Seen::first();
         let a = Some("a".to_string());
         // Delivered long before this process led (a warm standby): a full duration from now.
-        let (age, _) = seen.observe("s1".into(), a.clone(), t0.checked_sub(60 * S), t0);
+        let (age, _) = seen.observe("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
         assert_eq!(age, Duration::ZERO);
         // A renewal, delivered at t0 + 5 s, looked at 3 s later: as old as its delivery.
-        let (age, _) = seen.observe("s2".into(), a.clone(), Some(t0 + 5 * S), t0 + 8 * S);
+        let (age, _) = seen.observe("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 8 * S);
         assert_eq!(age, 3 * S);
         // Not yet stamped (the cache ahead of the watch's handler): from this sight.
-        let (age, _) = seen.observe("s3".into(), a.clone(), None, t0 + 9 * S);
+        let (age, _) = seen.observe("s3".into(), a.clone(), 1, None, t0 + 9 * S);
         assert_eq!(age, Duration::ZERO);
     }
 
@@ -454,12 +486,12 @@ mod tests {
         let t0 = Instant::now();
         let mut seen = Seen::first();
         let a = Some("a".to_string());
-        seen.observe("s1".into(), a.clone(), Some(t0), t0);
+        seen.observe("s1".into(), a.clone(), 1, Some(t0), t0);
         // s2 (a renewal) was delivered and never looked at; s1 restored by hand at t0 + 20 s.
-        let (age, _) = seen.observe("s1".into(), a.clone(), Some(t0 + 20 * S), t0 + 25 * S);
+        let (age, _) = seen.observe("s1".into(), a.clone(), 1, Some(t0 + 20 * S), t0 + 25 * S);
         assert_eq!(age, 5 * S, "not 25 s: the restored record is new");
         // Delivered again with an older stamp (never happens): never older.
-        let (age, _) = seen.observe("s1".into(), a, Some(t0), t0 + 26 * S);
+        let (age, _) = seen.observe("s1".into(), a, 1, Some(t0), t0 + 26 * S);
         assert_eq!(age, 6 * S);
     }
 
@@ -470,20 +502,40 @@ mod tests {
         let a = Some("a".to_string());
         // Delivered before this process led; first seen at t0.
         let delivered = t0.checked_sub(30 * S);
-        seen.observe("s1".into(), a.clone(), delivered, t0);
+        seen.observe("s1".into(), a.clone(), 1, delivered, t0);
         // The worker renews at t0 + 5 s and looks at its own write (not delivered yet) ...
-        seen.observe("s2".into(), a.clone(), None, t0 + 5 * S);
+        seen.observe("s2".into(), a.clone(), 1, None, t0 + 5 * S);
         // ... then its memory is dropped while the cache still shows s1.
-        let (age, _) = seen.observe("s1".into(), a, delivered, t0 + 8 * S);
+        let (age, _) = seen.observe("s1".into(), a, 1, delivered, t0 + 8 * S);
         assert_eq!(age, 8 * S, "not 38 s: s1 was first seen at t0");
+    }
+
+    #[test]
+    fn a_term_is_known_from_the_first_record_of_its_holder_and_term_seen() {
+        let t0 = Instant::now();
+        let mut seen = Seen::first();
+        let a = Some("a".to_string());
+        seen.observe("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
+        assert_eq!(
+            seen.term_since, t0,
+            "first sight: from now, not from its delivery"
+        );
+        // Renewals of the same term do not move it.
+        seen.observe("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 6 * S);
+        assert_eq!(seen.term_since, t0);
+        // A new term (even of the same holder) is known from its delivery.
+        seen.observe("s3".into(), a.clone(), 2, Some(t0 + 7 * S), t0 + 9 * S);
+        assert_eq!(seen.term_since, t0 + 7 * S);
+        seen.observe("s4".into(), Some("b".into()), 2, None, t0 + 10 * S);
+        assert_eq!(seen.term_since, t0 + 10 * S, "another holder: another term");
     }
 
     #[test]
     fn a_record_without_a_holder_after_one_with_a_holder_is_a_release() {
         let t0 = Instant::now();
         let mut seen = Seen::first();
-        seen.observe("s1".into(), Some("a".into()), Some(t0), t0);
-        let (_, released) = seen.observe("s2".into(), None, Some(t0 + S), t0 + S);
+        seen.observe("s1".into(), Some("a".into()), 1, Some(t0), t0);
+        let (_, released) = seen.observe("s2".into(), None, 1, Some(t0 + S), t0 + S);
         assert_eq!(released.as_deref(), Some("a"));
     }
 }

@@ -21,10 +21,10 @@ use super::annotated::AnnotatedWorkloads;
 use super::held::Held;
 use super::identity::IncarnationLog;
 use super::index::{CandidateIndex, key_of, owner_pod};
+use super::liveness::Liveness;
 use super::pods::{FollowedPods, fetch_loop, has_role};
 use super::queue::{Enqueue, LeaseKey};
 use super::records::Records;
-use super::renewals::Renewals;
 use super::stopped::StoppedPods;
 use crate::api::LeaseCandidate;
 use crate::election::decide::PodState;
@@ -44,8 +44,9 @@ pub struct Caches {
     pub workloads: AnnotatedWorkloads,
     /// Every candidate's recent incarnation stamps (duplicate identities).
     pub incarnations: IncarnationLog,
-    /// When each candidate was last seen renewing on its own (liveness without a ping).
-    pub renewals: Renewals,
+    /// What each candidate was heard to write: answers to this process's pings, renewals
+    /// seen as they happened.
+    pub liveness: Liveness,
     /// The candidates of each lease.
     pub by_lease: CandidateIndex,
     /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
@@ -139,7 +140,7 @@ pub fn watch_all(
         stateful_sets,
         workloads,
         incarnations: IncarnationLog::default(),
-        renewals: Renewals::default(),
+        liveness: Liveness::default(),
         by_lease,
         stopped_pods: stopped_pods.clone(),
         records: Records::default(),
@@ -149,15 +150,17 @@ pub fn watch_all(
 
     let e = enqueue.clone();
     let log = caches.incarnations.clone();
-    let renewals = caches.renewals.clone();
+    let liveness = caches.liveness.clone();
     let listed_candidates = caches.candidates.clone();
     let index = caches.by_lease.clone();
     let followed = pods.clone();
     // Leases of the candidates a (re)list delivered: reconciled at its end, once the store
     // holds what it listed (until then a worker would judge the candidates as they were).
     let mut relisted: HashSet<LeaseKey> = HashSet::new();
-    let candidate_events = watcher(
-        api::<LeaseCandidate>(&client, namespace),
+    // Tolerant: one candidate (or Lease) anyone wrote must not stop the watch for all.
+    let candidate_events = crate::tolerant::watch::<LeaseCandidate>(
+        client.clone(),
+        namespace,
         watcher::Config::default(),
     )
     .backoff(crate::client::reconnect_backoff())
@@ -168,7 +171,7 @@ pub fn watch_all(
         match &ev {
             watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
                 log.record(c);
-                renewals.observe(c, matches!(ev, watcher::Event::Apply(_)));
+                liveness.observe(c, matches!(ev, watcher::Event::Apply(_)));
                 index.insert(c);
                 if let Some((name, uid)) = owner_pod(c) {
                     followed.need_pod(&c.namespace().unwrap_or_default(), &name, &uid);
@@ -176,7 +179,7 @@ pub fn watch_all(
             }
             watcher::Event::Delete(c) => {
                 log.forget(c);
-                renewals.forget(c);
+                liveness.forget(c);
                 index.remove(c);
             }
             // A relist reports no deletions: forget what it no longer lists (the store is
@@ -187,8 +190,14 @@ pub fn watch_all(
                         .get(&ObjectRef::new(name).within(ns))
                         .is_some()
                 };
-                renewals.retain(listed);
+                liveness.retain(listed);
                 log.retain(listed);
+                let cached: HashSet<String> = listed_candidates
+                    .state()
+                    .iter()
+                    .filter_map(|c| c.uid())
+                    .collect();
+                index.retain_gone(|uid| cached.contains(uid));
                 for key in relisted.drain() {
                     e.key(key);
                 }
@@ -214,7 +223,7 @@ pub fn watch_all(
         caches.leases.clone(),
     );
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
-    let lease_events = watcher(api::<Lease>(&client, namespace), managed)
+    let lease_events = crate::tolerant::watch::<Lease>(client.clone(), namespace, managed)
         .backoff(crate::client::reconnect_backoff())
         .modify(|l| super::slim::keep_annotation_owners(&mut l.metadata))
         .reflect(lw)

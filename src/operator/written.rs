@@ -1,10 +1,9 @@
-//! What this worker wrote that its cache may not show yet: candidates' statuses, the pings it
-//! sent, and Leases.
+//! What this worker wrote that its cache may not show yet: candidates' statuses and Leases.
 //!
 //! A lease is often reconciled again before the watch delivers what the last reconcile wrote
 //! (the answers to a ping arrive while the other pings and the statuses are being written).
 //! Judged from the cache alone, a status would be written again, with its transition's Event
-//! (`Elected`, `Deposed`, ...) published again, and a candidate pinged again. So the worker
+//! (`Elected`, `Deposed`, ...) published again. So the worker
 //! remembers, per object (a candidate by uid: one recreated under the same name is another), the
 //! value it read and the values it wrote over it since: while the cache still shows the value
 //! read, or one of the earlier values written, the last one written stands for it. Once the cache
@@ -12,9 +11,8 @@
 //! memory is kept at most [`KEPT_FOR`], so a hand edit that puts back exactly the value read
 //! before is overlooked no longer than that.
 //!
-//! Pings use it only to not send a ping again, never as the candidate's ping time: a ping the
-//! cache does not show yet would otherwise age into "unanswered" while its answer is merely
-//! late in the same watch.
+//! (Pings need none of it: the worker's own pings are recorded as it writes them, see
+//! [`super::liveness`].)
 //!
 //! A Lease this worker wrote ([`LeaseVersion`], compared by `resourceVersion`) stands for the
 //! record it replaced: the next write is a compare-and-swap on the version the API server

@@ -109,6 +109,33 @@ impl Agent {
 
     /// An agent with the command line `args` (after the binary).
     pub fn spawn_args(kubeconfig: &Path, identity: &str, args: &[String], log: &Path) -> Agent {
+        Agent::spawn_env(kubeconfig, identity, args, log, &[])
+    }
+
+    /// An agent whose wall clock reads `offset` (faketime's syntax, e.g. `+10m`) from the true
+    /// one, its monotonic clock true: an unsynchronised host. Debian's libfaketime, preloaded
+    /// into this (dynamically linked) binary, as `FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f`
+    /// does, but with the agent itself as the child (so a signal to it reaches it).
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn spawn_with_clock(
+        kubeconfig: &Path,
+        identity: &str,
+        args: &[String],
+        log: &Path,
+        offset: &str,
+    ) -> Agent {
+        let env = faketime(offset);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        Agent::spawn_env(kubeconfig, identity, args, log, &env)
+    }
+
+    fn spawn_env(
+        kubeconfig: &Path,
+        identity: &str,
+        args: &[String],
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Agent {
         let agent_log = log.with_extension(format!("{identity}.agent.log"));
         let stderr = std::fs::File::create(&agent_log).unwrap();
         use std::os::unix::process::CommandExt;
@@ -119,6 +146,7 @@ impl Agent {
             .process_group(0)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,arbiter=debug")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -165,6 +193,23 @@ impl Drop for Agent {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The environment that makes a dynamically linked process's wall clock read `offset` from
+/// the true one (faketime's syntax), its monotonic clock true.
+pub fn faketime(offset: &str) -> Vec<(&'static str, String)> {
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    .expect("libfaketime (Debian's faketime package; `make setup` installs it)");
+    vec![
+        ("LD_PRELOAD", lib.to_string()),
+        ("FAKETIME", offset.to_string()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+    ]
 }
 
 /// One line of the workload log.

@@ -186,7 +186,8 @@ pub async fn create_candidate(
 }
 
 /// Answers the arbiter's pings for the candidates named in `alive`, as candidate agents do:
-/// `renewTime` set to at least `pingTime`. Remove a name to make that candidate go silent.
+/// each new `pingTime` once, with a `renewTime` other than the one on the candidate (and not
+/// below the ping). Remove a name to make that candidate go silent.
 pub struct Responder {
     pub alive: Arc<Mutex<HashSet<String>>>,
     task: tokio::task::JoinHandle<()>,
@@ -203,16 +204,24 @@ impl Responder {
             let mut events = watcher(api.clone(), watcher::Config::default())
                 .applied_objects()
                 .boxed();
+            let mut answered: std::collections::HashMap<String, MicroTime> = Default::default();
             while let Some(ev) = events.next().await {
                 let Ok(c) = ev else { continue };
                 let (Some(ping), renew) = (&c.spec.ping_time, &c.spec.renew_time) else {
                     continue;
                 };
-                let answered = renew.as_ref().is_some_and(|r| r.0 >= ping.0);
-                if answered || !set.lock().unwrap().contains(&c.name_any()) {
+                if answered.get(&c.name_any()) == Some(ping)
+                    || !set.lock().unwrap().contains(&c.name_any())
+                {
                     continue;
                 }
-                let ack = ping.0.max(jiff::Timestamp::now());
+                answered.insert(c.name_any(), ping.clone());
+                let now = jiff::Timestamp::now();
+                let mut ack =
+                    jiff::Timestamp::from_microsecond(ping.0.max(now).as_microsecond()).unwrap();
+                if renew.as_ref().is_some_and(|r| r.0 == ack) {
+                    ack += jiff::SignedDuration::from_micros(1);
+                }
                 let patch = json!({"spec": {"renewTime": MicroTime(ack)}});
                 let _ = api
                     .patch(&c.name_any(), &PatchParams::default(), &Patch::Merge(patch))

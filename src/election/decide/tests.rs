@@ -25,8 +25,7 @@ fn acked(name: &str, version: &str, now: Timestamp) -> Candidate {
         emulation_version: Some(version.into()),
         strategy: OEV.into(),
         created: t0(),
-        ping_time: Some(now),
-        renew_time: Some(now),
+        ping: our_ping(now, true),
         renewed_lately: false,
         pod: PodState::Running,
         withdrawn: false,
@@ -35,11 +34,19 @@ fn acked(name: &str, version: &str, now: Timestamp) -> Candidate {
 
 fn never_pinged(name: &str, version: &str) -> Candidate {
     Candidate {
-        ping_time: None,
-        renew_time: Some(t0()),
+        ping: None,
         renewed_lately: false,
         ..acked(name, version, t0())
     }
+}
+
+/// The arbiter's ping, sent (and shown by its watch) at `sent`, answered or not.
+fn our_ping(sent: Timestamp, answered: bool) -> Option<Ping> {
+    Some(Ping {
+        sent,
+        shown: Some(sent),
+        answered,
+    })
 }
 
 fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
@@ -51,7 +58,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
         unchanged_for: Duration::from_secs(unchanged_for),
         released_by: None,
         holder_pod_stopped: false,
-        acquired: None,
+        term_seen: None,
         switchover: None,
         term: 1,
     }
@@ -117,7 +124,7 @@ fn candidates_are_pinged_before_an_election() {
     );
     // ... waited for ...
     let pinged = |name: &str, at: Timestamp| Candidate {
-        ping_time: Some(at),
+        ping: our_ping(at, false),
         ..never_pinged(name, "1.19.0")
     };
     let waiting = [pinged("id-1", now), cands[0].clone(), cands[2].clone()];
@@ -144,8 +151,7 @@ fn candidates_are_pinged_before_an_election() {
 fn only_candidates_that_could_outrank_every_answer_are_pinged() {
     let now = t0() + secs(60);
     let silent = Candidate {
-        ping_time: Some(now - secs(30)),
-        renew_time: Some(t0()),
+        ping: our_ping(now - secs(30), false),
         ..acked("silent", "1.17.0", now)
     };
     let cands = [
@@ -190,15 +196,14 @@ fn candidates_seen_renewing_lately_are_elected_without_a_ping() {
 fn renewing_lately_does_not_outweigh_an_ignored_ping() {
     let now = t0() + secs(60);
     let ignored = Candidate {
-        ping_time: Some(now - secs(6)),
-        renew_time: Some(now - secs(8)),
+        ping: our_ping(now - secs(6), false),
         renewed_lately: true,
         ..acked("id-1", "1.18.0", now)
     };
     let rules = Rules::default();
     assert_eq!(liveness(&ignored, now, &rules), Liveness::Unresponsive);
     let pending = Candidate {
-        ping_time: Some(now - secs(1)),
+        ping: our_ping(now - secs(1), false),
         ..ignored.clone()
     };
     assert_eq!(liveness(&pending, now, &rules), Liveness::Pending);
@@ -216,7 +221,7 @@ fn a_handover_target_seen_renewing_lately_must_still_answer_a_ping_of_this_term(
         ..never_pinged("id-2", "1.18.0")
     };
     let live = Lease {
-        acquired: Some(now - secs(30)),
+        term_seen: Some(now - secs(30)),
         ..lease(Some("id-1"), 1)
     };
     assert_eq!(
@@ -250,8 +255,7 @@ fn better_candidate_gets_a_handover_request_not_the_lease() {
 fn only_candidates_that_acknowledged_are_elected() {
     let now = t0() + secs(60);
     let silent = Candidate {
-        ping_time: Some(now - secs(10)),
-        renew_time: Some(now - secs(20)),
+        ping: our_ping(now - secs(10), false),
         renewed_lately: false,
         ..acked("id-1", "1.19.0", now)
     };
@@ -296,13 +300,12 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
     };
     // The lapsed term began 17 s ago and lapsed 1 s ago.
     let lapsed_lease = Lease {
-        acquired: Some(now - secs(17)),
+        term_seen: Some(now - secs(17)),
         ..lease(Some("lapsed"), 16)
     };
     let answered_in_term = acked("lapsed", "1.19.0", now - secs(2));
     let renewed = Candidate {
-        ping_time: None,
-        renew_time: Some(now - secs(5)),
+        ping: None,
         renewed_lately: true,
         ..cands[0].clone()
     };
@@ -337,7 +340,7 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
     }
     // Without an acquire time, since the lapse.
     let unstamped = Lease {
-        acquired: None,
+        term_seen: None,
         ..lapsed_lease.clone()
     };
     assert_eq!(
@@ -370,14 +373,12 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
     // The equal it stepped down for went silent (unresponsive: no longer eligible): the one
     // that stepped down is asked again, and the newer one still waits.
     let silent = Candidate {
-        ping_time: Some(now - secs(6)),
-        renew_time: Some(now - secs(20)),
+        ping: our_ping(now - secs(6), false),
         renewed_lately: false,
         ..acked("equal", "1.19.0", now)
     };
     let stepped_down = Candidate {
-        ping_time: Some(now - secs(30)),
-        renew_time: Some(now - secs(30)),
+        ping: our_ping(now - secs(30), true),
         renewed_lately: false,
         ..acked("lapsed", "1.19.0", now)
     };
@@ -401,8 +402,7 @@ fn a_lapsed_holder_does_not_get_the_next_term_while_others_can() {
 fn no_acknowledged_candidate_is_reported() {
     let now = t0() + secs(120);
     let silent = Candidate {
-        ping_time: Some(now - secs(60)),
-        renew_time: Some(now - secs(120)),
+        ping: our_ping(now - secs(60), false),
         renewed_lately: false,
         ..acked("id-1", "1.19.0", now)
     };
@@ -418,8 +418,7 @@ fn no_acknowledged_candidate_is_reported() {
 fn candidates_that_could_not_win_are_not_waited_for() {
     let now = t0() + secs(60);
     let pending = Candidate {
-        ping_time: Some(now),
-        renew_time: Some(now - secs(60)),
+        ping: our_ping(now, false),
         renewed_lately: false,
         ..acked("id-2", "1.20.0", now)
     };
@@ -443,8 +442,7 @@ fn candidates_that_could_not_win_are_not_waited_for() {
 fn outstanding_ping_is_waited_for() {
     let now = t0() + secs(60);
     let pinged = Candidate {
-        ping_time: Some(now),
-        renew_time: Some(now - secs(60)),
+        ping: our_ping(now, false),
         renewed_lately: false,
         ..acked("id-1", "1.19.0", now)
     };
@@ -602,17 +600,26 @@ fn a_candidate_whose_registered_process_exited_is_passed_over_but_a_live_holder_
 }
 
 #[test]
-fn holder_whose_pod_stopped_is_replaced_at_once() {
+fn holder_is_replaced_at_once_only_on_proof_about_what_took_its_term() {
     let now = t0();
-    let dead = Candidate {
+    // Its candidate names a pod that stopped (its ownerReferences re-pointed by hand, or a
+    // replacement pod of the same name registered and ended): a claim about some pod, not
+    // about the one the term was assigned in. The term runs on.
+    let repointed = Candidate {
         pod: PodState::Stopped,
         ..acked("id-1", "1.19.0", now)
     };
-    let cands = [dead, acked("id-2", "1.20.0", now)];
+    let cands = [repointed, acked("id-2", "1.20.0", now)];
     assert_eq!(
         act(&cands, Some(&lease(Some("id-1"), 1)), now),
-        assign("id-2")
+        Action::Nothing
     );
+    // The caller's proof (the recorded pod stopped, or the process that took the term ended).
+    let proven = Lease {
+        holder_pod_stopped: true,
+        ..lease(Some("id-1"), 1)
+    };
+    assert_eq!(act(&cands, Some(&proven), now), assign("id-2"));
 }
 
 #[test]
@@ -638,9 +645,11 @@ fn holder_whose_pod_vanished_waits_for_expiry() {
         ..acked("id-1", "1.19.0", now)
     };
     let cands = [vanished.clone(), acked("id-2", "1.20.0", now)];
+    // While its term runs it is judged by the term: still the best, nobody is asked to take
+    // over.
     assert_eq!(
         act(&cands, Some(&lease(Some("id-1"), 1)), now),
-        Action::RequestHandover { to: "id-2".into() }
+        Action::Nothing
     );
     assert_eq!(
         act(&cands, Some(&lease(Some("id-1"), 15)), now),
@@ -850,33 +859,53 @@ fn skew_is_reported_and_refused_when_asked() {
 }
 
 #[test]
-fn liveness_from_the_arbiters_own_ping_time() {
+fn liveness_from_the_arbiters_own_ping() {
     let rules = Rules::default();
     let now = t0() + secs(100);
-    let at = |ping: Option<i64>, renew: Option<i64>| {
+    // (seconds since the ping was sent, since the watch showed it, answered)
+    let at = |sent: Option<i64>, shown: Option<i64>, answered: bool| {
         let c = Candidate {
-            ping_time: ping.map(|s| now - secs(s)),
-            renew_time: renew.map(|s| now - secs(s)),
+            ping: sent.map(|s| Ping {
+                sent: now - secs(s),
+                shown: shown.map(|s| now - secs(s)),
+                answered,
+            }),
             renewed_lately: false,
             ..acked("c", "1.0.0", now)
         };
         liveness(&c, now, &rules)
     };
-    assert_eq!(at(None, Some(0)), Liveness::Unknown);
-    assert_eq!(at(Some(2), Some(1)), Liveness::Acked);
+    assert_eq!(at(None, None, false), Liveness::Unknown);
+    assert_eq!(at(Some(2), Some(2), true), Liveness::Acked);
     assert_eq!(
-        at(Some(2), Some(2)),
+        at(Some(10), Some(10), true),
         Liveness::Acked,
-        "renewTime == pingTime is an ack"
+        "for the ack validity from the ping"
     );
     assert_eq!(
-        at(Some(60), Some(59)),
+        at(Some(60), Some(60), true),
         Liveness::Unknown,
         "an old ack proves nothing now"
     );
-    assert_eq!(at(Some(2), Some(30)), Liveness::Pending);
-    assert_eq!(at(Some(2), None), Liveness::Pending);
-    assert_eq!(at(Some(6), Some(30)), Liveness::Unresponsive);
+    assert_eq!(at(Some(2), Some(2), false), Liveness::Pending);
+    assert_eq!(at(Some(6), Some(6), false), Liveness::Unresponsive);
+    assert_eq!(
+        at(Some(8), Some(2), false),
+        Liveness::Pending,
+        "the window counts from when the watch showed the ping"
+    );
+    assert_eq!(
+        at(Some(8), None, false),
+        Liveness::Pending,
+        "not shown yet: its answer may be on its way in the same watch"
+    );
+    assert_eq!(
+        at(Some(10), None, false),
+        Liveness::Unresponsive,
+        "... for the ack validity at most"
+    );
+    // Sent ahead of `now` (never, on one clock): as sent now.
+    assert_eq!(at(Some(-30), Some(-30), false), Liveness::Pending);
 }
 
 /// The trace of issue 17: `d2` was elected after `d1` lapsed; `d1` is better, and its last
@@ -887,7 +916,7 @@ fn a_handover_target_must_answer_during_the_current_term() {
     let now = t0() + secs(100);
     let term_began = now - secs(2);
     let holder = Lease {
-        acquired: Some(term_began),
+        term_seen: Some(term_began),
         ..lease(Some("d2"), 1)
     };
     let mut d1 = acked("d1", "1.30.0", now - secs(3));
@@ -899,13 +928,12 @@ fn a_handover_target_must_answer_during_the_current_term() {
         },
         "an answer from before the term began does not count"
     );
-    d1.ping_time = Some(now - secs(1));
-    d1.renew_time = None;
+    d1.ping = our_ping(now - secs(1), false);
     assert_eq!(
         act(&[d1.clone(), d2.clone()], Some(&holder), now),
         Action::WaitForAcks
     );
-    d1.ping_time = Some(now - secs(6));
+    d1.ping = our_ping(now - secs(6), false);
     assert_eq!(
         act(&[d1.clone(), d2.clone()], Some(&holder), now),
         Action::Nothing,
@@ -974,7 +1002,7 @@ fn a_planned_switchover_goes_to_an_equal_and_never_to_a_newer_version() {
             holder: "h".into(),
             term: 1,
         }),
-        acquired: Some(now - secs(5)),
+        term_seen: Some(now - secs(5)),
         ..lease(Some("h"), 1)
     };
     let all = [h.clone(), twin.clone(), newer.clone()];
@@ -1061,7 +1089,7 @@ fn a_planned_switchover_goes_to_an_equal_and_never_to_a_newer_version() {
         }
     );
     let twin2_pinged = Candidate {
-        ping_time: Some(now),
+        ping: our_ping(now, false),
         ..twin2.clone()
     };
     // (Seen released at `now`, one second before.)
@@ -1083,7 +1111,7 @@ fn a_planned_switchover_goes_to_an_equal_and_never_to_a_newer_version() {
         Action::WaitForAcks
     );
     let twin2_answered = Candidate {
-        renew_time: Some(later),
+        ping: our_ping(now, true),
         ..twin2_pinged
     };
     assert_eq!(
@@ -1133,8 +1161,12 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
                     emulation_version: emulation.map(str::to_string),
                     strategy: strategy.into(),
                     created: t0() + secs(created),
-                    ping_time: ping.map(|s| t0() + secs(100 - s)),
-                    renew_time: renew.map(|s| t0() + secs(100 - s)),
+                    // Answered when the candidate renewed (`renew` seconds ago) after it.
+                    ping: ping.map(|s| Ping {
+                        sent: t0() + secs(100 - s),
+                        shown: Some(t0() + secs(100 - s)),
+                        answered: renew.is_some_and(|r| r <= s),
+                    }),
                     renewed_lately: lately,
                     pod,
                     withdrawn,
@@ -1165,7 +1197,7 @@ fn lease_strategy() -> impl Strategy<Value = Option<Lease>> {
             |(holder, preferred, unchanged, released_by, acquired)| Lease {
                 preferred_holder: preferred.map(str::to_string),
                 released_by: released_by.map(str::to_string),
-                acquired: acquired.map(|s| t0() + secs(100 - s)),
+                term_seen: acquired.map(|s| t0() + secs(100 - s)),
                 ..lease(holder, unchanged)
             },
         )
@@ -1257,8 +1289,8 @@ proptest! {
     ) {
         let Some(l) = &lease else { return Ok(()) };
         let Some(holder) = &l.holder else { return Ok(()) };
-        let holder_stopped = l.holder_pod_stopped || cands.iter().any(|c| &c.name == holder && c.pod == PodState::Stopped);
-        if l.expired() || holder_stopped { return Ok(()) }
+        // Whatever pod its candidate names: only the caller's proof ends a term early.
+        if l.expired() || l.holder_pod_stopped { return Ok(()) }
         let d = decide(&cands, lease.as_ref(), None, now(), &rules);
         prop_assert!(
             !matches!(d.action, Action::Assign { .. } | Action::CreateLease { .. }),
@@ -1273,11 +1305,11 @@ proptest! {
         rules in rules_strategy(),
     ) {
         let d = decide(&cands, lease.as_ref(), None, now(), &rules);
-        if let (Action::RequestHandover { to }, Some(Lease { acquired: Some(began), .. })) = (&d.action, &lease) {
+        if let (Action::RequestHandover { to }, Some(Lease { term_seen: Some(began), .. })) = (&d.action, &lease) {
             let c = cands.iter().find(|c| &c.name == to).unwrap();
-            let ping = c.ping_time.unwrap();
-            prop_assert!(ping >= *began, "{to} pinged at {ping}, before the term began at {began}");
-            prop_assert!(c.renew_time.is_some_and(|r| r >= ping), "{to} did not answer its ping");
+            let ping = c.ping.unwrap();
+            prop_assert!(ping.sent >= *began, "{to} pinged at {}, before the term was seen at {began}", ping.sent);
+            prop_assert!(ping.answered, "{to} did not answer its ping");
         }
     }
 
@@ -1292,7 +1324,7 @@ proptest! {
         if let (Action::Assign { holder, .. }, None, Some(_)) = (&d.action, &l.holder, &l.released_by) {
             let c = cands.iter().find(|c| &c.name == holder).unwrap();
             let seen = now() - SignedDuration::try_from(l.unchanged_for).unwrap();
-            prop_assert!(c.ping_time.is_some_and(|p| p >= seen), "{holder} assigned on an answer from before the release");
+            prop_assert!(c.ping.is_some_and(|p| p.sent >= seen && p.answered), "{holder} assigned on an answer from before the release");
         }
     }
 

@@ -1,0 +1,263 @@
+//! The trust boundary: clocks the arbiter does not own, and objects it did not write, must not
+//! move a lease, elect the dead, or stall an election. Each test makes such a clock or object
+//! (an agent whose wall clock runs ahead, a candidate or a ping written by hand) beside real
+//! agents and a real operator.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arbiter::api::{LeaseCandidate, LeaseCandidateSpec, OLDEST_EMULATION_VERSION as OEV};
+use arbiter::lease;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, PostParams};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::support::agent::{Agent, agent_args, alive, wait_started};
+use crate::support::operator::{Operator, wait_for_holder};
+use crate::support::{TestEnv, eventually};
+
+crate::tests![trust:
+    a_candidate_whose_clock_runs_ahead_does_not_keep_the_lease_after_it_dies,
+    a_hand_made_candidate_with_a_future_renew_time_takes_nothing,
+    a_ping_stamped_ahead_does_not_stall_the_election,
+    a_malformed_then_deleted_candidate_leaves_no_reconcile_failing,
+];
+
+const DEADLINE: Duration = Duration::from_secs(45);
+
+/// A candidate made by hand (no process behind it), at `version`, with `renewTime` and
+/// `pingTime` as given.
+async fn ghost(
+    env: &TestEnv,
+    name: &str,
+    lease: &str,
+    version: &str,
+    renew: Option<jiff::Timestamp>,
+    ping: Option<jiff::Timestamp>,
+) {
+    let api: Api<LeaseCandidate> = env.api();
+    let c = LeaseCandidate::new(
+        name,
+        LeaseCandidateSpec {
+            lease_name: lease.into(),
+            binary_version: version.into(),
+            emulation_version: Some(version.into()),
+            strategy: OEV.into(),
+            ping_time: ping.map(MicroTime),
+            renew_time: renew.map(MicroTime),
+        },
+    );
+    api.create(&PostParams::default(), &c)
+        .await
+        .unwrap_or_else(|e| panic!("creating candidate {name}: {e}"));
+}
+
+/// `candidate`'s `Eligible` condition, as (status, reason).
+async fn eligible(env: &TestEnv, candidate: &str) -> Option<(String, String)> {
+    let api: Api<LeaseCandidate> = env.api();
+    let c = api.get(candidate).await.ok()?;
+    let cond = c
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Eligible")?;
+    Some((cond.status, cond.reason))
+}
+
+/// Watches `lease` for `window`: it must keep naming `holder` at `term`, with no handover
+/// requested, while `agent` runs.
+async fn stays(
+    env: &TestEnv,
+    lease: &str,
+    holder: &str,
+    term: i32,
+    agent: &mut Agent,
+    window: Duration,
+) {
+    let leases: Api<Lease> = env.api();
+    let start = Instant::now();
+    while start.elapsed() < window {
+        let l = leases.get(lease).await.expect("the Lease");
+        assert_eq!(
+            (
+                lease::holder(&l),
+                lease::term(&l),
+                lease::preferred_holder(&l)
+            ),
+            (Some(holder), term, None),
+            "the lease moved {:?} after it was {holder}'s",
+            start.elapsed()
+        );
+        assert!(
+            agent.child.try_wait().unwrap().is_none(),
+            "{holder}'s agent exited"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Trust-boundary item 1: `c1` (1.30.0) runs with its wall clock 10 minutes ahead (its
+/// monotonic clock true) and leads; it is SIGKILLed. `c2` (1.31.0) gets the lease after expiry
+/// and keeps it: `c1`'s last `renewTime`, ten minutes in the future, answers no ping.
+async fn a_candidate_whose_clock_runs_ahead_does_not_keep_the_lease_after_it_dies(
+    env: Arc<TestEnv>,
+) {
+    let op = Operator::start(&env, &[]);
+    op.wait_ready().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("work.log");
+    let args = agent_args(&env.ns, "c1", "ahead", "1.30.0", &log);
+    let mut c1 = Agent::spawn_with_clock(&env.kubeconfig, "c1", &args, &log, "+10m");
+    // A live candidate whose clock runs ahead is elected: it answers pings.
+    let first = wait_for_holder(&env, "ahead", "c1", DEADLINE).await;
+    wait_started(&log, "c1").await;
+    let mut c2 = Agent::spawn(&env.kubeconfig, &env.ns, "c2", "ahead", "1.31.0", &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("c2 registered", DEADLINE, || async {
+        candidates.get_opt("c2").await.ok().flatten()
+    })
+    .await;
+    kill(Pid::from_raw(c1.pid()), Signal::SIGKILL).unwrap();
+    c1.child.wait().unwrap();
+    let held = wait_for_holder(&env, "ahead", "c2", DEADLINE).await;
+    assert!(lease::term(&held) > lease::term(&first));
+    // Two lease durations: before, c2 was asked to hand over to the dead c1 within 30 ms, and
+    // c1 was then assigned term after term.
+    stays(
+        &env,
+        "ahead",
+        "c2",
+        lease::term(&held),
+        &mut c2,
+        Duration::from_secs(30),
+    )
+    .await;
+    let (status, reason) = eligible(&env, "c1").await.expect("c1's Eligible condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "Unresponsive")
+    );
+    drop(op);
+}
+
+/// Trust-boundary item 2: a candidate applied by hand next to a live holder, at an older
+/// version, with `renewTime` an hour ahead and nothing behind it, is pinged, found
+/// unresponsive, and takes nothing: no handover is asked of the live holder.
+async fn a_hand_made_candidate_with_a_future_renew_time_takes_nothing(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &[]);
+    op.wait_ready().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("work.log");
+    let mut g1 = Agent::spawn(&env.kubeconfig, &env.ns, "g1", "ghosted", "1.31.0", &log);
+    let held = wait_for_holder(&env, "ghosted", "g1", DEADLINE).await;
+    let an_hour_ahead = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1);
+    ghost(
+        &env,
+        "ghost",
+        "ghosted",
+        "1.30.0",
+        Some(an_hour_ahead),
+        None,
+    )
+    .await;
+    eventually("the ghost reported Unresponsive", DEADLINE, || async {
+        eligible(&env, "ghost")
+            .await
+            .filter(|(s, r)| s == "False" && r == "Unresponsive")
+    })
+    .await;
+    stays(
+        &env,
+        "ghosted",
+        "g1",
+        lease::term(&held),
+        &mut g1,
+        Duration::from_secs(20),
+    )
+    .await;
+    drop(op);
+}
+
+/// Trust-boundary item 3: a candidate without a process whose `pingTime` is two minutes ahead
+/// (what a replica with a clock ahead, or a hand edit, writes) does not hold up the election
+/// after the holder dies: the live standby is elected within a lease duration and an ack
+/// window, not when the wall clock passes that ping.
+async fn a_ping_stamped_ahead_does_not_stall_the_election(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &[]);
+    op.wait_ready().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("work.log");
+    let mut h = Agent::spawn(&env.kubeconfig, &env.ns, "h", "stamped", "1.31.0", &log);
+    wait_for_holder(&env, "stamped", "h", DEADLINE).await;
+    let s = Agent::spawn(&env.kubeconfig, &env.ns, "s", "stamped", "1.31.0", &log);
+    let ahead = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(2);
+    ghost(&env, "p1", "stamped", "1.30.0", None, Some(ahead)).await;
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("s registered", DEADLINE, || async {
+        candidates.get_opt("s").await.ok().flatten()
+    })
+    .await;
+    kill(Pid::from_raw(h.pid()), Signal::SIGKILL).unwrap();
+    h.child.wait().unwrap();
+    // Expiry (15 s), then at most one ack window for p1 and one for s, with room for a loaded
+    // machine: well before the two minutes the stamped ping would hold it up.
+    let killed = Instant::now();
+    wait_for_holder(&env, "stamped", "s", Duration::from_secs(45)).await;
+    assert!(alive(s.pid()), "s runs");
+    eprintln!("s elected {:?} after h was killed", killed.elapsed());
+    drop(op);
+}
+
+/// Trust-boundary item 7: a candidate whose `renewTime` the API server accepts but this
+/// program's time type cannot hold (the last day of year 9999) stopped the candidate watch at
+/// that event, for every namespace: the operator never became ready when one existed at its
+/// start, and one edited that way and then deleted stayed in the cache, its lease's reconcile
+/// failing with "not found" forever. Now the watch reads such a time as the latest it can
+/// hold, and a 404 on a candidate means it is gone.
+async fn a_malformed_then_deleted_candidate_leaves_no_reconcile_failing(env: Arc<TestEnv>) {
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let year_9999 = serde_json::json!({ "spec": { "renewTime": "9999-12-31T23:59:59.000000Z" } });
+    let pp = PatchParams::default();
+    // (This client could not decode such a candidate either.)
+    let candidates: Api<arbiter::tolerant::Tolerant<LeaseCandidate>> = env.api();
+    // One such candidate exists before the operator starts: it still becomes ready.
+    ghost(&env, "far", "far", "1.30.0", None, None).await;
+    candidates
+        .patch("far", &pp, &Patch::Merge(&year_9999))
+        .await
+        .unwrap();
+    let op = Operator::start(&env, &[]);
+    op.wait_ready().await;
+    // A candidate is elected, then edited that way and deleted.
+    ghost(
+        &env,
+        "mal1",
+        "mal",
+        "1.30.0",
+        Some(jiff::Timestamp::now()),
+        None,
+    )
+    .await;
+    wait_for_holder(&env, "mal", "mal1", DEADLINE).await;
+    candidates
+        .patch("mal1", &pp, &Patch::Merge(&year_9999))
+        .await
+        .unwrap();
+    candidates
+        .delete("mal1", &DeleteParams::default())
+        .await
+        .unwrap();
+    // A live agent that registers afterwards is seen, and elected once mal1's term is over.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("work.log");
+    let _a = Agent::spawn(&env.kubeconfig, &env.ns, "ok1", "mal", "1.31.0", &log);
+    wait_for_holder(&env, "mal", "ok1", DEADLINE).await;
+    let failing = op
+        .logs()
+        .lines()
+        .filter(|l| l.contains("reconcile failed") && l.contains("not found"))
+        .count();
+    assert_eq!(failing, 0, "reconciles failed on a candidate that is gone");
+}
