@@ -33,7 +33,7 @@ pub enum Command {
         /// The agent's pid.
         #[arg(long)]
         parent: i32,
-        /// The first deadline, CLOCK_MONOTONIC nanoseconds.
+        /// The first deadline, CLOCK_BOOTTIME nanoseconds.
         #[arg(long)]
         until: u64,
         #[arg(long)]

@@ -46,6 +46,7 @@ crate::tests![agent:
     clearing_the_holder_then_failing_over_does_not_shorten_its_term,
     a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop,
     a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holder,
+    a_dead_guard_stops_the_workload_and_ends_the_term,
     two_agents_with_one_identity_are_reported,
     an_agent_alone_leaves_its_candidate_alone_between_refreshes,
     an_agent_whose_watch_lags_answers_a_ping_from_a_read,
@@ -1213,6 +1214,44 @@ async fn a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holde
 }
 
 /// `pid` and every process descended from it.
+/// Trust-boundary item 8: the guard is killed (the OOM killer, a stray `kill -9`) while the
+/// workload runs. The agent stops the workload (and its background child) at once, gives the
+/// lease up and exits 1, rather than run on without a watchdog (a later stall of the agent
+/// alone then let the workload outlive its term, or its agent's death orphan it for good).
+async fn a_dead_guard_stops_the_workload_and_ends_the_term(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "guarded", "1.30.0", &log);
+    wait_for_holder(&env, "guarded", "a", DEADLINE).await;
+    let (_, _, cmd, _) = wait_started(&log, "a").await;
+    let grandchild = eventually("the workload's child", DEADLINE, || async {
+        child_of(&read_log(&log), "a")
+    })
+    .await;
+    let guard = children(a.pid())
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"guard"))
+        })
+        .expect("the agent's guard process");
+    kill(Pid::from_raw(guard), Signal::SIGKILL).unwrap();
+    // Stopped within the kill grace (2 s) and a little.
+    let code = a.wait_exit(Duration::from_secs(10)).await;
+    assert_eq!(code, Some(1), "the term ended on the guard's death");
+    assert!(!alive(cmd), "the workload still runs without its guard");
+    assert!(!alive(grandchild), "the workload's child still runs");
+    assert!(
+        stop_of(&read_log(&log), "a").is_some(),
+        "the workload was stopped (SIGTERM), not left running"
+    );
+    let leases: Api<Lease> = env.api();
+    let l = leases.get("guarded").await.unwrap();
+    assert_eq!(lease::holder(&l), None, "the lease was given back");
+}
+
 fn descendants(pid: i32) -> Vec<i32> {
     let mut out = vec![pid];
     let mut i = 0;

@@ -8,7 +8,8 @@
 //! a group of its own, started **before** CMD: CMD's process, between fork and exec, hands its
 //! pid to the guard and waits for the guard's go-ahead, so CMD never runs unwatched. CMD's leader
 //! also carries a parent-death SIGKILL, so an agent killed before the guard could act leaves
-//! nothing running either.
+//! nothing running either. The agent in turn watches the guard ([`Workload::guard_gone`]): a
+//! guard that dies while CMD runs ends the term at once.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
@@ -18,6 +19,7 @@ use nix::fcntl::OFlag;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
+use tokio::sync::watch;
 
 use super::watchdog::{self, Message};
 
@@ -25,9 +27,16 @@ use super::watchdog::{self, Message};
 pub struct Workload {
     child: Child,
     pgid: Pid,
-    guard: Option<Child>,
+    guard: Guard,
     /// The agent's end of the pipe to the guard (closing it dismisses the guard).
     feed: Option<OwnedFd>,
+}
+
+/// The guard process, waited for by a task of its own: its exit code (`None` inside: killed by
+/// a signal) once it has exited.
+struct Guard {
+    pid: Option<u32>,
+    exited: watch::Receiver<Option<Option<i32>>>,
 }
 
 /// How a workload ended.
@@ -63,7 +72,7 @@ impl Workload {
                 "--parent",
                 &std::process::id().to_string(),
                 "--until",
-                &watchdog::monotonic_ns(deadline).to_string(),
+                &watchdog::boottime_ns(deadline).to_string(),
                 "--kill-grace-ms",
                 &kill_grace.as_millis().to_string(),
                 "--margin-ms",
@@ -137,10 +146,16 @@ impl Workload {
         let pgid = Pid::from_raw(child.id().expect("a just-started child has a pid") as i32);
         super::reaper::own(pgid.as_raw());
         tracing::info!(pid = pgid.as_raw(), command = %cmd.join(" "), "workload started");
+        let pid = guard.id();
+        let (tx, exited) = watch::channel(None);
+        tokio::spawn(async move {
+            let code = guard.wait().await.ok().and_then(|s| s.code());
+            let _ = tx.send(Some(code));
+        });
         Ok(Workload {
             child,
             pgid,
-            guard: Some(guard),
+            guard: Guard { pid, exited },
             feed: Some(feed_w),
         })
     }
@@ -148,7 +163,7 @@ impl Workload {
     /// Moves the guard's deadline (after a successful renew). If the guard cannot be told (it
     /// is not reading), the old deadline stands: the safe direction.
     pub fn extend(&self, deadline: Instant) {
-        self.tell(Message::Extend(watchdog::monotonic_ns(deadline)));
+        self.tell(Message::Extend(watchdog::boottime_ns(deadline)));
     }
 
     fn tell(&self, m: Message) {
@@ -158,6 +173,15 @@ impl Workload {
         let msg = m.encode();
         if let Err(e) = nix::unistd::write(feed.as_fd(), &msg) {
             tracing::warn!(error = %e, "could not reach the workload guard");
+        }
+    }
+
+    /// Resolves when the guard has exited. While CMD runs that is never by design (the guard
+    /// outlives CMD until the agent dismisses it): CMD would run on without a watchdog.
+    pub fn guard_gone(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut exited = self.guard.exited.clone();
+        async move {
+            let _ = exited.wait_for(Option::is_some).await;
         }
     }
 
@@ -205,23 +229,25 @@ impl Workload {
     /// overrun. A guard that does not exit within a second is killed.
     async fn dismiss_guard(&mut self) -> bool {
         self.feed = None;
-        let Some(mut g) = self.guard.take() else {
-            return false;
-        };
-        let pid = g.id();
-        let status = match tokio::time::timeout(Duration::from_secs(1), g.wait()).await {
-            Ok(status) => status.ok(),
+        let pid = self.guard.pid;
+        let exited = &mut self.guard.exited;
+        let first = tokio::time::timeout(Duration::from_secs(1), exited.wait_for(Option::is_some))
+            .await
+            .map(|code| code.ok().and_then(|c| *c).flatten());
+        let code = match first {
+            Ok(code) => code,
             Err(_) => {
                 if let Some(pid) = pid {
                     let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
                 }
-                g.wait().await.ok()
+                let code = exited.wait_for(Option::is_some).await;
+                code.ok().and_then(|c| *c).flatten()
             }
         };
         if let Some(pid) = pid {
             super::reaper::disown(pid as i32);
         }
-        status.and_then(|s| s.code()) == Some(super::watchdog::OVERRAN)
+        code == Some(super::watchdog::OVERRAN)
     }
 }
 

@@ -11,6 +11,7 @@
 //! | renew deadline passed, holder changed, lease deleted, a background task died | stops CMD, withdraws its candidate, releases the lease if it still names it | 1 |
 //! | the agent itself stalls or hangs | its guard ([`watchdog`]) stops CMD at last renew + renew deadline; resumed, the agent withdraws and exits | 1 |
 //! | the whole candidate was frozen past its lease | the guard stops CMD on resuming; the candidate is kept, marked withdrawn, with the overrun recorded | 1 |
+//! | the guard died (OOM killer, `kill -9`) while CMD runs | stops CMD at once (it would run on unwatched), withdraws its candidate, releases the lease | 1 |
 //! | SIGTERM / SIGINT | stops CMD, withdraws its candidate, releases the lease | 0 |
 //! | CMD exited on its own | withdraws its candidate, releases the lease | CMD's code |
 //! | a flag error | prints it once, creates nothing | 2 |
@@ -159,7 +160,14 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
 
     loop {
         let lost = running.as_ref().map(|r| r.2.clone());
+        let guard_gone = running.as_ref().map(|r| r.0.guard_gone());
         tokio::select! {
+            // The guard died: CMD would run on without a watchdog. Stop it now.
+            _ = async { guard_gone.expect("guarded").await }, if guard_gone.is_some() => {
+                tracing::error!("the workload's guard died: stopping the workload");
+                let why = EndReason::Failed("the workload's guard died".into());
+                return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
+            }
             // The running term ended (loss, handover, a dead background task): stop at once.
             _ = async { lost.as_ref().expect("guarded").cancelled().await }, if lost.is_some() => {
                 let term = running.as_ref().map(|r| r.1);

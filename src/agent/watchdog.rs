@@ -11,13 +11,18 @@
 //! | the agent says it is stopping CMD (`Stopping`) | SIGKILL `kill_grace` later at the latest, unless the agent finished first |
 //! | the agent dies (parent-death signal, parent changed, or its pipe closes) | SIGKILL to CMD's group at once |
 //!
+//! And the agent watches the guard: if the guard dies (the OOM killer, a stray `kill -9`), the
+//! agent stops CMD and ends its term at once, rather than run on without a watchdog.
+//!
 //! If the guard itself had to kill CMD later than `margin` after the deadline's SIGKILL time
 //! (it was paused or starved with the rest of the candidate), a successor may already have run
 //! beside CMD: it says so on stderr and exits with [`OVERRAN`], and the agent reports the
 //! term as overrun on its candidate (the operator's `DoubleHolder` condition).
 //!
-//! The deadline is an absolute `CLOCK_MONOTONIC` time, which both processes read alike, so a
-//! message that arrives late (the guard was slow to read) does not extend anything. The guard
+//! The deadline is an absolute `CLOCK_BOOTTIME` time, which both processes read alike, so a
+//! message that arrives late (the guard was slow to read) does not extend anything. Unlike
+//! `CLOCK_MONOTONIC` it counts the time the machine was suspended: a host that resumes after
+//! the deadline has CMD stopped at once (and reported as an overrun), not a suspension later. The guard
 //! runs in a process group of its own, so a stop or signal sent to the agent's group does not
 //! reach it, and it is single-threaded, with no async runtime (see [`run`]).
 //!
@@ -37,7 +42,7 @@ use std::time::Duration;
 pub enum Message {
     /// CMD's process group (sent by CMD's own process before it execs).
     Pgid(i32),
-    /// The new deadline: CLOCK_MONOTONIC nanoseconds at which CMD must be told to stop.
+    /// The new deadline: CLOCK_BOOTTIME nanoseconds at which CMD must be told to stop.
     Extend(u64),
     /// The agent is stopping CMD itself (it sends SIGTERM right after this).
     Stopping,
@@ -79,7 +84,7 @@ impl Message {
 /// What the guard must do now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing until `wake_at` (CLOCK_MONOTONIC ns), or the next message.
+    /// Nothing until `wake_at` (CLOCK_BOOTTIME ns), or the next message.
     Wait { wake_at: u64 },
     /// Let CMD exec (its pid is known and the deadline has not passed).
     Go,
@@ -91,7 +96,7 @@ pub enum Action {
     Exit,
 }
 
-/// The guard's state: pure, driven by messages and the clock (CLOCK_MONOTONIC nanoseconds).
+/// The guard's state: pure, driven by messages and the clock (CLOCK_BOOTTIME nanoseconds).
 #[derive(Clone, Debug)]
 pub struct Watchdog {
     kill_grace: u64,
@@ -185,21 +190,23 @@ impl Watchdog {
     }
 }
 
-/// CLOCK_MONOTONIC now, in nanoseconds (what `std::time::Instant` reads on Linux).
-pub fn monotonic_now() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC is always available");
+/// CLOCK_BOOTTIME now, in nanoseconds: monotonic, and counting time suspended.
+pub fn boottime_now() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .expect("CLOCK_BOOTTIME is available on Linux since 2.6.39");
     t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }
 
-/// An `Instant` as CLOCK_MONOTONIC nanoseconds.
-pub fn monotonic_ns(at: std::time::Instant) -> u64 {
+/// An `Instant` (CLOCK_MONOTONIC on Linux, which stops while suspended) as CLOCK_BOOTTIME
+/// nanoseconds, by its distance from now. An instant from before a suspension comes out
+/// earlier than it was: the deadline only moves earlier, the safe direction.
+pub fn boottime_ns(at: std::time::Instant) -> u64 {
     let now = std::time::Instant::now();
-    let mono = monotonic_now();
+    let boot = boottime_now();
     if at <= now {
-        mono.saturating_sub((now - at).as_nanos() as u64)
+        boot.saturating_sub((now - at).as_nanos() as u64)
     } else {
-        mono.saturating_add((at - now).as_nanos() as u64)
+        boot.saturating_add((at - now).as_nanos() as u64)
     }
 }
 
@@ -251,7 +258,7 @@ pub fn run(
             kill(&dog);
             return Ok(code);
         }
-        let now = monotonic_now();
+        let now = boottime_now();
         let wake_at = match dog.next(now) {
             Action::Go => {
                 // CMD's pre-exec child waits for this byte; if the write fails it never execs.
@@ -306,7 +313,7 @@ pub fn run(
             return Ok(code);
         }
         buf.extend_from_slice(&chunk[..n]);
-        let now = monotonic_now();
+        let now = boottime_now();
         while buf.len() >= MESSAGE_LEN {
             let raw: [u8; MESSAGE_LEN] = buf[..MESSAGE_LEN].try_into().expect("16 bytes");
             buf.drain(..MESSAGE_LEN);
@@ -324,9 +331,9 @@ fn continue_until_dismissed(stdin: &std::io::Stdin, parent: i32, set: &nix::sys:
     use std::os::fd::AsFd;
 
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let until = monotonic_now() + 60_000_000_000;
+    let until = boottime_now() + 60_000_000_000;
     let mut chunk = [0u8; 256];
-    while monotonic_now() < until && nix::unistd::getppid().as_raw() == parent {
+    while boottime_now() < until && nix::unistd::getppid().as_raw() == parent {
         let zero = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -421,10 +428,11 @@ mod tests {
     }
 
     #[test]
-    fn monotonic_conversion_matches_the_clock() {
+    fn instants_convert_to_the_boot_clock() {
         let at = std::time::Instant::now() + Duration::from_secs(3);
-        let ns = monotonic_ns(at);
-        let expected = monotonic_now() + 3 * S;
+        let ns = boottime_ns(at);
+        let boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).unwrap();
+        let expected = boot.tv_sec() as u64 * S + boot.tv_nsec() as u64 + 3 * S;
         assert!(ns.abs_diff(expected) < S / 10, "{ns} vs {expected}");
     }
 }
