@@ -37,6 +37,7 @@ crate::tests![operator:
     only_the_pods_it_follows_are_kept,
     lapsed_holder_pod_still_running_is_evicted,
     eviction_blocked_by_pdb_is_reported_and_retried,
+    a_pod_that_does_not_declare_the_lease_is_never_forced_out,
     a_blocked_forced_exit_survives_an_operator_failover,
     third_party_strategy_gets_a_holderless_lease,
     a_registration_proves_life_for_ack_valid_for,
@@ -1169,7 +1170,12 @@ async fn lapsing_pair(
 ) -> (StandIn, StandIn, Responder, tokio::task::JoinHandle<()>) {
     let r = Responder::start(env.client.clone(), &env.ns, &["pod-a", "pod-b"]);
     let sleep = SLEEP;
-    let labels = BTreeMap::from([("app".to_string(), "pair".to_string())]);
+    // The pods declare the lease they run for (as `arbiter run --lease` in their spec would):
+    // only such a pod is ever forced out.
+    let labels = BTreeMap::from([
+        ("app".to_string(), "pair".to_string()),
+        ("arbiter.dev/lease".to_string(), lease_name.to_string()),
+    ]);
     let a = StandIn::spawn(
         env.client.clone(),
         &env.ns,
@@ -1316,6 +1322,74 @@ async fn a_blocked_forced_exit_survives_an_operator_failover(env: Arc<TestEnv>) 
         "the new arbiter forced the lapsed holder's pod out"
     );
     renew_b.abort();
+}
+
+/// Trust-boundary item 6 (a confused deputy): the rights of a candidate's agent (write
+/// candidates and Leases in the namespace) must not get another team's pod evicted. A
+/// candidate whose `ownerReferences` name a stranger's pod is elected and goes silent; its
+/// term lapses; and someone writes a pending forced exit of that pod on the Lease by hand. The
+/// pod declares no lease (no `arbiter run --lease` in its spec, no `arbiter.dev/lease` label):
+/// both are refused and reported, and it keeps running. (Before: it was evicted.)
+async fn a_pod_that_does_not_declare_the_lease_is_never_forced_out(env: Arc<TestEnv>) {
+    let _op = Operator::start(&env, &["--lease-duration", "3s"]);
+    let r = Responder::start(env.client.clone(), &env.ns, &["evil", "other"]);
+    let sleep = SLEEP;
+    let victim = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "victim",
+        BTreeMap::new(),
+        5,
+        "sh",
+        &sleep,
+    )
+    .await;
+    create_candidate(
+        &env,
+        "evil",
+        "stolen",
+        "1.19.0",
+        Some("1.19.0"),
+        OEV,
+        Some(owned_by(&victim)),
+    )
+    .await;
+    wait_for_holder(&env, "stolen", "evil", DEADLINE).await;
+    r.silence("evil");
+    let renew_other = hold_and_release(env.client.clone(), &env.ns, "stolen", &["other"]);
+    create_candidate(&env, "other", "stolen", "1.20.0", Some("1.20.0"), OEV, None).await;
+    wait_for_holder(&env, "stolen", "other", DEADLINE).await;
+    let refused = wait_for_event(&env, "evil", "ForcedExitRefused", DEADLINE).await;
+    assert!(refused.contains("victim"), "{refused}");
+    // A pending forced exit written by hand.
+    let leases: Api<Lease> = env.api();
+    let forged = format!("evil/victim/{}/0", victim.uid);
+    let annotate = PatchParams {
+        field_manager: Some("kubectl-annotate".into()),
+        ..PatchParams::default()
+    };
+    let p =
+        json!({ "metadata": { "annotations": { "arbiter.dev/pending-forced-exits": forged } } });
+    leases
+        .patch("stolen", &annotate, &Patch::Merge(&p))
+        .await
+        .unwrap();
+    wait_for_event(&env, "stolen", "ForcedExitRefused", DEADLINE).await;
+    eventually("the forged entry removed", DEADLINE, || async {
+        let l = leases.get("stolen").await.ok()?;
+        (!l.annotations()
+            .get("arbiter.dev/pending-forced-exits")
+            .is_some_and(|v| v.contains("victim")))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(victim.exited(), None, "the stranger's pod was forced out");
+    let events = events_for(&env, "victim").await;
+    assert!(
+        !events.iter().any(|(r, _)| r == "Evicted" || r == "Killing"),
+        "{events:?}"
+    );
+    renew_other.abort();
 }
 
 async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {

@@ -14,6 +14,15 @@
 //! leads next carries them on: a forced exit a PDB holds back is not forgotten on a failover.
 //! Every eviction or deletion carries the pod's uid as a precondition: a new pod with the same
 //! name (a StatefulSet's replacement) is never hit.
+//!
+//! **Only a pod that says so itself is forced out** ([`declares`]): its own spec runs
+//! `arbiter run --lease NAME` (or `--lease=NAME`) in a container, or it carries the label
+//! `arbiter.dev/lease: NAME`, set by whoever created the pod; or the operator selects it as a
+//! pod of an annotated single-active workload. A candidate's `ownerReferences` and the Lease's
+//! annotations are written by candidates' agents (and anyone with their rights), so they
+//! cannot name another team's pod into an eviction: a pending forced exit whose pod does not
+//! declare the lease is refused and reported (Event `ForcedExitRefused`), as is an entry in
+//! the annotation that arbiter did not write.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -27,6 +36,59 @@ use kube::{Client, ResourceExt};
 use super::queue::LeaseKey;
 
 pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
+/// The label a pod may carry to declare the lease its candidate runs for (for a pod whose
+/// containers do not show `arbiter run --lease NAME` in their command or args).
+pub const LEASE_LABEL: &str = "arbiter.dev/lease";
+/// On a cached (slimmed) pod only, never read from the API server: the leases its containers'
+/// command lines name with `--lease` ([`declared_in_spec`]), comma-separated.
+pub const DECLARED_ANNOTATION: &str = "arbiter.dev/declared-leases";
+
+/// The leases the pod's own containers (and init containers) name as `--lease NAME` or
+/// `--lease=NAME` in their command or args.
+pub fn declared_in_spec(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> std::collections::BTreeSet<String> {
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    let mut out = std::collections::BTreeSet::new();
+    for c in containers {
+        let words: Vec<&str> = c
+            .command
+            .iter()
+            .flatten()
+            .chain(c.args.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        for (i, w) in words.iter().enumerate() {
+            match w.strip_prefix("--lease=") {
+                Some(name) => out.insert(name.to_string()),
+                None if *w == "--lease" => {
+                    words.get(i + 1).is_some_and(|n| out.insert(n.to_string()))
+                }
+                None => false,
+            };
+        }
+    }
+    out
+}
+
+/// Whether `pod` itself declares that it runs a candidate of `lease`: its label
+/// [`LEASE_LABEL`], its containers' command lines (a full pod), or what the cache noted of
+/// them ([`DECLARED_ANNOTATION`], a slimmed pod).
+pub fn declares(pod: &Pod, lease: &str) -> bool {
+    let labelled = pod.labels().get(LEASE_LABEL).is_some_and(|l| l == lease);
+    let noted = pod
+        .annotations()
+        .get(DECLARED_ANNOTATION)
+        .is_some_and(|v| v.split(',').any(|l| l == lease));
+    let in_spec = pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| declared_in_spec(s).contains(lease));
+    labelled || noted || in_spec
+}
 /// The forced exits still pending for a lease: `candidate/pod/uid/restarts`, comma-separated.
 pub const PENDING_ANNOTATION: &str = "arbiter.dev/pending-forced-exits";
 
@@ -94,6 +156,8 @@ pub enum Outcome {
     Reported,
     Blocked(String),
     Failed(String),
+    /// The pod does not declare the lease ([`declares`]): never forced out for it.
+    Refused,
 }
 
 /// Outstanding forced exits, per lease.
@@ -159,13 +223,15 @@ impl Deposer {
         Some(record(list))
     }
 
-    /// Attempts every due target of `key`. Returns the outcomes, and when to try again.
+    /// Attempts every due target of `key`, each only if `may_force` accepts its pod as the
+    /// API server (or the cache) has it. Returns the outcomes, and when to try again.
     pub async fn attempt(
         &mut self,
         client: &Client,
         key: &LeaseKey,
         policy: OnDepose,
         current: impl Fn(&str) -> Option<Pod>,
+        may_force: impl Fn(&Pod) -> bool,
     ) -> (Vec<(Target, Outcome)>, Option<Duration>) {
         let Some(list) = self.pending.remove(key) else {
             return (Vec::new(), None);
@@ -194,7 +260,7 @@ impl Deposer {
                     }
                 },
             };
-            let still_running = pod.is_some_and(|p| {
+            let still_running = pod.as_ref().is_some_and(|p| {
                 p.uid().as_deref() == Some(t.uid.as_str())
                     && p.metadata.deletion_timestamp.is_none()
                     && restarts(&p) == t.restarts
@@ -205,6 +271,10 @@ impl Deposer {
             });
             if !still_running {
                 outcomes.push((t, Outcome::Stopped));
+                continue;
+            }
+            if !pod.as_ref().is_some_and(&may_force) {
+                outcomes.push((t, Outcome::Refused));
                 continue;
             }
             // Only the pod that held the lease: a new pod with the same name (a StatefulSet's
@@ -375,6 +445,14 @@ impl Outcome {
                 "EvictionFailed",
                 format!("forcing pod {} out failed, retrying: {e}", t.pod),
             )),
+            Outcome::Refused => Some((
+                EventType::Warning,
+                "ForcedExitRefused",
+                format!(
+                    "pod {} was not forced out: it does not declare this lease (arbiter run --lease in its spec, or the label {LEASE_LABEL}), and is no pod of its single-active workload",
+                    t.pod
+                ),
+            )),
         }
     }
 }
@@ -472,7 +550,13 @@ mod tests {
             let mut d = Deposer::default();
             d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
             let (outcomes, _) = d
-                .attempt(&client, &key(), policy, |_| Some(running_pod("uid-1")))
+                .attempt(
+                    &client,
+                    &key(),
+                    policy,
+                    |_| Some(running_pod("uid-1")),
+                    |_| true,
+                )
                 .await;
             assert!(matches!(outcomes[0].1, Outcome::Forced(_)), "{outcomes:?}");
             let seen = seen.lock().unwrap();
@@ -490,15 +574,86 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_pod_that_does_not_declare_the_lease_is_refused_and_left_alone() {
+        let (client, seen) = recording_client(200);
+        let mut d = Deposer::default();
+        d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
+        let (outcomes, retry) = d
+            .attempt(
+                &client,
+                &key(),
+                OnDepose::Delete,
+                |_| Some(running_pod("uid-1")),
+                |p| declares(p, "l"),
+            )
+            .await;
+        assert!(matches!(outcomes[0].1, Outcome::Refused), "{outcomes:?}");
+        assert_eq!(retry, None, "not tried again");
+        assert!(seen.lock().unwrap().is_empty(), "nothing sent");
+        assert_eq!(d.recorded(&key()), None);
+    }
+
+    #[test]
+    fn a_pod_declares_a_lease_by_its_own_command_line_or_label() {
+        let pod = |json: serde_json::Value| -> Pod { serde_json::from_value(json).unwrap() };
+        let with_args = |args: serde_json::Value| {
+            pod(serde_json::json!({"spec": {"containers": [
+                {"name": "app", "image": "x"},
+                {"name": "agent", "image": "x", "command": ["/arbiter"], "args": args},
+            ]}}))
+        };
+        assert!(declares(
+            &with_args(serde_json::json!(["run", "--lease", "l", "--", "app"])),
+            "l"
+        ));
+        assert!(declares(
+            &with_args(serde_json::json!(["run", "--lease=l", "--", "app"])),
+            "l"
+        ));
+        assert!(!declares(
+            &with_args(serde_json::json!(["run", "--lease", "other"])),
+            "l"
+        ));
+        assert!(!declares(
+            &with_args(serde_json::json!(["run", "--lease"])),
+            "l"
+        ));
+        assert!(!declares(&with_args(serde_json::json!(["echo", "l"])), "l"));
+        let init = pod(
+            serde_json::json!({"spec": {"containers": [{"name": "a", "image": "x"}],
+            "initContainers": [{"name": "i", "image": "x", "command": ["arbiter", "run", "--lease", "l"]}]}}),
+        );
+        assert!(declares(&init, "l"));
+        let labelled = pod(serde_json::json!({"metadata": {"labels": {"arbiter.dev/lease": "l"}}}));
+        assert!(declares(&labelled, "l"));
+        assert!(!declares(&labelled, "m"));
+        // The cache's note of a slimmed pod's command lines.
+        let mut slim = with_args(serde_json::json!(["run", "--lease", "l"]));
+        crate::operator::slim::keep_what_is_read(&mut slim);
+        assert!(slim.spec.as_ref().unwrap().containers[1].args.is_none());
+        assert!(declares(&slim, "l"));
+        assert!(!declares(&slim, "m"));
+        // An owner reference or an annotation someone else wrote is no declaration.
+        assert!(!declares(
+            &pod(serde_json::json!({"metadata": {"annotations": {"arbiter.dev/lease": "l"}}})),
+            "l"
+        ));
+    }
+
+    #[tokio::test]
     async fn a_replacement_pod_with_the_same_name_ends_the_target_untouched() {
         let (client, seen) = recording_client(409);
         let mut d = Deposer::default();
         d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
         // The cache still shows the old pod; the server has a new one under the same name.
         let (outcomes, retry) = d
-            .attempt(&client, &key(), OnDepose::Delete, |_| {
-                Some(running_pod("uid-1"))
-            })
+            .attempt(
+                &client,
+                &key(),
+                OnDepose::Delete,
+                |_| Some(running_pod("uid-1")),
+                |_| true,
+            )
             .await;
         assert!(matches!(outcomes[0].1, Outcome::Stopped), "{outcomes:?}");
         assert_eq!(retry, None, "nothing left to retry");

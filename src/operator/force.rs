@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use super::controller::Worker;
@@ -66,9 +67,11 @@ impl Worker {
             .get(RESTARTS_ANNOTATION)
             .and_then(|v| v.parse::<i64>().ok());
         tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
-        // The pod the term was assigned in, with the same containers, and not all of them
-        // reported ended (one in crash-loop back-off after its process exited runs nothing).
-        (assigned_in.is_none_or(|a| *a == uid)
+        // The pod the term was assigned in (as recorded then: a term assigned without a pod
+        // has none to force out), with the same containers, and not all of them reported
+        // ended (one in crash-loop back-off after its process exited runs nothing). Whether
+        // the pod declares the lease is checked before anything is done to it.
+        (assigned_in.is_some_and(|a| *a == uid)
             && recorded == Some(depose::restarts(&pod))
             && !super::stopped::nothing_runs(&pod))
         .then(|| Target::new(h, &pod.name_any(), &uid, depose::restarts(&pod)))
@@ -88,18 +91,38 @@ impl Worker {
         // as its cache shows it: the base of the record's compare-and-swap below.
         let latest = self.newest_lease(key);
         let latest = latest.as_deref();
-        // Forced exits another replica left pending are carried on.
+        // Forced exits another replica left pending are carried on: only as arbiter wrote
+        // them (a hand edit's, or anyone else's, are refused and reported), and only for pods of
+        // this lease's candidates or workload.
         let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
+        let trusted =
+            latest.is_some_and(|l| lease::written_by_arbiter(&l.metadata, PENDING_ANNOTATION));
+        let workload_pods: HashSet<String> = plan
+            .into_iter()
+            .flat_map(|p| p.pods.iter().filter_map(|pod| pod.uid()))
+            .collect();
         let ours: HashSet<String> = candidates
             .iter()
             .filter_map(|c| owner_pod(c).map(|(_, uid)| uid))
-            .chain(
-                plan.into_iter()
-                    .flat_map(|p| p.pods.iter().filter_map(|pod| pod.uid())),
-            )
+            .chain(workload_pods.iter().cloned())
             .collect();
+        if let (false, Some(forged), Some(l)) = (trusted, recorded.as_deref(), latest) {
+            let note = format!(
+                "ignored pending forced exits that arbiter did not write ({} {forged:?}): removed",
+                PENDING_ANNOTATION
+            );
+            tracing::warn!(lease = %key, "{note}");
+            publish(
+                &self.recorder,
+                &l.object_ref(&()),
+                EventType::Warning,
+                "ForcedExitRefused",
+                note,
+            );
+        }
+        let restorable = recorded.as_deref().filter(|_| trusted);
         self.deposer
-            .restore(key, recorded.as_deref(), |t| ours.contains(&t.uid));
+            .restore(key, restorable, |t| ours.contains(&t.uid));
         // Never the lease's holder (given the term again since it was deposed): as this worker
         // sees the Lease, and, before anything is forced out, as the API server has it now (a
         // view that lags, e.g. after taking over from another replica, may not show it yet).
@@ -129,10 +152,21 @@ impl Worker {
         let pods = self.caches.pods.clone();
         let ns = key.namespace.clone();
         let (outcomes, mut retry) = if checked {
+            // Only a pod that declares this lease itself, or that the operator selects as its
+            // workload's (never one a candidate's writer named).
+            let lease_name = key.name.clone();
+            let may_force = |pod: &k8s_openapi::api::core::v1::Pod| {
+                depose::declares(pod, &lease_name)
+                    || pod.uid().is_some_and(|u| workload_pods.contains(&u))
+            };
             self.deposer
-                .attempt(&self.client, key, policy, |name| {
-                    pods.get(&ns, name).map(|p| (*p).clone())
-                })
+                .attempt(
+                    &self.client,
+                    key,
+                    policy,
+                    |name| pods.get(&ns, name).map(|p| (*p).clone()),
+                    may_force,
+                )
                 .await
         } else {
             (Vec::new(), Some(super::controller::RETRY_FAILED_WRITE))
