@@ -263,7 +263,7 @@ impl Deposer {
             let still_running = pod.as_ref().is_some_and(|p| {
                 p.uid().as_deref() == Some(t.uid.as_str())
                     && p.metadata.deletion_timestamp.is_none()
-                    && restarts(&p) == t.restarts
+                    && restarts(p) == t.restarts
                     && !matches!(
                         p.status.as_ref().and_then(|s| s.phase.as_deref()),
                         Some("Succeeded" | "Failed")
