@@ -52,6 +52,7 @@ crate::tests![operator:
     deleting_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_after_a_release_does_not_make_two_arbiters,
+    naming_the_standby_in_the_operator_lease_does_not_make_two_arbiters,
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
@@ -1092,6 +1093,75 @@ async fn clearing_the_operator_lease_after_a_release_does_not_make_two_arbiters(
     .await;
     let third = Operator::start(&env, &FAST_HA);
     operator_lease_edit_does_not_make_two_arbiters(&env, (second, third, next), false).await
+}
+
+/// Trust-boundary item 9: the operators' HA Lease edited (or restored from a backup) to name
+/// the standby, which never acquired it. The standby treats it as anyone else's record: it acts
+/// only after a full HA lease duration of silence, by which time the active replica has seen
+/// the edit and exited. (Before: the standby acted at once, while the active replica's write
+/// gate was still open.)
+async fn naming_the_standby_in_the_operator_lease_does_not_make_two_arbiters(env: Arc<TestEnv>) {
+    let with = |identity: &'static str| {
+        let mut args = FAST_HA.to_vec();
+        args.extend(["--identity", identity]);
+        args
+    };
+    let mut first = Operator::start(&env, &with("op-a"));
+    eventually("op-a active", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| h.starts_with("op-a-"))
+    })
+    .await;
+    let second = Operator::start(&env, &with("op-b"));
+    eventually(
+        "the standby to watch the operator lease",
+        DEADLINE,
+        || async {
+            second
+                .logs()
+                .contains("watching the operator lease")
+                .then_some(())
+        },
+    )
+    .await;
+    // Its full identity (a random suffix is added to --identity).
+    let logs = crate::support::operator::strip_ansi(&second.logs());
+    let op_b = logs
+        .split_whitespace()
+        .find_map(|w| {
+            w.strip_prefix("identity=")
+                .filter(|i| i.starts_with("op-b-"))
+        })
+        .map(str::to_string)
+        .expect("op-b's identity in its log");
+    let leases: Api<Lease> = env.api();
+    let p = json!({ "spec": { "holderIdentity": op_b } });
+    leases
+        .patch(
+            "arbiter-operator",
+            &PatchParams::default(),
+            &Patch::Merge(&p),
+        )
+        .await
+        .unwrap();
+    let edited = Instant::now();
+    eventually("the standby to act", DEADLINE, || async {
+        second
+            .logs()
+            .contains("acting as the arbiter")
+            .then_some(())
+    })
+    .await;
+    let waited = edited.elapsed();
+    assert!(
+        first.exited(),
+        "op-b acted {waited:?} after the edit while op-a was still running"
+    );
+    assert!(
+        waited >= Duration::from_secs(6),
+        "op-b acted {waited:?} after the edit, before a full HA lease duration (6 s)"
+    );
+    assert_eq!(first.wait_exit(DEADLINE).await, Some(1));
+    assert!(first.logs().contains("lost the operator lease"));
 }
 
 /// The operators' own HA Lease edited by hand (deleted, or its holder cleared): the active

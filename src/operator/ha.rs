@@ -155,6 +155,15 @@ impl Elector {
         *self.written.lock().unwrap() = Some(written);
     }
 
+    /// Whether `current` is the very record this replica last wrote.
+    fn wrote(&self, current: &Lease) -> bool {
+        let written = self.written.lock().unwrap();
+        let version = |l: &Lease| l.metadata.resource_version.clone();
+        written
+            .as_ref()
+            .is_some_and(|w| version(w).is_some() && version(w) == version(current))
+    }
+
     /// Waits until this replica holds the Lease; returns when the write that took it was sent
     /// (the renew deadline counts from there).
     pub async fn acquire(&self) -> Instant {
@@ -230,7 +239,10 @@ impl Elector {
         let free = match lease::holder(&current) {
             // Released by the active replica itself (on SIGTERM): at once.
             None if lease::released_by(&current).is_some() => true,
-            Some(h) if h == self.identity => true,
+            // Names this replica as it wrote it. One naming it that it never wrote (edited by
+            // hand, restored from a backup) proves nothing: another replica may be acting; a
+            // full duration of silence, as for anyone else's.
+            Some(h) if h == self.identity && self.wrote(&current) => true,
             _ => quiet(Some(&current)),
         };
         if !free {
