@@ -27,6 +27,42 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
 /// The holding agent's process incarnation (a random id per start).
 pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
+/// On a Lease: `HOLDER/TERM`, written by the arbiter with every assignment ([`assignment`]).
+/// An agent takes a term only from a Lease carrying it for its own identity and the Lease's
+/// term (and arbiter's label): a Lease arbiter did not assign (a client-go Lease kept under
+/// `arbiter run`, one made by hand) names its holder for someone else's reasons.
+pub const ASSIGNED_ANNOTATION: &str = "arbiter.dev/assigned";
+
+/// The value of [`ASSIGNED_ANNOTATION`] for `holder` at `term`.
+pub fn assignment(holder: &str, term: i32) -> String {
+    format!("{holder}/{term}")
+}
+
+/// Whether the arbiter assigned `lease`'s current term to its holder: it carries arbiter's
+/// label and the assignment mark for its holder and term.
+pub fn assigned_by_arbiter(lease: &Lease) -> bool {
+    managed(lease) && assigned_by_arbiter_unlabelled(lease)
+}
+
+/// Whether `lease` carries the assignment mark for its current holder and term (label or not).
+pub fn assigned_by_arbiter_unlabelled(lease: &Lease) -> bool {
+    let Some(holder) = holder(lease) else {
+        return false;
+    };
+    lease
+        .annotations()
+        .get(ASSIGNED_ANNOTATION)
+        .map(String::as_str)
+        == Some(assignment(holder, term(lease)).as_str())
+}
+
+/// Whether `lease` carries arbiter's label ([`MANAGED_LABEL`]).
+pub fn managed(lease: &Lease) -> bool {
+    lease
+        .labels()
+        .get(MANAGED_LABEL)
+        .is_some_and(|v| v == "true")
+}
 
 /// What a candidate process writes to its container's termination log when it starts (see
 /// [`crate::candidate::Candidate::termination_log`]). When the container ends, the kubelet

@@ -30,9 +30,17 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Tolerant<K> {
         match K::deserialize(&value) {
             Ok(k) => Ok(Tolerant(k)),
             Err(first) => {
-                if clamp_times(&mut value)
-                    && let Ok(k) = K::deserialize(&value)
-                {
+                // Not in the metadata: its times are the API server's own, and its labels and
+                // annotations are anyone's strings.
+                let mut clamped = false;
+                if let serde_json::Value::Object(fields) = &mut value {
+                    for (name, field) in fields.iter_mut() {
+                        if name != "metadata" {
+                            clamped |= clamp_times(field);
+                        }
+                    }
+                }
+                if clamped && let Ok(k) = K::deserialize(&value) {
                     return Ok(Tolerant(k));
                 }
                 Err(D::Error::custom(first))
@@ -41,7 +49,7 @@ impl<'de, K: DeserializeOwned> Deserialize<'de> for Tolerant<K> {
     }
 }
 
-/// Replaces every string that is an RFC 3339 timestamp past `jiff::Timestamp::MAX` (the API
+/// Replaces every string in `value` that is an RFC 3339 timestamp past `jiff::Timestamp::MAX` (the API
 /// server takes years up to 9999) with that maximum, to the microsecond. Whether it changed
 /// anything.
 fn clamp_times(value: &mut serde_json::Value) -> bool {

@@ -14,15 +14,16 @@ use kube::api::{Api, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::support::agent::{Agent, agent_args, alive, wait_started};
+use crate::support::agent::{Agent, agent_args, alive, read_log, starts, wait_started};
 use crate::support::operator::{Operator, wait_for_holder};
-use crate::support::{TestEnv, eventually};
+use crate::support::{TestEnv, eventually, wait_for_event};
 
 crate::tests![trust:
     a_candidate_whose_clock_runs_ahead_does_not_keep_the_lease_after_it_dies,
     a_hand_made_candidate_with_a_future_renew_time_takes_nothing,
     a_ping_stamped_ahead_does_not_stall_the_election,
     a_malformed_then_deleted_candidate_leaves_no_reconcile_failing,
+    a_lease_arbiter_did_not_make_is_waited_out_then_adopted,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(45);
@@ -260,4 +261,92 @@ async fn a_malformed_then_deleted_candidate_leaves_no_reconcile_failing(env: Arc
         .filter(|l| l.contains("reconcile failed") && l.contains("not found"))
         .count();
     assert_eq!(failing, 0, "reconciles failed on a candidate that is gone");
+}
+
+/// Trust-boundary item 4: a team moves a client-go controller under `arbiter run` and keeps its
+/// Lease name. The old Lease (no `arbiter.dev/managed` label, term 7) names `m1`, which is
+/// also the new agent's identity, and the old leader still renews it for a while. No agent runs
+/// its workload on it; the operator waits until it has been unchanged for a lease duration on
+/// its own clock, then takes it over with a term above 7 and labels it. Removing the label by
+/// hand later does not stop the holder: the Lease carries arbiter's assignment and is labelled
+/// again. (Before: `m1` ran at once with ARBITER_TERM=7, and the lease was never elected.)
+async fn a_lease_arbiter_did_not_make_is_waited_out_then_adopted(env: Arc<TestEnv>) {
+    use kube::api::{Patch, PatchParams};
+    let leases: Api<Lease> = env.api();
+    let client_go: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "migrated"},
+        "spec": {"holderIdentity": "m1", "leaseDurationSeconds": 10, "leaseTransitions": 7,
+            "acquireTime": lease::now(), "renewTime": lease::now()},
+    }))
+    .unwrap();
+    leases
+        .create(&PostParams::default(), &client_go)
+        .await
+        .unwrap();
+    // The old client-go leader renews for 8 more seconds, then is gone.
+    let renewing = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(8) {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let p = serde_json::json!({ "spec": { "renewTime": lease::now() } });
+                let _ = leases
+                    .patch("migrated", &PatchParams::default(), &Patch::Merge(&p))
+                    .await;
+            }
+            Instant::now()
+        })
+    };
+    let op = Operator::start(&env, &[]);
+    op.wait_ready().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("work.log");
+    let mut m1 = Agent::spawn(&env.kubeconfig, &env.ns, "m1", "migrated", "1.30.0", &log);
+    let _m2 = Agent::spawn(&env.kubeconfig, &env.ns, "m2", "migrated", "1.31.0", &log);
+    let last_renewal = renewing.await.unwrap();
+    assert!(
+        starts(&read_log(&log)).is_empty(),
+        "a workload ran on a Lease arbiter did not assign: {:?}",
+        starts(&read_log(&log))
+    );
+    let found = wait_for_event(&env, "migrated", "ForeignLease", DEADLINE).await;
+    assert!(found.contains("m1"), "{found}");
+    let adopted = eventually("the Lease adopted", Duration::from_secs(60), || async {
+        let l = leases.get("migrated").await.ok()?;
+        lease::managed(&l).then_some(l)
+    })
+    .await;
+    let waited = last_renewal.elapsed();
+    assert!(
+        waited >= Duration::from_secs(15),
+        "taken over {waited:?} after the old leader's last renewal: its term may still have run"
+    );
+    assert!(
+        lease::term(&adopted) > 7,
+        "a fresh term above the old Lease's"
+    );
+    assert_eq!(lease::holder(&adopted), Some("m1"), "the oldest version");
+    wait_for_event(&env, "migrated", "LeaseAdopted", DEADLINE).await;
+    let (_, term, cmd, _) = wait_started(&log, "m1").await;
+    assert_eq!(term, lease::term(&adopted));
+    assert!(
+        starts(&read_log(&log)).iter().all(|s| s.1 > 7),
+        "a workload ran under the old Lease's term: {:?}",
+        starts(&read_log(&log))
+    );
+    // The label removed by hand: labelled again, and the holder runs on in the same term.
+    let p = serde_json::json!({ "metadata": { "labels": { lease::MANAGED_LABEL: null } } });
+    leases
+        .patch("migrated", &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+    wait_for_event(&env, "migrated", "LeaseRelabelled", Duration::from_secs(60)).await;
+    let l = leases.get("migrated").await.unwrap();
+    assert!(lease::managed(&l));
+    assert_eq!((lease::holder(&l), lease::term(&l)), (Some("m1"), term));
+    assert!(alive(cmd), "m1's workload was stopped");
+    assert_eq!(starts(&read_log(&log)).len(), 1, "only m1's one start");
+    assert!(m1.child.try_wait().unwrap().is_none());
+    drop(op);
 }

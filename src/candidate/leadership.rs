@@ -21,6 +21,9 @@ enum Standing {
     Ours,
     /// Assigned to this identity but held by an earlier process of it: must not be resumed.
     Stale,
+    /// Names this identity, but the arbiter did not assign it (no label and assignment mark:
+    /// a client-go Lease kept under `arbiter run`, one made or edited by hand): someone else's.
+    Unassigned,
     /// Ours, and the arbiter asks us to hand over to someone else.
     HandoverTo(String),
 }
@@ -35,6 +38,10 @@ fn standing(l: &Lease, config: &Config, incarnation: &str) -> Standing {
         .map(String::as_str)
     {
         Some(i) if !i.is_empty() && i != incarnation => return Standing::Stale,
+        // Taken by this process already: its term, whatever marks were edited since.
+        Some(i) if i == incarnation => {}
+        // A fresh assignment: only the arbiter's.
+        _ if !lease::assigned_by_arbiter(l) => return Standing::Unassigned,
         _ => {}
     }
     match lease::preferred_holder(l) {
@@ -55,7 +62,7 @@ async fn renew(
     match standing(&l, config, incarnation) {
         Standing::Ours => {}
         Standing::HandoverTo(to) => return Ok(Err(EndReason::Handover { to })),
-        Standing::Other | Standing::Stale => {
+        Standing::Other | Standing::Stale | Standing::Unassigned => {
             return Ok(Err(EndReason::HolderChanged(
                 lease::holder(&l).map(str::to_string),
             )));
@@ -119,6 +126,9 @@ pub async fn run(
         // Following: wait for the arbiter to name us.
         state.send_replace(State::Following);
         tracing::info!(lease = %config.lease, identity = %config.identity, "standing by: waiting for the arbiter to assign the lease");
+        // The term of a Lease naming this identity without the arbiter's assignment, once
+        // reported (its holder may renew it every few seconds).
+        let mut reported_unassigned = None;
         loop {
             match latest
                 .lease
@@ -131,6 +141,16 @@ pub async fn run(
                     // do not release it either (that process, or its workload, may still run;
                     // the arbiter reassigns the lease once it expires).
                     tracing::warn!(lease = %config.lease, "the lease names this identity but an earlier process held it; waiting for the arbiter to reassign it");
+                }
+                Some(Standing::Unassigned) => {
+                    // Never run under a term the arbiter did not assign (its fencing token
+                    // would be someone else's counter); the arbiter adopts such a Lease once
+                    // its holder's duration has passed without a change, then assigns it.
+                    let term = latest.lease.as_ref().map(lease::term);
+                    if reported_unassigned != term {
+                        reported_unassigned = term;
+                        tracing::warn!(lease = %config.lease, ?term, "the lease names this identity but the arbiter did not assign it (no arbiter.dev/managed label and assignment mark): waiting for the arbiter");
+                    }
                 }
                 Some(Standing::HandoverTo(_)) => {
                     // The arbiter already wants someone else: give it back without leading.
@@ -246,7 +266,7 @@ async fn lead(
                     match latest.lease.as_ref().map(|l| standing(l, config, incarnation)) {
                         None => return EndReason::LeaseDeleted,
                         Some(Standing::HandoverTo(to)) => return EndReason::Handover { to },
-                        Some(Standing::Other | Standing::Stale) => {
+                        Some(Standing::Other | Standing::Stale | Standing::Unassigned) => {
                             return EndReason::HolderChanged(latest.lease.as_ref().and_then(lease::holder).map(str::to_string));
                         }
                         Some(Standing::Ours) => {}
@@ -287,3 +307,92 @@ impl Latest {
 
 /// How long to wait for the API when releasing on the way out.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            lease: "l".into(),
+            identity: "me".into(),
+            namespace: "ns".into(),
+            binary_version: "1.0.0".into(),
+            emulation_version: None,
+            strategy: crate::api::OLDEST_EMULATION_VERSION.into(),
+            pod_name: None,
+            pod_uid: None,
+            termination_log: None,
+            timings: super::super::Timings {
+                lease_duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                retry_period: Duration::from_secs(2),
+            },
+        }
+    }
+
+    fn lease(
+        holder: &str,
+        term: i32,
+        labelled: bool,
+        mark: Option<&str>,
+        incarnation: Option<&str>,
+    ) -> Lease {
+        let mut l = Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_transitions: Some(term),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        };
+        if labelled {
+            l.labels_mut()
+                .insert(lease::MANAGED_LABEL.into(), "true".into());
+        }
+        lease::set_annotation(&mut l, lease::ASSIGNED_ANNOTATION, mark);
+        lease::set_annotation(&mut l, INCARNATION_ANNOTATION, incarnation);
+        l
+    }
+
+    /// Trust-boundary item 4: a term is taken only from the arbiter's assignment.
+    #[test]
+    fn a_term_is_taken_only_from_the_arbiters_assignment() {
+        let c = config();
+        let ours = |l: &Lease| matches!(standing(l, &c, "inc"), Standing::Ours);
+        let unassigned = |l: &Lease| matches!(standing(l, &c, "inc"), Standing::Unassigned);
+        assert!(
+            ours(&lease("me", 3, true, Some("me/3"), None)),
+            "a fresh assignment"
+        );
+        assert!(
+            unassigned(&lease("me", 7, false, None, None)),
+            "a client-go Lease naming this identity"
+        );
+        assert!(
+            unassigned(&lease("me", 3, false, Some("me/3"), None)),
+            "no label"
+        );
+        assert!(unassigned(&lease("me", 3, true, None, None)), "no mark");
+        assert!(
+            unassigned(&lease("me", 4, true, Some("me/3"), None)),
+            "the term edited since the assignment"
+        );
+        assert!(
+            ours(&lease("me", 3, false, None, Some("inc"))),
+            "taken by this process already: its own term, whatever was edited since"
+        );
+        assert!(matches!(
+            standing(
+                &lease("me", 3, true, Some("me/3"), Some("other")),
+                &c,
+                "inc"
+            ),
+            Standing::Stale
+        ));
+        assert!(matches!(
+            standing(&lease("you", 3, true, Some("you/3"), None), &c, "inc"),
+            Standing::Other
+        ));
+    }
+}

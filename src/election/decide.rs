@@ -146,6 +146,10 @@ pub struct Lease {
     pub switchover: Option<Switchover>,
     /// The term (`leaseTransitions`).
     pub term: i32,
+    /// The Lease was not made by the arbiter (no `arbiter.dev/managed` label): a client-go
+    /// Lease kept when a workload moved under `arbiter run`, one made by hand. Its holder's
+    /// term is someone else's, waited out before the arbiter takes the Lease over.
+    pub foreign: bool,
 }
 
 /// A planned switchover (`arbiter handover LEASE [--to CANDIDATE]`): the live holder hands over
@@ -295,6 +299,9 @@ pub enum Action {
     /// The Lease no longer names `holder` but nothing proves its term over (a hand edit): wait
     /// `remaining`, when its lease would have expired, before electing anyone.
     WaitForTerm { holder: String, remaining: Duration },
+    /// The Lease is not the arbiter's ([`Lease::foreign`]) and its holder's term may still
+    /// run: wait `remaining` (its duration unchanged on the arbiter's clock), then take it over.
+    WaitForForeign { holder: String, remaining: Duration },
     /// Ask the live holder to hand over to `to` (set the preferred holder).
     RequestHandover { to: String },
     /// The handover to `to` was requested; wait for the holder to release (or expire).
@@ -453,6 +460,33 @@ pub fn decide(
         Resolution::NoCandidates => return decision(Action::Nothing),
         Resolution::Conflict { .. } => return decision(Action::StrategyConflict),
         Resolution::Strategy(s) => s.clone(),
+    };
+    // A Lease the arbiter did not make: its holder (a client-go leader that may still run) is
+    // waited out, unchanged for its full duration on the arbiter's clock; then the Lease is taken
+    // over like one that nobody holds (its holder never held an arbiter term). Under a
+    // third-party strategy it is left alone, as the arbiter leaves such Leases.
+    let adopted;
+    let lease = match lease {
+        Some(l) if l.foreign && !oev => return decision(Action::Nothing),
+        Some(l) if l.foreign => {
+            if let (Some(holder), false) = (&l.holder, l.expired()) {
+                let remaining = l.duration.saturating_sub(l.unchanged_for);
+                return decision(Action::WaitForForeign {
+                    holder: holder.clone(),
+                    remaining,
+                });
+            }
+            adopted = Lease {
+                holder: None,
+                preferred_holder: None,
+                released_by: None,
+                holder_pod_stopped: false,
+                switchover: None,
+                ..l.clone()
+            };
+            Some(&adopted)
+        }
+        l => l,
     };
     if !oev {
         return decision(match lease {

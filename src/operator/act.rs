@@ -23,7 +23,7 @@ use super::report::publish;
 use super::written::LeaseVersion;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
-use crate::lease::{self, HOLDER_POD_ANNOTATION, LeaseStore, MANAGED_LABEL};
+use crate::lease::{self, CasError, HOLDER_POD_ANNOTATION, LeaseStore, MANAGED_LABEL};
 
 impl Worker {
     /// The Lease as this worker last wrote it while its cache has not caught up with that
@@ -125,7 +125,17 @@ impl Worker {
                         .await?;
                     assign(&mut l, holder, term, duration, pod);
                 }
-                Some(store.create(&l).await?)
+                match store.create(&l).await {
+                    Ok(created) => Some(created),
+                    // It exists: ours, and the cache has not shown it yet, or someone else's.
+                    Err(CasError::Conflict(c)) => {
+                        if self.found_foreign(key).await? {
+                            return Ok(None);
+                        }
+                        return Err(CasError::Conflict(c).into());
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
             (Action::Assign { holder, .. }, Some(current)) => {
                 let pod = pod_of_holder(holder)?;
@@ -144,7 +154,14 @@ impl Worker {
                 let mut l = current.clone();
                 depose::record_on(&mut l, deposed, |t| Some(&t.uid) == holder_uid.as_ref());
                 assign(&mut l, holder, term, duration, pod);
-                Some(store.replace(&l).await?)
+                // A Lease arbiter did not make is taken over by this same write.
+                let adopting = !lease::managed(current);
+                l.labels_mut().insert(MANAGED_LABEL.into(), "true".into());
+                let written = store.replace(&l).await?;
+                if adopting {
+                    self.adopted(key, current, &written);
+                }
+                Some(written)
             }
             (Action::RequestHandover { to }, Some(current)) => {
                 let mut l = current.clone();
@@ -290,6 +307,9 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
     lease::set_preferred_holder(l, None);
     lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
     lease::set_annotation(l, lease::RELEASED_BY_ANNOTATION, None);
+    // The mark an agent takes a term from (see lease::assigned_by_arbiter).
+    let mark = lease::assignment(holder, term);
+    lease::set_annotation(l, lease::ASSIGNED_ANNOTATION, Some(&mark));
     // A planned switchover ends with the assignment (to its target or, if it went elsewhere,
     // abandoned: reported as such).
     lease::set_annotation(l, lease::HANDOVER_REQUEST_ANNOTATION, None);

@@ -64,6 +64,7 @@ pub async fn run(
             reported: HashSet::new(),
             statuses: Written::default(),
             leases: Written::default(),
+            foreign: HashSet::new(),
         };
         Box::pin(work(index, worker, queue))
     });
@@ -134,6 +135,9 @@ pub(super) struct Worker {
     statuses: Written<Vec<Condition>>,
     /// Leases this worker wrote that its cache may not show yet (the next write's base).
     pub(super) leases: Written<LeaseVersion>,
+    /// Leases candidates name that exist without arbiter's label ([`super::adopt`]): read on
+    /// each reconcile (the Lease watch sees only labelled ones).
+    pub(super) foreign: HashSet<LeaseKey>,
 }
 
 impl Worker {
@@ -163,7 +167,10 @@ impl Worker {
             .caches
             .by_lease
             .candidates(key, &self.caches.candidates);
-        let lease = self.newest_lease(key);
+        let lease = match self.newest_lease(key) {
+            Some(l) => Some(l),
+            None => self.foreign_lease(key).await?,
+        };
         let next_expiry = self.expire_candidates(key, &mut candidates).await;
         // A single-active lease's reconcile (its role labels) never interleaves with another
         // of the namespace's, whatever worker runs it.
@@ -404,11 +411,15 @@ impl Worker {
             Action::WaitForTerm { holder, .. } => Some(holder.as_str()),
             _ => None,
         };
+        // (A Lease arbiter did not make names nobody arbiter elected.)
         let holder = written
             .as_ref()
             .and_then(|l| lease::holder(l))
             .or(waiting_for)
-            .or(lease.as_deref().and_then(lease::holder));
+            .or(lease
+                .as_deref()
+                .filter(|l| lease::managed(l))
+                .and_then(lease::holder));
         let term = written
             .as_ref()
             .or(lease.as_deref())
@@ -528,6 +539,7 @@ impl Worker {
                 Action::Ping { .. }
                     | Action::WaitForAcks
                     | Action::WaitForTerm { .. }
+                    | Action::WaitForForeign { .. }
                     | Action::Assign { .. }
                     | Action::CreateLease {
                         holder: Some(_),

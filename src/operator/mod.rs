@@ -5,6 +5,7 @@
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
 mod act;
+mod adopt;
 pub mod annotated;
 pub mod controller;
 pub mod depose;

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::api::coordination::v1::Lease;
 
 use crate::api::OLDEST_EMULATION_VERSION;
-use crate::election::decide::{Decision, PodState, Reason, Standing};
+use crate::election::decide::{Action, Decision, PodState, Reason, Standing};
 use crate::election::strategy::Resolution;
 
 pub const LEADER: &str = "Leader";
@@ -45,12 +45,21 @@ fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
 
 /// The conditions `candidate` should carry.
 pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> Vec<Condition> {
-    let leader = match facts.holder {
-        Some(h) if h == candidate => cond(
+    let leader = match (facts.holder, &decision.action) {
+        (Some(h), _) if h == candidate => cond(
             LEADER,
             true,
             "Holder",
             format!("holds lease {} at term {}", facts.lease, facts.term),
+        ),
+        (_, Action::WaitForForeign { holder, .. }) => cond(
+            LEADER,
+            false,
+            "ForeignLease",
+            format!(
+                "lease {} exists but arbiter did not make it (no label arbiter.dev/managed): {holder}'s term there is waited out, then arbiter takes it over",
+                facts.lease
+            ),
         ),
         // Not who holds it, nor whether anyone does: every candidate's status would be
         // rewritten at every election, when only the old and the new holder's changed.

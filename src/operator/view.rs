@@ -250,7 +250,14 @@ impl Worker {
         }
         let observed_view = observed.map(|(l, unchanged_for)| {
             let holder = lease::holder(l).map(str::to_string);
-            let written = lease::duration(l).unwrap_or(self.settings.lease_duration);
+            // Not the arbiter's Lease: its holder's duration, and never less than the arbiter's
+            // own (the Lease says what someone else wrote).
+            let foreign = !lease::managed(l);
+            let written = match lease::duration(l) {
+                Some(d) if foreign => d.max(self.settings.lease_duration),
+                Some(d) => d,
+                None => self.settings.lease_duration,
+            };
             // While the holder is the one remembered, its term's longest duration and its pod as
             // recorded at assignment count, not what the Lease says now.
             let (duration, pod_stopped) = match holder.as_deref().and_then(|h| held.term_of(key, h))
@@ -290,6 +297,7 @@ impl Worker {
                     .get(lease::HANDOVER_REQUEST_ANNOTATION)
                     .map(|v| lease::parse_handover_request(v)),
                 term: lease::term(l),
+                foreign,
             };
             (view, ended_by)
         });
@@ -350,7 +358,9 @@ pub(super) fn look_again(
                 Some(left) if !left.is_zero() => left + JUST_AFTER,
                 _ => Duration::from_secs(1),
             }),
-        Action::WaitForTerm { remaining, .. } => Some(*remaining + JUST_AFTER),
+        Action::WaitForTerm { remaining, .. } | Action::WaitForForeign { remaining, .. } => {
+            Some(*remaining + JUST_AFTER)
+        }
         Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
         Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
         _ => Some(Duration::from_secs(1)),
@@ -419,6 +429,7 @@ mod tests {
             term_seen: None,
             switchover: None,
             term: 1,
+            foreign: false,
         }
     }
 

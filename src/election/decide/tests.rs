@@ -61,6 +61,7 @@ fn lease(holder: Option<&str>, unchanged_for: u64) -> Lease {
         term_seen: None,
         switchover: None,
         term: 1,
+        foreign: false,
     }
 }
 
@@ -597,6 +598,48 @@ fn a_candidate_whose_registered_process_exited_is_passed_over_but_a_live_holder_
         act(&cands, Some(&lease(Some("old"), 20)), now),
         assign_after_lapse("new", "old")
     );
+}
+
+/// Trust-boundary item 4: a Lease the arbiter did not make (a client-go Lease kept under
+/// `arbiter run`) is waited out, unchanged for its duration, then taken over like one nobody
+/// holds: its holder, even if a candidate has its name, never held an arbiter term.
+#[test]
+fn a_foreign_lease_is_waited_out_then_taken_over() {
+    let now = t0();
+    let foreign = |unchanged_for: u64| Lease {
+        foreign: true,
+        term: 7,
+        ..lease(Some("m1"), unchanged_for)
+    };
+    let cands = [acked("m1", "1.30.0", now), acked("m2", "1.31.0", now)];
+    assert_eq!(
+        act(&cands, Some(&foreign(3)), now),
+        Action::WaitForForeign {
+            holder: "m1".into(),
+            remaining: Duration::from_secs(12)
+        }
+    );
+    // Its holder, m1 (the best), is not passed over as a lapsed holder would be.
+    assert_eq!(act(&cands, Some(&foreign(15)), now), assign("m1"));
+    // Nobody holds it: taken over at once.
+    let unheld = Lease {
+        holder: None,
+        ..foreign(0)
+    };
+    assert_eq!(act(&cands, Some(&unheld), now), assign("m1"));
+    // A hand-made handover request or release on it means nothing.
+    let edited = Lease {
+        preferred_holder: Some("m2".into()),
+        released_by: Some("m1".into()),
+        ..foreign(15)
+    };
+    assert_eq!(act(&cands, Some(&edited), now), assign("m1"));
+    // Under a third-party strategy the arbiter leaves it alone.
+    let third = [Candidate {
+        strategy: "example.com/other".into(),
+        ..acked("m1", "1.30.0", now)
+    }];
+    assert_eq!(act(&third, Some(&foreign(30)), now), Action::Nothing);
 }
 
 #[test]
@@ -1191,13 +1234,15 @@ fn lease_strategy() -> impl Strategy<Value = Option<Lease>> {
         0u64..30,
         prop::option::of(prop::sample::select(vec!["c0", "c1"])),
         prop::option::of(0i64..30),
+        prop::bool::weighted(0.1),
     ))
     .prop_map(|l| {
         l.map(
-            |(holder, preferred, unchanged, released_by, acquired)| Lease {
+            |(holder, preferred, unchanged, released_by, acquired, foreign)| Lease {
                 preferred_holder: preferred.map(str::to_string),
                 released_by: released_by.map(str::to_string),
                 term_seen: acquired.map(|s| t0() + secs(100 - s)),
+                foreign,
                 ..lease(holder, unchanged)
             },
         )
