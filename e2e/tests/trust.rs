@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::agent::{Agent, agent_args, alive, read_log, starts, wait_started};
-use crate::support::operator::{Operator, wait_for_holder};
+use crate::support::operator::{Operator, Responder, wait_for_holder};
 use crate::support::{TestEnv, eventually, wait_for_event};
 
 crate::tests![trust:
@@ -24,6 +24,8 @@ crate::tests![trust:
     a_ping_stamped_ahead_does_not_stall_the_election,
     a_malformed_then_deleted_candidate_leaves_no_reconcile_failing,
     a_lease_arbiter_did_not_make_is_waited_out_then_adopted,
+    candidates_started_together_elect_the_oldest_from_the_first_term,
+    a_handed_over_agent_stands_by_and_leads_again,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(45);
@@ -231,7 +233,8 @@ async fn a_malformed_then_deleted_candidate_leaves_no_reconcile_failing(env: Arc
         .unwrap();
     let op = Operator::start(&env, &[]);
     op.wait_ready().await;
-    // A candidate is elected, then edited that way and deleted.
+    // A candidate is elected (its pings answered), then edited that way and deleted.
+    let _r = Responder::start(env.client.clone(), &env.ns, &["mal1"]);
     ghost(
         &env,
         "mal1",
@@ -348,5 +351,83 @@ async fn a_lease_arbiter_did_not_make_is_waited_out_then_adopted(env: Arc<TestEn
     assert!(alive(cmd), "m1's workload was stopped");
     assert_eq!(starts(&read_log(&log)).len(), 1, "only m1's one start");
     assert!(m1.child.try_wait().unwrap().is_none());
+    drop(op);
+}
+
+/// Trust-boundary item 10: candidates of three versions registered 0.2 s apart, newest first
+/// (as agents started together do), each answering pings. The oldest leads from term 1: the
+/// first election waits until no candidate has registered for the settle time (2 s).
+/// (Before: the first to register got term 1, then was asked to hand over.)
+async fn candidates_started_together_elect_the_oldest_from_the_first_term(env: Arc<TestEnv>) {
+    use crate::support::operator::create_candidate;
+    let op = Operator::start(&env, &[]);
+    // Acting (a fresh operator acts a renew deadline after it made its HA lease: candidates
+    // created before then would all be there at its first look).
+    eventually("the operator acting", DEADLINE, || async {
+        op.logs().contains("acting as the arbiter").then_some(())
+    })
+    .await;
+    let _r = Responder::start(env.client.clone(), &env.ns, &["c32", "c31", "c30"]);
+    for (name, version) in [("c32", "1.32.0"), ("c31", "1.31.0"), ("c30", "1.30.0")] {
+        create_candidate(&env, name, "together", version, Some(version), OEV, None).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let held = wait_for_holder(&env, "together", "c30", DEADLINE).await;
+    assert_eq!(
+        lease::term(&held),
+        1,
+        "the oldest version from the first term, no handover"
+    );
+    drop(op);
+}
+
+/// Trust-boundary item 10: an agent asked to hand over stops its workload, gives the lease up,
+/// and stands by again as a new incarnation (it does not exit: a standby outside a pod would be
+/// gone for good, one in a pod would restart); when the new holder dies, it leads again. With
+/// `--exit-on-handover` it exits 0 instead.
+async fn a_handed_over_agent_stands_by_and_leads_again(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &[]);
+    op.wait_ready().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("work.log");
+    let mut newer = Agent::spawn(&env.kubeconfig, &env.ns, "newer", "back", "1.31.0", &log);
+    let first = wait_for_holder(&env, "back", "newer", DEADLINE).await;
+    wait_started(&log, "newer").await;
+    let mut older = Agent::spawn(&env.kubeconfig, &env.ns, "older", "back", "1.30.0", &log);
+    wait_for_holder(&env, "back", "older", DEADLINE).await;
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("newer registered again", DEADLINE, || async {
+        let c = candidates.get_opt("newer").await.ok()??;
+        let stamp = kube::ResourceExt::annotations(&c)
+            .get(lease::INCARNATION_ANNOTATION)?
+            .clone();
+        (!kube::ResourceExt::annotations(&first).contains_key(lease::INCARNATION_ANNOTATION)
+            || kube::ResourceExt::annotations(&first).get(lease::INCARNATION_ANNOTATION)
+                != Some(&stamp))
+        .then_some(())
+    })
+    .await;
+    assert!(
+        newer.child.try_wait().unwrap().is_none(),
+        "the handed-over agent exited"
+    );
+    kill(Pid::from_raw(older.pid()), Signal::SIGKILL).unwrap();
+    older.child.wait().unwrap();
+    let again = wait_for_holder(&env, "back", "newer", Duration::from_secs(60)).await;
+    let (_, term, _, _) = eventually("newer's workload again", DEADLINE, || async {
+        starts(&read_log(&log))
+            .into_iter()
+            .filter(|s| s.0 == "newer")
+            .nth(1)
+    })
+    .await;
+    assert_eq!(term, lease::term(&again));
+    // The old behaviour on request.
+    let mut args = agent_args(&env.ns, "quitter", "quit", "1.31.0", &log);
+    args.insert(1, "--exit-on-handover".into());
+    let mut quitter = Agent::spawn_args(&env.kubeconfig, "quitter", &args, &log);
+    wait_for_holder(&env, "quit", "quitter", DEADLINE).await;
+    let _better = Agent::spawn(&env.kubeconfig, &env.ns, "better", "quit", "1.30.0", &log);
+    assert_eq!(quitter.wait_exit(DEADLINE).await, Some(0));
     drop(op);
 }

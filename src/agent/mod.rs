@@ -7,7 +7,7 @@
 //!
 //! | what happened | the agent | exit code |
 //! |---|---|---|
-//! | handover requested (a better candidate) | stops CMD, withdraws its candidate, releases the lease | 0 |
+//! | handover requested (a better candidate) | stops CMD, releases the lease, withdraws its candidate; once the lease has moved on, registers again as a new incarnation and stands by (with `--exit-on-handover`: exits) | (0) |
 //! | renew deadline passed, holder changed, lease deleted, a background task died | stops CMD, withdraws its candidate, releases the lease if it still names it | 1 |
 //! | the agent itself stalls or hangs | its guard ([`watchdog`]) stops CMD at last renew + renew deadline; resumed, the agent withdraws and exits | 1 |
 //! | the whole candidate was frozen past its lease | the guard stops CMD on resuming; the candidate is kept, marked withdrawn, with the overrun recorded | 1 |
@@ -17,7 +17,9 @@
 //! | a flag error | prints it once, creates nothing | 2 |
 //!
 //! Withdrawing deletes the candidate, so the arbiter never elects (or hands over to) a process
-//! that is gone; in a pod, the restarted agent registers afresh.
+//! that is gone; in a pod, the restarted agent registers afresh. After a handover the agent
+//! stays: a standby outside a pod is not lost, and one in a pod does not restart its
+//! container (a restart count and the kubelet's back-off on every handover).
 //!
 //! At start-up an unreachable API server is waited out (registration retried with backoff). As
 //! a container's PID 1 the agent reaps orphaned processes ([`reaper`]).
@@ -80,6 +82,10 @@ pub struct Settings {
     /// container ended (instead of at expiry). Written only if the file exists; "" to disable.
     #[arg(long, default_value = "/dev/termination-log")]
     pub termination_log: std::path::PathBuf,
+    /// Exit (code 0) after handing the lease over, instead of standing by again as a new
+    /// incarnation (the behaviour before standing by was the default).
+    #[arg(long)]
+    pub exit_on_handover: bool,
     /// The command to run while leading.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
@@ -148,11 +154,56 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     reaper::start_if_init();
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
-    // Registration waits out an unreachable API server (with backoff, logged); SIGTERM ends it.
-    let handle = tokio::select! {
-        handle = builder.start(client) => handle?,
-        _ = &mut shutdown => return Ok(0),
-    };
+    loop {
+        // Registration waits out an unreachable API server (with backoff, logged); SIGTERM
+        // ends it.
+        let handle = tokio::select! {
+            handle = builder.clone().start(client.clone()) => handle?,
+            _ = &mut shutdown => return Ok(0),
+        };
+        match serve(&settings, handle, shutdown.as_mut()).await? {
+            Served::Exit(code) => return Ok(code),
+            Served::HandedOver => {
+                // Back to standby as a new incarnation, once the lease has moved on (a
+                // registration before would hold up the election of the one it went to).
+                let store = crate::lease::LeaseStore::new(client.clone(), &namespace);
+                tokio::select! {
+                    _ = moved_on(&store, &settings) => {}
+                    _ = &mut shutdown => return Ok(0),
+                }
+                tracing::info!("standing by again after the handover, as a new incarnation");
+            }
+        }
+    }
+}
+
+/// How a term of service ended.
+enum Served {
+    Exit(i32),
+    /// Handed the lease over (its workload stopped, candidate withdrawn): stand by again.
+    HandedOver,
+}
+
+/// Waits (at most a lease duration) until the lease no longer names this identity.
+async fn moved_on(store: &crate::lease::LeaseStore, settings: &Settings) {
+    let give_up = tokio::time::Instant::now() + settings.lease_duration;
+    while tokio::time::Instant::now() < give_up {
+        match store.get(&settings.lease).await {
+            Ok(Some(l)) if crate::lease::holder(&l) == Some(settings.identity.as_str()) => {}
+            Ok(_) => return,
+            Err(e) => tracing::debug!(error = %e, "reading the lease failed"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs one candidate incarnation: CMD while it leads; returns when this process should exit,
+/// or stand by again after a handover.
+async fn serve(
+    settings: &Settings,
+    handle: crate::candidate::Handle,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> anyhow::Result<Served> {
     let mut state = handle.state();
     let mut renewals = handle.renewed();
     // The running workload, the term it runs under, and that term's cancellation token.
@@ -166,7 +217,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             _ = async { guard_gone.expect("guarded").await }, if guard_gone.is_some() => {
                 tracing::error!("the workload's guard died: stopping the workload");
                 let why = EndReason::Failed("the workload's guard died".into());
-                return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
+                return Ok(stop_and_exit(handle, running.take(), why, settings).await);
             }
             // The running term ended (loss, handover, a dead background task): stop at once.
             _ = async { lost.as_ref().expect("guarded").cancelled().await }, if lost.is_some() => {
@@ -176,7 +227,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     (_, State::Failed(e)) => EndReason::Failed(e),
                     _ => EndReason::Failed("leadership ended".into()),
                 };
-                return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
+                return Ok(stop_and_exit(handle, running.take(), why, settings).await);
             }
             changed = state.changed() => {
                 if changed.is_err() {
@@ -215,17 +266,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     State::Leading { term, .. } => {
                         let why = ended_reason(&handle, running_term)
                             .unwrap_or_else(|| EndReason::Failed(format!("the workload's term ended; the lease is at term {term}")));
-                        return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), why, settings).await);
                     }
                     State::Ended { why, .. } => {
-                        return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), why, settings).await);
                     }
                     State::Failed(e) => {
-                        return Ok(stop_and_exit(handle, running.take(), EndReason::Failed(e), settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), EndReason::Failed(e), settings).await);
                     }
                     State::Following if running.is_some() => {
                         let why = ended_reason(&handle, running_term).unwrap_or_else(|| EndReason::Failed("no longer leading".into()));
-                        return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
+                        return Ok(stop_and_exit(handle, running.take(), why, settings).await);
                     }
                     State::Following => {}
                 }
@@ -253,7 +304,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                 if over {
                     tracing::warn!(code, ?term, "the workload stopped after its term ended (the guard stops it at the renew deadline)");
                     let why = ended_reason(&handle, term).unwrap_or(EndReason::RenewDeadline);
-                    return Ok(stop_and_exit(handle, running.take(), why, settings.kill_grace).await);
+                    return Ok(stop_and_exit(handle, running.take(), why, settings).await);
                 }
                 tracing::info!(code, "the workload exited on its own: releasing the lease");
                 let overran = match running.take() {
@@ -261,7 +312,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     None => None,
                 };
                 let _ = handle.exit_after_work_stopped(overran).await;
-                return Ok(code);
+                return Ok(Served::Exit(code));
             }
             _ = &mut shutdown => {
                 let overran = match running.take() {
@@ -269,7 +320,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     None => None,
                 };
                 let _ = handle.exit_after_work_stopped(overran).await;
-                return Ok(0);
+                return Ok(Served::Exit(0));
             }
         }
     }
@@ -283,18 +334,19 @@ fn ended_reason(handle: &crate::candidate::Handle, term: Option<i32>) -> Option<
         .map(|(_, why)| why)
 }
 
-/// Stops the workload (if any), withdraws the candidate and gives the lease back; the exit
-/// code: 0 after a handover, 1 after any other end of leadership.
+/// Stops the workload (if any), withdraws the candidate and gives the lease back: then stand
+/// by again after a handover (or exit 0 with `--exit-on-handover`), exit 1 after any other end
+/// of leadership.
 async fn stop_and_exit(
     handle: crate::candidate::Handle,
     running: Option<(Workload, i32, CancellationToken)>,
     why: EndReason,
-    kill_grace: Duration,
-) -> i32 {
+    settings: &Settings,
+) -> Served {
     let term = running.as_ref().map(|r| r.1);
     tracing::warn!(?term, reason = ?why, "leadership ended: stopping the workload");
     let overran = match running {
-        Some((w, term, _)) => overran(term, w.stop(kill_grace).await),
+        Some((w, term, _)) => overran(term, w.stop(settings.kill_grace).await),
         None => None,
     };
     // Whatever ended it, this process is leaving: withdrawn, it is never elected again (a new
@@ -302,13 +354,18 @@ async fn stop_and_exit(
     // names this process (after a handover, or a slow API).
     let released = handle.exit_after_work_stopped(overran).await;
     match why {
-        EndReason::Handover { to } => {
+        // An overrun is an end like any other: the process leaves.
+        EndReason::Handover { to } if overran.is_none() => {
             if released.is_ok() {
                 tracing::info!(%to, "handed the lease over");
             }
-            0
+            if settings.exit_on_handover {
+                Served::Exit(0)
+            } else {
+                Served::HandedOver
+            }
         }
-        _ => 1,
+        _ => Served::Exit(1),
     }
 }
 

@@ -123,6 +123,7 @@ pub enum EndReason {
 }
 
 /// Builds a [`Candidate`]. Only the lease and identity are required.
+#[derive(Clone)]
 pub struct Candidate {
     config: Config,
 }

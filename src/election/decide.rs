@@ -112,6 +112,8 @@ pub struct Candidate {
     /// Its agent said it is gone (it stopped its workload and exited without being able to
     /// remove the candidate): never elected, until a new process of it registers.
     pub withdrawn: bool,
+    /// When the arbiter saw it register (created, or a new process of it), on its own clock.
+    pub registered: Option<Timestamp>,
 }
 
 impl Candidate {
@@ -214,6 +216,8 @@ pub struct Rules {
     pub ack_window: Duration,
     /// How long an acknowledgement counts as proof of life.
     pub ack_valid_for: Duration,
+    /// How long an election with no live holder waits after the last registration.
+    pub settle: Duration,
     /// The most minor versions a candidate's binaryVersion may be from the oldest live one.
     pub max_skew: Option<u64>,
     /// Refuse to elect candidates that break `max_skew` (otherwise they are only reported).
@@ -225,6 +229,7 @@ impl Default for Rules {
         Rules {
             ack_window: Duration::from_secs(5),
             ack_valid_for: Duration::from_secs(10),
+            settle: Duration::from_secs(2),
             max_skew: None,
             refuse_skew: false,
         }
@@ -296,6 +301,9 @@ pub enum Action {
     Ping { candidates: Vec<String> },
     /// Pings are outstanding; decide again when they are answered or the window ends.
     WaitForAcks,
+    /// An election with no live holder, and a candidate registered less than the settle time
+    /// ago: decide again after `remaining`, so candidates started together are all counted.
+    Settle { remaining: Duration },
     /// The Lease no longer names `holder` but nothing proves its term over (a hand edit): wait
     /// `remaining`, when its lease would have expired, before electing anyone.
     WaitForTerm { holder: String, remaining: Duration },
@@ -605,6 +613,23 @@ pub fn decide(
             }
         };
         return decision(action);
+    }
+
+    // Candidates started together register within moments of each other: the first one's
+    // registration alone must not elect it (the older versions a moment behind could then get
+    // the lease only by a handover, a newer version leading meanwhile).
+    let newest = candidates
+        .iter()
+        .filter(|c| c.present())
+        .filter_map(|c| c.registered)
+        .max();
+    if let Some(at) = newest {
+        let age = Duration::try_from(now.duration_since(at)).unwrap_or(Duration::ZERO);
+        if age < rules.settle {
+            return decision(Action::Settle {
+                remaining: rules.settle - age,
+            });
+        }
     }
 
     // An election: learn who is alive, then elect the best of those that answered. A holder

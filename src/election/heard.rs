@@ -63,6 +63,9 @@ pub struct Judged {
     pub ping: Option<Ping>,
     /// A renewal of its own was seen as it happened, within the ack validity.
     pub renewed_lately: bool,
+    /// When this process saw it register (a new candidate, or a new process of it), as it
+    /// happened: a point on the arbiter's own clock.
+    pub registered: Option<Timestamp>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +90,8 @@ pub struct Heard {
     /// was then by the arbiter's wall clock (never below zero).
     renewed: Option<(Instant, Duration)>,
     ping: Option<Sent>,
+    /// When a registration was seen as it happened.
+    registered: Option<Instant>,
 }
 
 impl Heard {
@@ -111,6 +116,12 @@ impl Heard {
             self.last_version = v.resource_version;
         }
         self.check_ping(at);
+    }
+
+    /// A registration (the candidate created, or re-registered by a new process) was delivered
+    /// as it happened, at `at`.
+    pub fn registered(&mut self, at: Instant) {
+        self.registered = Some(at);
     }
 
     /// This process wrote a ping at `at`; the write's answer is version `v`.
@@ -159,6 +170,7 @@ impl Heard {
             renewed_lately: self
                 .renewed
                 .is_some_and(|(at, age)| now.saturating_duration_since(at) + age <= valid),
+            registered: self.registered.map(point),
         }
     }
 }

@@ -216,6 +216,7 @@ impl Worker {
                 renewed_lately: heard[i].renewed_lately,
                 pod: pod_state(c, &self.caches),
                 withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
+                registered: heard[i].registered,
             })
             .collect();
         let View {
@@ -538,6 +539,7 @@ impl Worker {
                 decision.action,
                 Action::Ping { .. }
                     | Action::WaitForAcks
+                    | Action::Settle { .. }
                     | Action::WaitForTerm { .. }
                     | Action::WaitForForeign { .. }
                     | Action::Assign { .. }

@@ -3,7 +3,8 @@
 //! [`crate::election::heard::Heard`] on this process's clocks.
 //!
 //! A candidate recreated under the same name is another candidate: what was heard from the old
-//! one is dropped with it.
+//! one is dropped with it. A new candidate, or a new process incarnation on one, delivered as it
+//! happened is a registration ([`crate::election::heard::Judged::registered`]).
 
 use std::time::{Duration, Instant};
 
@@ -12,10 +13,18 @@ use kube::ResourceExt;
 use super::index::PerCandidate;
 use crate::api::LeaseCandidate;
 use crate::election::heard::{Heard, Judged, Version};
+use crate::lease::INCARNATION_ANNOTATION;
 
-/// What was heard from every candidate, by (namespace, name), with its uid.
+/// What was heard from every candidate, by (namespace, name), with its uid and the process
+/// incarnation last seen on it.
 #[derive(Clone, Default)]
-pub struct Liveness(PerCandidate<(String, Heard)>);
+pub struct Liveness(PerCandidate<Entry>);
+
+struct Entry {
+    uid: String,
+    incarnation: Option<String>,
+    heard: Heard,
+}
 
 fn version(c: &LeaseCandidate) -> Version {
     Version {
@@ -29,23 +38,43 @@ fn version(c: &LeaseCandidate) -> Version {
 }
 
 impl Liveness {
-    fn with(&self, c: &LeaseCandidate, f: impl FnOnce(&mut Heard)) {
+    /// Runs `f` on what was heard from `c`; returns whether `c` is new to this process (first
+    /// seen, another uid under its name, or another process incarnation on it).
+    fn with(&self, c: &LeaseCandidate, f: impl FnOnce(&mut Heard)) -> bool {
         let key = (c.namespace().unwrap_or_default(), c.name_any());
         let uid = c.uid().unwrap_or_default();
+        let incarnation = c.annotations().get(INCARNATION_ANNOTATION).cloned();
         let mut all = self.0.lock();
-        let entry = all
-            .entry(key)
-            .or_insert_with(|| (uid.clone(), Heard::default()));
-        if entry.0 != uid {
-            *entry = (uid, Heard::default());
+        let mut new = false;
+        let entry = all.entry(key).or_insert_with(|| {
+            new = true;
+            Entry {
+                uid: uid.clone(),
+                incarnation: incarnation.clone(),
+                heard: Heard::default(),
+            }
+        });
+        if entry.uid != uid {
+            entry.uid = uid;
+            entry.heard = Heard::default();
+            new = true;
         }
-        f(&mut entry.1);
+        if entry.incarnation != incarnation {
+            entry.incarnation = incarnation;
+            new = true;
+        }
+        f(&mut entry.heard);
+        new
     }
 
-    /// A candidate from the watch: `live` for an event as it happened, not for a (re)list.
+    /// A candidate from the watch: `live` for an event as it happened, not for a (re)list. A
+    /// new candidate, or a new process incarnation on one, seen live is a registration.
     pub fn observe(&self, c: &LeaseCandidate, live: bool) {
         let (now, wall) = (Instant::now(), jiff::Timestamp::now());
-        self.with(c, |h| h.delivered(version(c), now, live, wall));
+        let new = self.with(c, |h| h.delivered(version(c), now, live, wall));
+        if new && live {
+            self.with(c, |h| h.registered(now));
+        }
     }
 
     /// This process pinged the candidate, sent at `at`; `answer` is the write's answer.
@@ -63,16 +92,63 @@ impl Liveness {
         self.0.retain(exists);
     }
 
-    /// What the election needs of `c` now: this process's last ping to it, and whether a
-    /// renewal of its own seen within `valid` proves it alive.
+    /// What the election needs of `c` now: this process's last ping to it, whether a renewal
+    /// of its own seen within `valid` proves it alive, and when it registered.
     pub fn judge(&self, c: &LeaseCandidate, valid: Duration) -> Judged {
         let key = (c.namespace().unwrap_or_default(), c.name_any());
         let all = self.0.lock();
         match all.get(&key) {
-            Some((uid, h)) if c.uid().as_deref() == Some(uid.as_str()) => {
-                h.judge(Instant::now(), jiff::Timestamp::now(), valid)
+            Some(e) if c.uid().as_deref() == Some(e.uid.as_str()) => {
+                e.heard.judge(Instant::now(), jiff::Timestamp::now(), valid)
             }
             _ => Judged::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(uid: &str, incarnation: &str, rv: &str) -> LeaseCandidate {
+        let mut c = crate::api::test_candidate("c", "l");
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.uid = Some(uid.into());
+        c.metadata.resource_version = Some(rv.into());
+        c.metadata.annotations =
+            Some([(INCARNATION_ANNOTATION.to_string(), incarnation.to_string())].into());
+        c
+    }
+
+    #[test]
+    fn a_registration_is_a_new_candidate_or_process_seen_live() {
+        let valid = Duration::from_secs(10);
+        let l = Liveness::default();
+        l.observe(&candidate("u1", "i1", "1"), false);
+        assert_eq!(
+            l.judge(&candidate("u1", "i1", "1"), valid).registered,
+            None,
+            "first seen in a list: may be old"
+        );
+        l.observe(&candidate("u1", "i1", "2"), true);
+        assert_eq!(
+            l.judge(&candidate("u1", "i1", "2"), valid).registered,
+            None,
+            "a change of a known process"
+        );
+        l.observe(&candidate("u1", "i2", "3"), true);
+        assert!(
+            l.judge(&candidate("u1", "i2", "3"), valid)
+                .registered
+                .is_some(),
+            "a new process"
+        );
+        l.observe(&candidate("u2", "i3", "4"), true);
+        assert!(
+            l.judge(&candidate("u2", "i3", "4"), valid)
+                .registered
+                .is_some(),
+            "recreated"
+        );
     }
 }

@@ -72,6 +72,12 @@ pub struct Settings {
     /// died within it: its lease then expires, as a dead holder's does.
     #[arg(long, value_parser = crate::flags::positive_duration)]
     pub ack_valid_for: Option<Duration>,
+    /// An election with no live holder (a lease's first, or after its holder's term ended)
+    /// waits until no candidate has registered for this long (0s: never; at most --ack-window),
+    /// so candidates started together elect the oldest version from the first term instead of
+    /// the first to register (which would then be asked to hand over).
+    #[arg(long, default_value = "2s", value_parser = crate::flags::duration)]
+    pub settle: Duration,
     /// Report candidates whose binaryVersion is more than this many minor versions from the
     /// oldest live candidate's.
     #[arg(long)]
@@ -154,9 +160,17 @@ impl Settings {
                 crate::candidate::REFRESH
             );
         }
+        if self.settle > self.ack_window {
+            crate::usage!(
+                "--settle ({:?}) must be at most --ack-window ({:?}): every first election and every election after a registration would wait that long",
+                self.settle,
+                self.ack_window
+            );
+        }
         self.rules = Rules {
             ack_window: self.ack_window,
             ack_valid_for,
+            settle: self.settle,
             max_skew: self.max_skew,
             refuse_skew: self.refuse_skew,
         };
@@ -359,6 +373,19 @@ mod tests {
             .settings;
         s.validate()?;
         Ok(s)
+    }
+
+    #[test]
+    fn elections_settle_for_two_seconds_at_most_the_ack_window() {
+        let s = |args: &[&str]| validated(args).map(|s| s.rules.settle);
+        assert_eq!(s(&[]).unwrap(), Duration::from_secs(2));
+        assert_eq!(s(&["--settle", "0s"]).unwrap(), Duration::ZERO);
+        assert_eq!(s(&["--settle", "5s"]).unwrap(), Duration::from_secs(5));
+        let err = s(&["--settle", "6s"]).unwrap_err().to_string();
+        assert!(
+            err.contains("--settle (6s) must be at most --ack-window (5s)"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -362,6 +362,7 @@ pub(super) fn look_again(
             Some(*remaining + JUST_AFTER)
         }
         Action::Ping { .. } | Action::WaitForAcks => Some(Duration::from_millis(500)),
+        Action::Settle { remaining } => Some(*remaining + JUST_AFTER),
         Action::StrategyConflict | Action::NoEligibleCandidate => Some(Duration::from_secs(5)),
         _ => Some(Duration::from_secs(1)),
     }

@@ -198,12 +198,18 @@ impl Responder {
         let alive = Arc::new(Mutex::new(
             alive.iter().map(|s| s.to_string()).collect::<HashSet<_>>(),
         ));
-        let api: Api<LeaseCandidate> = Api::namespaced(client, ns);
+        let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), ns);
         let set = alive.clone();
+        let ns = ns.to_string();
         let task = tokio::spawn(async move {
-            let mut events = watcher(api.clone(), watcher::Config::default())
-                .applied_objects()
-                .boxed();
+            // Tolerant, as the operator's: a test may make a candidate no plain watch decodes.
+            let mut events = arbiter::tolerant::watch::<LeaseCandidate>(
+                client,
+                Some(&ns),
+                watcher::Config::default(),
+            )
+            .applied_objects()
+            .boxed();
             let mut answered: std::collections::HashMap<String, MicroTime> = Default::default();
             while let Some(ev) = events.next().await {
                 let Ok(c) = ev else { continue };

@@ -29,6 +29,7 @@ fn acked(name: &str, version: &str, now: Timestamp) -> Candidate {
         renewed_lately: false,
         pod: PodState::Running,
         withdrawn: false,
+        registered: None,
     }
 }
 
@@ -642,6 +643,74 @@ fn a_foreign_lease_is_waited_out_then_taken_over() {
     assert_eq!(act(&third, Some(&foreign(30)), now), Action::Nothing);
 }
 
+/// Trust-boundary item 10: candidates started together register a moment apart. An election
+/// with no live holder waits until none has registered for the settle time, so the oldest
+/// version leads from the first term (not the first to register, which would then be asked to
+/// hand over: a newer version leading meanwhile).
+#[test]
+fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
+    let now = t0() + secs(60);
+    let registered = |name: &str, version: &str, ago_ms: i64| Candidate {
+        registered: Some(now - SignedDuration::from_millis(ago_ms)),
+        renewed_lately: true,
+        ping: None,
+        ..acked(name, version, now)
+    };
+    // The newer one registered 1.8 s ago, the older 0.3 s ago: wait 1.7 s more.
+    let cands = [
+        registered("new", "1.31.0", 1800),
+        registered("old", "1.30.0", 300),
+    ];
+    assert_eq!(
+        act(&cands, None, now),
+        Action::Settle {
+            remaining: Duration::from_millis(1700)
+        }
+    );
+    // Two seconds after the last registration: the oldest version, at term 1.
+    let settled = [
+        registered("new", "1.31.0", 3500),
+        registered("old", "1.30.0", 2000),
+    ];
+    assert_eq!(act(&settled, None, now), create("old"));
+    // The same after a holder's term ended (its restarted process just registered again).
+    let after = [
+        registered("old", "1.30.0", 500),
+        acked("new", "1.31.0", now),
+    ];
+    assert!(matches!(
+        act(&after, Some(&lease(Some("old"), 15)), now),
+        Action::Settle { .. }
+    ));
+    // Not while a holder is live: a better newcomer goes through a handover as before.
+    let live = [
+        acked("new", "1.31.0", now),
+        registered("old", "1.30.0", 100),
+    ];
+    assert!(matches!(
+        act(&live, Some(&lease(Some("new"), 1)), now),
+        Action::RequestHandover { .. } | Action::Ping { .. }
+    ));
+    // A registration of a candidate that cannot lead (its pod not running) holds nothing up.
+    let gone = Candidate {
+        pod: PodState::Stopped,
+        ..registered("gone", "1.29.0", 100)
+    };
+    assert_eq!(
+        act(&[settled[0].clone(), settled[1].clone(), gone], None, now),
+        create("old")
+    );
+    // --settle 0s: never.
+    let rules = Rules {
+        settle: Duration::ZERO,
+        ..Rules::default()
+    };
+    assert_eq!(
+        decide(&cands, None, None, now, &rules).action,
+        create("old")
+    );
+}
+
 #[test]
 fn holder_is_replaced_at_once_only_on_proof_about_what_took_its_term() {
     let now = t0();
@@ -1213,6 +1282,7 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
                     renewed_lately: lately,
                     pod,
                     withdrawn,
+                    registered: None,
                 }
             },
         )
