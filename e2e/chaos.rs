@@ -12,12 +12,20 @@
 //! on the harness's real node (made the holder first by a planned switchover): its container
 //! ends and the kubelet restarts it. Agents that exit are restarted, as a kubelet would.
 //!
+//! And objects and clocks arbiter did not make (the trust boundary): the holder restarted with
+//! its wall clock 10 minutes ahead (it stays so for the rest of the run, so later faults kill a
+//! holder whose last `renewTime` is in the future), a candidate made by hand at the oldest
+//! version with `renewTime` an hour ahead and no process (then the holder is killed), the
+//! holder's candidate re-pointed (`ownerReferences`) at a pod that has ended for a lease
+//! duration, and the Lease's `arbiter.dev/managed` label removed (it must come back).
+//!
 //! Violations (the run exits non-zero on any): writes received from an older term after a newer
 //! term's writes, except from a process that was paused (overlapping workloads); stale-term
 //! writes accepted; trials where no workload ran for longer than the lease duration + 2 s after
 //! the fault was healed (for kube-apiserver and etcd restarts, which also make the active
 //! operator fail over, the operator's HA lease duration and one more lease duration, which the
-//! replica taking over waits before judging expiry, are added).
+//! replica taking over waits before judging expiry, are added); an unlabelled Lease not
+//! labelled again within three lease durations.
 //!
 //! `cargo test --release --test chaos -- --trials 200 --seed 7` (defaults: 200 trials, seed from
 //! the clock; `CHAOS_TRIALS`/`CHAOS_SEED` also work; `CHAOS_FAULTS=KillHolderContainer,...`
@@ -106,6 +114,8 @@ struct AgentSlot {
     proxy: Proxy,
     kubeconfig: PathBuf,
     child: Option<Child>,
+    /// Its wall clock's offset from the true one (faketime's syntax), if any.
+    clock: Option<&'static str>,
 }
 
 impl AgentSlot {
@@ -132,6 +142,9 @@ impl AgentSlot {
         args.extend(TIMINGS.iter().map(|s| s.to_string()));
         args.extend(["--".into(), "bash".into(), "-c".into(), workload(port)]);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_arbiter"));
+        if let Some(offset) = self.clock {
+            cmd.envs(support::agent::faketime(offset));
+        }
         cmd.args(&args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info")
@@ -186,9 +199,20 @@ enum Fault {
     /// SIGKILL of the agent of the candidate running as a real pod (its container's first
     /// process); the kubelet restarts the container and reports how it ended.
     KillHolderContainer,
+    /// The holder killed and restarted with its wall clock 10 minutes ahead (for the rest of
+    /// the run).
+    ClockAhead,
+    /// A candidate made by hand, at the oldest version, `renewTime` an hour ahead, no process;
+    /// then the holder killed.
+    GhostCandidate,
+    /// The holder's candidate's `ownerReferences` pointed at a pod that has ended, for a lease
+    /// duration and more.
+    RepointOwner,
+    /// The Lease's `arbiter.dev/managed` label removed by hand.
+    UnlabelLease,
 }
 
-const FAULTS: [Fault; 12] = [
+const FAULTS: [Fault; 16] = [
     Fault::KillHolder,
     Fault::PauseHolder,
     Fault::StallAgent,
@@ -201,7 +225,31 @@ const FAULTS: [Fault; 12] = [
     Fault::RestartApiserver,
     Fault::RestartEtcd,
     Fault::KillHolderContainer,
+    Fault::ClockAhead,
+    Fault::GhostCandidate,
+    Fault::RepointOwner,
+    Fault::UnlabelLease,
 ];
+
+/// A pod that has ended (phase Succeeded), for [`Fault::RepointOwner`]: bound to the kwok node
+/// and left alone by it (the stand-in label), its status written here as a kubelet would.
+async fn ended_pod(client: &kube::Client) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "ended", "labels": {support::standin::STAND_IN_LABEL: "true"}},
+        "spec": {"nodeName": support::standin::NODE, "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "example.com/done:1"}]},
+    }))
+    .unwrap();
+    let _ = pods.create(&PostParams::default(), &pod).await;
+    let status = serde_json::json!({"status": {"phase": "Succeeded"}});
+    pods.patch_status("ended", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("marking the ended pod Succeeded");
+    pods.get("ended").await.unwrap()
+}
 
 /// The candidate that runs as a pod on the real node (recreated by the harness if the operator
 /// forces it out, as a controller would).
@@ -331,11 +379,15 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
             proxy,
             kubeconfig: kc_i,
             child: None,
+            clock: None,
         };
         slot.start(port, dir.as_path());
         agents.push(slot);
     }
     let pod_agent = start_pod_agent(kubeconfig, &client, port).await;
+    let ended = ended_pod(&client).await;
+    let candidates: Api<arbiter::api::LeaseCandidate> = Api::namespaced(client.clone(), NS);
+    let mut not_relabelled = 0;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), NS);
     let mut rng = Rng(seed);
@@ -422,7 +474,10 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                     | Fault::PauseHolder
                     | Fault::StallAgent
                     | Fault::CutHolder
-                    | Fault::DelayHolder => Some(false),
+                    | Fault::DelayHolder
+                    | Fault::ClockAhead
+                    | Fault::GhostCandidate
+                    | Fault::RepointOwner => Some(false),
                     _ => None,
                 };
                 if wanted.is_none_or(|w| w == pod_holds) {
@@ -508,6 +563,69 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                 victim.wait_exit(Duration::from_secs(30)).await;
                 operators.push(start_operator());
             }
+            (Fault::ClockAhead, Some(i)) => {
+                if let Some(mut c) = agents[i].child.take() {
+                    let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGKILL);
+                    let _ = c.wait();
+                }
+                agents[i].clock = Some("+10m");
+                agents[i].start(port, dir.as_path());
+            }
+            (Fault::GhostCandidate, Some(i)) => {
+                let ghost = arbiter::api::LeaseCandidate::new(
+                    &format!("ghost-{trial}"),
+                    arbiter::api::LeaseCandidateSpec {
+                        lease_name: LEASE.into(),
+                        binary_version: "1.29.0".into(),
+                        emulation_version: Some("1.29.0".into()),
+                        strategy: arbiter::api::OLDEST_EMULATION_VERSION.into(),
+                        ping_time: None,
+                        renew_time: Some(
+                            k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                                jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1),
+                            ),
+                        ),
+                    },
+                );
+                let _ = candidates.create(&PostParams::default(), &ghost).await;
+                let _ = kill(Pid::from_raw(agents[i].pid().unwrap()), Signal::SIGKILL);
+            }
+            (Fault::RepointOwner, Some(_)) => {
+                use kube::api::{Patch, PatchParams};
+                let owner = serde_json::json!({ "metadata": { "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Pod", "name": "ended",
+                    "uid": kube::ResourceExt::uid(&ended).unwrap_or_default(),
+                }] } });
+                let pp = PatchParams::default();
+                let _ = candidates.patch(&holder, &pp, &Patch::Merge(&owner)).await;
+                tokio::time::sleep(Duration::from_secs_f64(LEASE_DURATION + 3.0)).await;
+                let none = serde_json::json!({ "metadata": { "ownerReferences": null } });
+                let _ = candidates.patch(&holder, &pp, &Patch::Merge(&none)).await;
+            }
+            (Fault::UnlabelLease, _) => {
+                use kube::api::{Patch, PatchParams};
+                let p = serde_json::json!({ "metadata": { "labels": {
+                    arbiter::lease::MANAGED_LABEL: null,
+                } } });
+                let _ = leases
+                    .patch(LEASE, &PatchParams::default(), &Patch::Merge(&p))
+                    .await;
+                let until = Instant::now() + Duration::from_secs_f64(3.0 * LEASE_DURATION);
+                let relabelled = loop {
+                    let l = leases.get_opt(LEASE).await.ok().flatten();
+                    if l.as_ref().is_some_and(arbiter::lease::managed) {
+                        break true;
+                    }
+                    if Instant::now() > until {
+                        break false;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                };
+                if !relabelled {
+                    not_relabelled += 1;
+                    eprintln!("trial {trial}: the unlabelled Lease was not labelled again");
+                }
+            }
             _ => continue,
         }
         let healed = start.elapsed().as_secs_f64();
@@ -564,6 +682,14 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         }
         let name = format!("{fault:?}");
         println!("trial {trial:>3}: {name:<16} holder {holder} term {term}: leaderless {gap:.2} s");
+        if fault == Fault::GhostCandidate {
+            let _ = candidates
+                .delete(
+                    &format!("ghost-{trial}"),
+                    &kube::api::DeleteParams::default(),
+                )
+                .await;
+        }
     }
 
     // Analysis.
@@ -598,6 +724,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
     println!(
         "  trials without a workload for more than lease + 2 s after healing: {slow_recoveries}"
     );
+    println!("  unlabelled Leases not labelled again: {not_relabelled}");
     let print = |per_fault: &BTreeMap<Fault, Vec<f64>>| {
         for (fault, gaps) in per_fault {
             let mut g = gaps.clone();
@@ -629,7 +756,7 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
         }
     }
     drop(operators);
-    let violations = overlaps + stale_accepted + slow_recoveries;
+    let violations = overlaps + stale_accepted + slow_recoveries + not_relabelled;
     println!(
         "{} passed, {} failed",
         if violations == 0 { 1 } else { 0 },

@@ -220,7 +220,7 @@ impl Worker {
             })
             .collect();
         let View {
-            lease: lease_view,
+            lease: mut lease_view,
             previous,
             term_ended,
             released,
@@ -249,6 +249,20 @@ impl Worker {
         let mut rules = self.settings.rules.clone();
         if let Some(p) = &plan {
             p.adjust(&candidates, &mut inputs);
+            // The operator is its workload's pods' agent: a holder pod it judged not running
+            // (it is demoted before anyone is promoted) ends its term, as an agent's release
+            // would. (Only for the candidates it made: an agent's pod is judged by the pod
+            // recorded at its assignment.)
+            if let Some(l) = lease_view.as_mut()
+                && let Some(h) = l.holder.as_deref()
+                && candidates.iter().zip(&inputs).any(|(c, input)| {
+                    input.name == h
+                        && crate::workloads::sync::managed(c)
+                        && input.pod == decide::PodState::Stopped
+                })
+            {
+                l.holder_pod_stopped = true;
+            }
             rules.max_skew = p.workload.max_skew.or(rules.max_skew);
             let active = p.active_pods();
             let labels = LeaseLabels::of(key);
