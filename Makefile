@@ -116,7 +116,7 @@ chaos: control-plane images
 
 ## chaos-short: the same with 3 trials, part of `make test`
 chaos-short: control-plane images
-	$(CARGO) test --test chaos -- --trials 3 --seed 1
+	$(CARGO) test --test chaos -- --trials 3 --seed 739
 
 ## bench: handover/failover side by side with client-go leader election and upstream
 ## coordinated leader election, then one operator at scale; prints tables (docs/benchmarks.md)

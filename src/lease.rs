@@ -17,6 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
+use crate::tolerant::Tolerant;
+
 /// Label on every Lease the arbiter manages (the operator watches only these).
 pub const MANAGED_LABEL: &str = "arbiter.dev/managed";
 pub const STRATEGY_ANNOTATION: &str = "arbiter.dev/strategy";
@@ -117,10 +119,12 @@ pub enum CasError {
     },
 }
 
-/// Lease reads and compare-and-swap writes in one namespace.
+/// Lease reads and compare-and-swap writes in one namespace. (Answers are decoded as
+/// [`crate::tolerant::Tolerant`]: a Lease with a timestamp past the time type's range is read,
+/// not an error.)
 #[derive(Clone)]
 pub struct LeaseStore {
-    api: Api<Lease>,
+    api: Api<Tolerant<Lease>>,
 }
 
 impl LeaseStore {
@@ -131,15 +135,16 @@ impl LeaseStore {
     }
 
     pub async fn get(&self, name: &str) -> Result<Option<Lease>, kube::Error> {
-        self.api.get_opt(name).await
+        Ok(self.api.get_opt(name).await?.map(|l| l.0))
     }
 
     /// Creates `lease`; fails with [`CasError::Conflict`] if it already exists.
     pub async fn create(&self, lease: &Lease) -> Result<Lease, CasError> {
         let name = lease.name_any();
         self.api
-            .create(&params(), lease)
+            .create(&params(), &Tolerant(lease.clone()))
             .await
+            .map(|l| l.0)
             .map_err(|e| classify(name, e))
     }
 
@@ -156,8 +161,9 @@ impl LeaseStore {
         let mut lease = lease.clone();
         lease.metadata.managed_fields = None;
         self.api
-            .replace(&name, &params(), &lease)
+            .replace(&name, &params(), &Tolerant(lease))
             .await
+            .map(|l| l.0)
             .map_err(|e| classify(name, e))
     }
 }

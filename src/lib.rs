@@ -8,6 +8,7 @@ pub mod api;
 pub mod candidate;
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod election;
 pub mod flags;
 pub mod handover;

@@ -9,7 +9,9 @@
 //! labelled `arbiter.dev/managed`, with such a `renewTime` did that to the operator.
 //!
 //! [`Tolerant`] decodes as `K` does; if that fails, it reads such timestamps as the latest one
-//! it can hold and tries again. ([`watch`] is kube-runtime's watcher on it, unwrapped.)
+//! it can hold and tries again. ([`watch`] is kube-runtime's watcher on it, unwrapped.) The
+//! answers of writes and reads of such objects are decoded the same way (a ping whose answer
+//! cannot be decoded would otherwise fail, and be sent again, at every reconcile).
 
 use std::fmt::Debug;
 
@@ -72,6 +74,12 @@ fn beyond_range(s: &str) -> bool {
         && s.starts_with("9999-12-3")
         && s.as_bytes()[10] == b'T'
         && s.parse::<jiff::Timestamp>().is_err()
+}
+
+impl<K: serde::Serialize> serde::Serialize for Tolerant<K> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
 }
 
 impl<K: Resource<DynamicType = ()>> Resource for Tolerant<K> {

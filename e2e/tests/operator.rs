@@ -38,6 +38,7 @@ crate::tests![operator:
     lapsed_holder_pod_still_running_is_evicted,
     eviction_blocked_by_pdb_is_reported_and_retried,
     a_pod_that_does_not_declare_the_lease_is_never_forced_out,
+    only_a_pod_that_declares_its_holder_ends_a_term_early,
     a_blocked_forced_exit_survives_an_operator_failover,
     third_party_strategy_gets_a_holderless_lease,
     a_registration_proves_life_for_ack_valid_for,
@@ -391,11 +392,13 @@ fn owned_by(si: &StandIn) -> OwnerReference {
 /// A stand-in pod `name` running a shell that exits on SIGTERM, and a candidate for `lease` at
 /// `version` that the pod owns.
 async fn candidate_in_a_pod(env: &TestEnv, name: &str, lease: &str, version: &str) -> StandIn {
+    // The pod declares the lease its candidate runs for (as `arbiter run --lease` in its spec
+    // would): only such a pod's stop ends a term early.
     let si = StandIn::spawn(
         env.client.clone(),
         &env.ns,
         name,
-        BTreeMap::new(),
+        BTreeMap::from([("arbiter.dev/lease".to_string(), lease.to_string())]),
         5,
         "sh",
         &SLEEP,
@@ -459,7 +462,7 @@ async fn only_the_pods_it_follows_are_kept(env: Arc<TestEnv>) {
         env.client.clone(),
         &env.ns,
         "pod-a",
-        BTreeMap::new(),
+        BTreeMap::from([("arbiter.dev/lease".to_string(), "kept".to_string())]),
         5,
         "sh",
         &sleep,
@@ -1399,7 +1402,8 @@ async fn a_blocked_forced_exit_survives_an_operator_failover(env: Arc<TestEnv>) 
 /// candidate whose `ownerReferences` name a stranger's pod is elected and goes silent; its
 /// term lapses; and someone writes a pending forced exit of that pod on the Lease by hand. The
 /// pod declares no lease (no `arbiter run --lease` in its spec, no `arbiter.dev/lease` label):
-/// both are refused and reported, and it keeps running. (Before: it was evicted.)
+/// it is never recorded as the pod of the term, the forged entry is refused and reported, and
+/// it keeps running. (Before: it was evicted.)
 async fn a_pod_that_does_not_declare_the_lease_is_never_forced_out(env: Arc<TestEnv>) {
     let _op = Operator::start(&env, &["--lease-duration", "3s"]);
     let r = Responder::start(env.client.clone(), &env.ns, &["evil", "other"]);
@@ -1428,9 +1432,17 @@ async fn a_pod_that_does_not_declare_the_lease_is_never_forced_out(env: Arc<Test
     r.silence("evil");
     let renew_other = hold_and_release(env.client.clone(), &env.ns, "stolen", &["other"]);
     create_candidate(&env, "other", "stolen", "1.20.0", Some("1.20.0"), OEV, None).await;
-    wait_for_holder(&env, "stolen", "other", DEADLINE).await;
-    let refused = wait_for_event(&env, "evil", "ForcedExitRefused", DEADLINE).await;
-    assert!(refused.contains("victim"), "{refused}");
+    let held = wait_for_holder(&env, "stolen", "other", DEADLINE).await;
+    // The victim was never recorded as the pod of evil's term (it does not vouch for evil), so
+    // the lapse deposes no pod.
+    assert!(
+        !held
+            .annotations()
+            .get("arbiter.dev/pending-forced-exits")
+            .is_some_and(|v| v.contains("victim")),
+        "{:?}",
+        held.annotations()
+    );
     // A pending forced exit written by hand.
     let leases: Api<Lease> = env.api();
     let forged = format!("evil/victim/{}/0", victim.uid);
@@ -1460,6 +1472,71 @@ async fn a_pod_that_does_not_declare_the_lease_is_never_forced_out(env: Arc<Test
         "{events:?}"
     );
     renew_other.abort();
+}
+
+/// Found by the review of the trust-boundary work: the pod a term is recorded in must vouch
+/// for the holder. Candidate `a`'s process runs elsewhere (a played holder renews its lease),
+/// but its candidate names a Job's pod that declares nothing. When that pod ends, `a`'s term
+/// runs on: the pod's stop proves its own processes gone, not `a`'s. (Before: `b` was
+/// assigned at once while `a` still held and renewed.)
+async fn only_a_pod_that_declares_its_holder_ends_a_term_early(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &["--lease-duration", "10s"]);
+    eventually("the operator acting", DEADLINE, || async {
+        op.logs().contains("acting as the arbiter").then_some(())
+    })
+    .await;
+    let _r = Responder::start(env.client.clone(), &env.ns, &["a", "b"]);
+    // A Job's pod: it runs a while and succeeds (it stays, Succeeded, and so does the
+    // candidate it owns).
+    let job = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "job",
+        BTreeMap::new(),
+        1,
+        "sh",
+        &["-c", "sleep 12"],
+    )
+    .await;
+    create_candidate(
+        &env,
+        "a",
+        "vouch",
+        "1.19.0",
+        Some("1.19.0"),
+        OEV,
+        Some(owned_by(&job)),
+    )
+    .await;
+    let renew = hold_and_release(env.client.clone(), &env.ns, "vouch", &["a"]);
+    let held = wait_for_holder(&env, "vouch", "a", DEADLINE).await;
+    create_candidate(&env, "b", "vouch", "1.20.0", Some("1.20.0"), OEV, None).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    job.wait_exit(DEADLINE).await;
+    eventually("the job's pod Succeeded", DEADLINE, || async {
+        let p = pods.get("job").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Succeeded")).then_some(())
+    })
+    .await;
+    let leases: Api<Lease> = env.api();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(15) {
+        let l = leases.get("vouch").await.unwrap();
+        assert_eq!(
+            (lease::holder(&l), lease::term(&l)),
+            (Some("a"), lease::term(&held)),
+            "a's term was ended {:?} after the job's pod ended",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !held
+            .annotations()
+            .contains_key(lease::HOLDER_POD_ANNOTATION),
+        "a pod that does not declare the holder is not recorded"
+    );
+    renew.abort();
 }
 
 async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {

@@ -225,8 +225,10 @@ async fn a_malformed_then_deleted_candidate_leaves_no_reconcile_failing(env: Arc
     let pp = PatchParams::default();
     // (This client could not decode such a candidate either.)
     let candidates: Api<arbiter::tolerant::Tolerant<LeaseCandidate>> = env.api();
-    // One such candidate exists before the operator starts: it still becomes ready.
-    ghost(&env, "far", "far", "1.30.0", None, None).await;
+    // One such candidate exists before the operator starts: it still becomes ready. It is
+    // the best of lease `mal` (the oldest version): it is pinged (the answer to the ping's
+    // write decoded too), never answers, and holds nothing up.
+    ghost(&env, "far", "mal", "1.29.0", None, None).await;
     candidates
         .patch("far", &pp, &Patch::Merge(&year_9999))
         .await

@@ -13,7 +13,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::fcntl::OFlag;
 use nix::sys::signal::{Signal, kill, killpg};
@@ -21,7 +21,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
-use super::watchdog::{self, Message};
+use super::watchdog::Message;
 
 /// A running CMD and its guard.
 pub struct Workload {
@@ -50,12 +50,13 @@ pub struct Ended {
 
 impl Workload {
     /// Starts the guard, then `cmd` with `env` in a new process group. The guard stops CMD at
-    /// `deadline` (SIGTERM, SIGKILL `kill_grace` later) unless [`Workload::extend`] moves it;
-    /// a kill more than `margin` late is reported as an overrun.
+    /// `deadline` (boot-clock nanoseconds: [`crate::clock`]; SIGTERM, SIGKILL `kill_grace`
+    /// later) unless [`Workload::extend`] moves it; a kill more than `margin` late is reported
+    /// as an overrun.
     pub fn start(
         cmd: &[String],
         env: &[(&str, String)],
-        deadline: Instant,
+        deadline: u64,
         kill_grace: Duration,
         margin: Duration,
     ) -> anyhow::Result<Workload> {
@@ -72,7 +73,7 @@ impl Workload {
                 "--parent",
                 &std::process::id().to_string(),
                 "--until",
-                &watchdog::boottime_ns(deadline).to_string(),
+                &deadline.to_string(),
                 "--kill-grace-ms",
                 &kill_grace.as_millis().to_string(),
                 "--margin-ms",
@@ -160,10 +161,10 @@ impl Workload {
         })
     }
 
-    /// Moves the guard's deadline (after a successful renew). If the guard cannot be told (it
-    /// is not reading), the old deadline stands: the safe direction.
-    pub fn extend(&self, deadline: Instant) {
-        self.tell(Message::Extend(watchdog::boottime_ns(deadline)));
+    /// Moves the guard's deadline (boot-clock nanoseconds, after a successful renew). If the
+    /// guard cannot be told (it is not reading), the old deadline stands: the safe direction.
+    pub fn extend(&self, deadline: u64) {
+        self.tell(Message::Extend(deadline));
     }
 
     fn tell(&self, m: Message) {

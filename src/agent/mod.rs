@@ -184,13 +184,20 @@ enum Served {
     HandedOver,
 }
 
-/// Waits (at most a lease duration) until the lease no longer names this identity.
+/// Waits (at most a lease duration) until the lease names another holder (not only nobody:
+/// right after this agent's own release it names nobody, and a registration then would hold
+/// up the election of the one it handed over to, see `--settle`), or is gone.
 async fn moved_on(store: &crate::lease::LeaseStore, settings: &Settings) {
     let give_up = tokio::time::Instant::now() + settings.lease_duration;
     while tokio::time::Instant::now() < give_up {
         match store.get(&settings.lease).await {
-            Ok(Some(l)) if crate::lease::holder(&l) == Some(settings.identity.as_str()) => {}
-            Ok(_) => return,
+            Ok(Some(l)) => {
+                let holder = crate::lease::holder(&l);
+                if holder.is_some_and(|h| h != settings.identity) {
+                    return;
+                }
+            }
+            Ok(None) => return,
             Err(e) => tracing::debug!(error = %e, "reading the lease failed"),
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -246,8 +253,8 @@ async fn serve(
                         // agent keeps moving that deadline (and it is the only way it moves).
                         let renewed = *renewals.borrow_and_update();
                         let deadline = match renewed {
-                            Some((t, at)) if t == term => at.into_std() + settings.renew_deadline,
-                            _ => std::time::Instant::now(), // never: CMD is refused a start
+                            Some(r) if r.term == term => crate::clock::after(r.sent_boot_ns, settings.renew_deadline),
+                            _ => crate::clock::boottime_now(), // never: CMD is refused a start
                         };
                         // A kill later than this after its deadline may have overlapped a
                         // successor (the arbiter waits out the lease duration).
@@ -287,10 +294,10 @@ async fn serve(
                     continue;
                 }
                 let renewed = *renewals.borrow_and_update();
-                if let (Some((t, at)), Some((w, term, _))) = (renewed, running.as_ref())
-                    && t == *term
+                if let (Some(r), Some((w, term, _))) = (renewed, running.as_ref())
+                    && r.term == *term
                 {
-                    w.extend(at.into_std() + settings.renew_deadline);
+                    w.extend(crate::clock::after(r.sent_boot_ns, settings.renew_deadline));
                 }
             }
             code = async { running.as_mut().expect("guarded").0.wait().await }, if running.is_some() => {
@@ -299,8 +306,8 @@ async fn serve(
                 let term = running.as_ref().map(|r| r.1);
                 let renewed = *renewals.borrow();
                 let over = running.as_ref().is_some_and(|r| r.2.is_cancelled())
-                    || !matches!(renewed, Some((t, at)) if Some(t) == term
-                        && at.elapsed() < settings.renew_deadline);
+                    || !matches!(renewed, Some(r) if Some(r.term) == term
+                        && crate::clock::boottime_now() < crate::clock::after(r.sent_boot_ns, settings.renew_deadline));
                 if over {
                     tracing::warn!(code, ?term, "the workload stopped after its term ended (the guard stops it at the renew deadline)");
                     let why = ended_reason(&handle, term).unwrap_or(EndReason::RenewDeadline);

@@ -190,26 +190,6 @@ impl Watchdog {
     }
 }
 
-/// CLOCK_BOOTTIME now, in nanoseconds: monotonic, and counting time suspended.
-pub fn boottime_now() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .expect("CLOCK_BOOTTIME is available on Linux since 2.6.39");
-    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
-}
-
-/// An `Instant` (CLOCK_MONOTONIC on Linux, which stops while suspended) as CLOCK_BOOTTIME
-/// nanoseconds, by its distance from now. An instant from before a suspension comes out
-/// earlier than it was: the deadline only moves earlier, the safe direction.
-pub fn boottime_ns(at: std::time::Instant) -> u64 {
-    let now = std::time::Instant::now();
-    let boot = boottime_now();
-    if at <= now {
-        boot.saturating_sub((now - at).as_nanos() as u64)
-    } else {
-        boot.saturating_add((at - now).as_nanos() as u64)
-    }
-}
-
 /// The guard process: reads messages on stdin, gives CMD its go-ahead on stdout, and stops
 /// CMD's group at the deadline. `parent` is the agent's pid. Returns the exit code: 0, or
 /// [`OVERRAN`] when it had to kill CMD more than `margin` late.
@@ -258,7 +238,7 @@ pub fn run(
             kill(&dog);
             return Ok(code);
         }
-        let now = boottime_now();
+        let now = crate::clock::boottime_now();
         let wake_at = match dog.next(now) {
             Action::Go => {
                 // CMD's pre-exec child waits for this byte; if the write fails it never execs.
@@ -313,7 +293,7 @@ pub fn run(
             return Ok(code);
         }
         buf.extend_from_slice(&chunk[..n]);
-        let now = boottime_now();
+        let now = crate::clock::boottime_now();
         while buf.len() >= MESSAGE_LEN {
             let raw: [u8; MESSAGE_LEN] = buf[..MESSAGE_LEN].try_into().expect("16 bytes");
             buf.drain(..MESSAGE_LEN);
@@ -331,9 +311,9 @@ fn continue_until_dismissed(stdin: &std::io::Stdin, parent: i32, set: &nix::sys:
     use std::os::fd::AsFd;
 
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-    let until = boottime_now() + 60_000_000_000;
+    let until = crate::clock::boottime_now() + 60_000_000_000;
     let mut chunk = [0u8; 256];
-    while boottime_now() < until && nix::unistd::getppid().as_raw() == parent {
+    while crate::clock::boottime_now() < until && nix::unistd::getppid().as_raw() == parent {
         let zero = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -425,14 +405,5 @@ mod tests {
         e.next(S);
         e.receive(Message::Stopping, 11 * S);
         assert_eq!(e.next(11 * S), Action::Wait { wake_at: 12 * S });
-    }
-
-    #[test]
-    fn instants_convert_to_the_boot_clock() {
-        let at = std::time::Instant::now() + Duration::from_secs(3);
-        let ns = boottime_ns(at);
-        let boot = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).unwrap();
-        let expected = boot.tv_sec() as u64 * S + boot.tv_nsec() as u64 + 3 * S;
-        assert!(ns.abs_diff(expected) < S / 10, "{ns} vs {expected}");
     }
 }

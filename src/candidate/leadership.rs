@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Config, EndReason, State};
+use super::{Config, EndReason, Renewed, State};
 use crate::lease::{self, CasError, INCARNATION_ANNOTATION, LeaseStore};
 
 /// What the lease says about this process.
@@ -114,7 +114,7 @@ pub async fn run(
     incarnation: String,
     state: watch::Sender<State>,
     ended: watch::Sender<Option<(i32, EndReason)>>,
-    renewed: watch::Sender<Option<(i32, Instant)>>,
+    renewed: watch::Sender<Option<Renewed>>,
 ) -> anyhow::Error {
     let store = LeaseStore::new(client.clone(), &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.lease));
@@ -171,7 +171,7 @@ pub async fn run(
         }
 
         // Assigned: take it with one renew, then keep renewing.
-        let started = Instant::now();
+        let started = (Instant::now(), crate::clock::boottime_now());
         let term = match renew(&store, &config, &incarnation).await {
             Ok(Ok(term)) => term,
             Ok(Err(why)) => {
@@ -185,7 +185,11 @@ pub async fn run(
                 continue;
             }
         };
-        renewed.send_replace(Some((term, started)));
+        renewed.send_replace(Some(Renewed {
+            term,
+            sent: started.0,
+            sent_boot_ns: started.1,
+        }));
         let lost = CancellationToken::new();
         state.send_replace(State::Leading {
             term,
@@ -196,7 +200,7 @@ pub async fn run(
             &store,
             &config,
             &incarnation,
-            (term, started),
+            (term, started.0),
             &renewed,
             &mut events,
             &mut latest,
@@ -231,7 +235,7 @@ async fn lead(
     config: &Config,
     incarnation: &str,
     (term, mut last_ok): (i32, Instant),
-    renewed: &watch::Sender<Option<(i32, Instant)>>,
+    renewed: &watch::Sender<Option<Renewed>>,
     events: &mut (impl futures::Stream<Item = Result<watcher::Event<Lease>, watcher::Error>> + Unpin),
     latest: &mut Latest,
 ) -> EndReason {
@@ -244,12 +248,12 @@ async fn lead(
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => return EndReason::RenewDeadline,
             _ = tick.tick() => {
-                let sent = Instant::now();
+                let (sent, sent_boot_ns) = (Instant::now(), crate::clock::boottime_now());
                 match tokio::time::timeout_at(deadline, renew(store, config, incarnation)).await {
                     Err(_) => return EndReason::RenewDeadline,
                     Ok(Ok(Ok(_))) => {
                         last_ok = sent;
-                        renewed.send_replace(Some((term, sent)));
+                        renewed.send_replace(Some(Renewed { term, sent, sent_boot_ns }));
                     }
                     Ok(Ok(Err(why))) => return why,
                     Ok(Err(e)) => tracing::warn!(error = %e, "renew failed; retrying until the renew deadline"),

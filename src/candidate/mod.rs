@@ -259,6 +259,17 @@ impl Candidate {
     }
 }
 
+/// A successful renew of a term: when it was sent, on this process's monotonic clock and on
+/// the boot clock ([`crate::clock`], read at the same moment). Leadership of that term is
+/// certain to end no later than this + the renew deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewed {
+    pub term: i32,
+    pub sent: Instant,
+    /// `CLOCK_BOOTTIME` nanoseconds when it was sent (counts a suspended machine's sleep).
+    pub sent_boot_ns: u64,
+}
+
 /// A running candidate.
 pub struct Handle {
     client: Client,
@@ -266,7 +277,7 @@ pub struct Handle {
     incarnation: String,
     state: watch::Receiver<State>,
     ended: watch::Receiver<Option<(i32, EndReason)>>,
-    renewed: watch::Receiver<Option<(i32, Instant)>>,
+    renewed: watch::Receiver<Option<Renewed>>,
     task: tokio::task::JoinHandle<anyhow::Error>,
 }
 
@@ -281,10 +292,10 @@ impl Handle {
         self.ended.borrow().clone()
     }
 
-    /// The term and the send time of the last successful renew (on this process's monotonic
-    /// clock): leadership of that term is certain to end no later than this + the renew
-    /// deadline. `arbiter run` moves its watchdog's deadline with it.
-    pub fn renewed(&self) -> watch::Receiver<Option<(i32, Instant)>> {
+    /// The last successful renew: leadership of its term is certain to end no later than its
+    /// send time + the renew deadline. `arbiter run` moves its watchdog's deadline with it (on
+    /// the boot clock).
+    pub fn renewed(&self) -> watch::Receiver<Option<Renewed>> {
         self.renewed.clone()
     }
 

@@ -20,6 +20,7 @@ use crate::api::{
     WITHDRAWN_ANNOTATION,
 };
 use crate::lease::INCARNATION_ANNOTATION;
+use crate::tolerant::Tolerant;
 
 /// How often the candidate refreshes `renewTime` on its own: upstream's interval. It also
 /// answers every ping at once, and the arbiter pings before it relies on a candidate, so the
@@ -108,7 +109,8 @@ async fn try_register(
     config: &Config,
     incarnation: &str,
 ) -> anyhow::Result<Option<jiff::Timestamp>> {
-    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
+    // (Answers decoded tolerantly: see crate::tolerant.)
+    let api: Api<Tolerant<LeaseCandidate>> = Api::namespaced(client.clone(), &config.namespace);
     let declared = config.timings.lease_duration.as_secs().to_string();
     // Twice at most: a create that loses a race with another writer becomes an update.
     for _ in 0..2 {
@@ -121,7 +123,8 @@ async fn try_register(
                 let what = format!("reading LeaseCandidate {}/{}", config.namespace, config.identity);
                 anyhow::Error::new(e).context(what)
             }
-        })?;
+        })?
+        .map(|c| c.0);
         let written = match existing {
             Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
                 "LeaseCandidate {}/{} already exists for lease {:?}, and leaseName is immutable: delete it, or run with another identity",
@@ -157,6 +160,7 @@ async fn try_register(
                     &Patch::Merge(&patch),
                 )
                 .await?
+                .0
             }
             None => {
                 let spec = LeaseCandidateSpec {
@@ -176,8 +180,11 @@ async fn try_register(
                     .into(),
                 );
                 candidate.metadata.owner_references = owner_references(config);
-                match api.create(&PostParams::default(), &candidate).await {
-                    Ok(c) => c,
+                match api
+                    .create(&PostParams::default(), &Tolerant(candidate))
+                    .await
+                {
+                    Ok(c) => c.0,
                     Err(kube::Error::Api(s)) if s.code == 409 => continue,
                     Err(kube::Error::Api(s)) if s.code == 422 => {
                         anyhow::bail!("the API server refused the candidate: {}", s.message)
@@ -327,7 +334,7 @@ pub async fn keep_fresh(
     incarnation: String,
     answered: Option<jiff::Timestamp>,
 ) -> anyhow::Error {
-    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
+    let api: Api<Tolerant<LeaseCandidate>> = Api::namespaced(client.clone(), &config.namespace);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", config.identity));
     let mut events = crate::tolerant::watch::<LeaseCandidate>(client, Some(&config.namespace), cfg)
         .backoff(crate::client::reconnect_backoff())
@@ -359,6 +366,7 @@ pub async fn keep_fresh(
                     tokio::time::timeout(READ_EVERY, api.get_with(&name, &GetParams::any()))
                         .await
                         .ok()
+                        .map(|r| r.map(|c| c.0))
                 }));
                 continue;
             }
@@ -431,7 +439,7 @@ pub async fn withdraw(
     keep: bool,
     overran: Option<i32>,
 ) -> anyhow::Result<()> {
-    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &config.namespace);
+    let api: Api<Tolerant<LeaseCandidate>> = Api::namespaced(client.clone(), &config.namespace);
     if !keep {
         return match api.delete(&config.identity, &DeleteParams::default()).await {
             Ok(_) => {

@@ -618,18 +618,29 @@ pub fn decide(
     // Candidates started together register within moments of each other: the first one's
     // registration alone must not elect it (the older versions a moment behind could then get
     // the lease only by a handover, a newer version leading meanwhile).
-    let newest = candidates
+    // It waits at most an ack window from when the lease could be elected (someone who
+    // keeps re-registering, or recreating candidates, must not hold it up for ever).
+    let registered = candidates
         .iter()
         .filter(|c| c.present())
-        .filter_map(|c| c.registered)
-        .max();
-    if let Some(at) = newest {
-        let age = Duration::try_from(now.duration_since(at)).unwrap_or(Duration::ZERO);
-        if age < rules.settle {
-            return decision(Action::Settle {
-                remaining: rules.settle - age,
-            });
+        .filter_map(|c| c.registered);
+    let age = |at: Timestamp| Duration::try_from(now.duration_since(at)).unwrap_or(Duration::ZERO);
+    let electable_for = match lease {
+        // Its term expired: since then; released, stopped or never held: since the record.
+        Some(l) if l.expired() && l.holder.is_some() => {
+            Some(l.unchanged_for.saturating_sub(l.duration))
         }
+        Some(l) => Some(l.unchanged_for),
+        // A first election: since its first candidate registered.
+        None => registered.clone().min().map(age),
+    };
+    if let (Some(newest), Some(since)) = (registered.max().map(age), electable_for)
+        && newest < rules.settle
+        && since < rules.ack_window
+    {
+        return decision(Action::Settle {
+            remaining: (rules.settle - newest).min(rules.ack_window - since),
+        });
     }
 
     // An election: learn who is alive, then elect the best of those that answered. A holder

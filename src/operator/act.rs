@@ -81,12 +81,26 @@ impl Worker {
         // and its uid (to recognise its death even after its candidate is gone).
         // A holder whose pod left the cache since the decision is not assigned: a term recorded
         // without its pod could not be ended by the pod's stop.
+        // Only a pod that says itself that it runs this candidate of this lease (or a pod of
+        // the lease's single-active workload) is recorded: its stop then ends the term early.
+        // The pod a candidate's ownerReferences name is its writer's claim: a term assigned to
+        // a candidate whose pod does not vouch for it is recorded without a pod, and ends by
+        // release or expiry.
         let pod_of_holder = |holder: &str| -> anyhow::Result<Option<(i64, String)>> {
             let Some(c) = candidates.iter().find(|c| c.name_any() == holder) else {
                 return Ok(None);
             };
             match self.pod_of(c) {
-                Some(p) => Ok(Some((depose::restarts(&p), p.uid().unwrap_or_default()))),
+                Some(p)
+                    if super::declared::declares_holder(&p, &key.name, holder)
+                        || self.caches.workloads.selecting(&p).contains(key) =>
+                {
+                    Ok(Some((depose::restarts(&p), p.uid().unwrap_or_default())))
+                }
+                Some(p) => {
+                    tracing::debug!(lease = %key, %holder, pod = %p.name_any(), "the candidate's pod does not declare it: its term is recorded without a pod");
+                    Ok(None)
+                }
                 None if owner_pod(c).is_some() => {
                     anyhow::bail!("the pod of {holder} is gone; deciding again")
                 }
@@ -189,7 +203,9 @@ impl Worker {
                 Some(store.replace(&l).await?)
             }
             (Action::Ping { candidates: pinged }, _) => {
-                let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &key.namespace);
+                // (Answers decoded tolerantly: see crate::tolerant.)
+                let api: Api<crate::tolerant::Tolerant<LeaseCandidate>> =
+                    Api::namespaced(client.clone(), &key.namespace);
                 // The value is for readers (`kubectl get`, upstream's tools); the arbiter itself
                 // times the ping on its own clock and knows it by the version the write made.
                 let at = jiff::Timestamp::from_microsecond(jiff::Timestamp::now().as_microsecond())
@@ -212,7 +228,7 @@ impl Worker {
                 .collect::<Vec<_>>()
                 .await;
                 for (answer, at) in sent.iter().flatten() {
-                    self.caches.liveness.pinged(answer, *at);
+                    self.caches.liveness.pinged(&answer.0, *at);
                 }
                 for e in sent.into_iter().filter_map(Result::err) {
                     match e {

@@ -247,13 +247,23 @@ impl Worker {
             })
             .collect();
         let mut rules = self.settings.rules.clone();
+        // An agent took the Lease's current term (it writes its incarnation with its first
+        // renew, before its workload starts): the operator never acts as that holder's agent,
+        // whatever a candidate's labels say (anyone who may write candidates can set them).
+        let agent_took = lease.as_deref().is_some_and(|l| {
+            l.annotations()
+                .get(lease::INCARNATION_ANNOTATION)
+                .is_some_and(|i| !i.is_empty())
+        });
         if let Some(p) = &plan {
             p.adjust(&candidates, &mut inputs);
             // The operator is its workload's pods' agent: a holder pod it judged not running
             // (it is demoted before anyone is promoted) ends its term, as an agent's release
-            // would. (Only for the candidates it made: an agent's pod is judged by the pod
-            // recorded at its assignment.)
+            // would. (Only for a term no agent took, and the candidates it made: an agent's term
+            // ends on proof about the pod recorded at its assignment. The assignment that
+            // follows is a compare-and-swap on this very record.)
             if let Some(l) = lease_view.as_mut()
+                && !agent_took
                 && let Some(h) = l.holder.as_deref()
                 && candidates.iter().zip(&inputs).any(|(c, input)| {
                     input.name == h
@@ -311,6 +321,7 @@ impl Worker {
         if let (Some(p), Some(current)) = (&plan, lease.as_deref()) {
             let holder = lease::holder(current).map(str::to_string);
             if let (Action::RequestHandover { to }, Some(h)) = (&decision.action, holder)
+                && !agent_took
                 && p.holds_for(&candidates, &h)
             {
                 let deposed = p.deposed(&candidates, Some(current), None);
@@ -517,6 +528,7 @@ impl Worker {
             if labelled.is_ok()
                 && written.is_none()
                 && let (Some(l), Some(v)) = (current, lease_view.as_ref())
+                && !agent_took
                 && lease::holder(l).is_some_and(|h| p.holds_for(&candidates, h))
             {
                 match p.renew_for(&self.client, key, l, v.unchanged_for).await {

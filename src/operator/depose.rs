@@ -15,7 +15,7 @@
 //! Every eviction or deletion carries the pod's uid as a precondition: a new pod with the same
 //! name (a StatefulSet's replacement) is never hit.
 //!
-//! **Only a pod that says so itself is forced out** ([`declares`]): its own spec runs
+//! **Only a pod that says so itself is forced out** ([`super::declared`]): its own spec runs
 //! `arbiter run --lease NAME` (or `--lease=NAME`) in a container, or it carries the label
 //! `arbiter.dev/lease: NAME`, set by whoever created the pod; or the operator selects it as a
 //! pod of an annotated single-active workload. A candidate's `ownerReferences` and the Lease's
@@ -36,59 +36,6 @@ use kube::{Client, ResourceExt};
 use super::queue::LeaseKey;
 
 pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
-/// The label a pod may carry to declare the lease its candidate runs for (for a pod whose
-/// containers do not show `arbiter run --lease NAME` in their command or args).
-pub const LEASE_LABEL: &str = "arbiter.dev/lease";
-/// On a cached (slimmed) pod only, never read from the API server: the leases its containers'
-/// command lines name with `--lease` ([`declared_in_spec`]), comma-separated.
-pub const DECLARED_ANNOTATION: &str = "arbiter.dev/declared-leases";
-
-/// The leases the pod's own containers (and init containers) name as `--lease NAME` or
-/// `--lease=NAME` in their command or args.
-pub fn declared_in_spec(
-    spec: &k8s_openapi::api::core::v1::PodSpec,
-) -> std::collections::BTreeSet<String> {
-    let containers = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten());
-    let mut out = std::collections::BTreeSet::new();
-    for c in containers {
-        let words: Vec<&str> = c
-            .command
-            .iter()
-            .flatten()
-            .chain(c.args.iter().flatten())
-            .map(String::as_str)
-            .collect();
-        for (i, w) in words.iter().enumerate() {
-            match w.strip_prefix("--lease=") {
-                Some(name) => out.insert(name.to_string()),
-                None if *w == "--lease" => {
-                    words.get(i + 1).is_some_and(|n| out.insert(n.to_string()))
-                }
-                None => false,
-            };
-        }
-    }
-    out
-}
-
-/// Whether `pod` itself declares that it runs a candidate of `lease`: its label
-/// [`LEASE_LABEL`], its containers' command lines (a full pod), or what the cache noted of
-/// them ([`DECLARED_ANNOTATION`], a slimmed pod).
-pub fn declares(pod: &Pod, lease: &str) -> bool {
-    let labelled = pod.labels().get(LEASE_LABEL).is_some_and(|l| l == lease);
-    let noted = pod
-        .annotations()
-        .get(DECLARED_ANNOTATION)
-        .is_some_and(|v| v.split(',').any(|l| l == lease));
-    let in_spec = pod
-        .spec
-        .as_ref()
-        .is_some_and(|s| declared_in_spec(s).contains(lease));
-    labelled || noted || in_spec
-}
 /// The forced exits still pending for a lease: `candidate/pod/uid/restarts`, comma-separated.
 pub const PENDING_ANNOTATION: &str = "arbiter.dev/pending-forced-exits";
 
@@ -156,7 +103,7 @@ pub enum Outcome {
     Reported,
     Blocked(String),
     Failed(String),
-    /// The pod does not declare the lease ([`declares`]): never forced out for it.
+    /// The pod does not declare the lease ([`super::declared`]): never forced out for it.
     Refused,
 }
 
@@ -248,8 +195,13 @@ impl Deposer {
             // replica): asked of the API server, never taken for gone.
             let pod = match current(&t.pod) {
                 Some(p) => Some(p),
+                // Read as the cache keeps pods: what it declares noted from its spec, not
+                // from annotations it came with.
                 None => match pods.get_opt(&t.pod).await {
-                    Ok(p) => p,
+                    Ok(p) => p.map(|mut p| {
+                        super::slim::keep_what_is_read(&mut p);
+                        p
+                    }),
                     Err(e) => {
                         // Nothing was tried on the pod: no outcome (no Event), a retry.
                         tracing::debug!(lease = %key, pod = %t.pod, error = %e, "looking up a pod to force out failed (retried)");
@@ -390,7 +342,13 @@ fn recorded_with(
 /// Records on `lease` (to be written by compare-and-swap) the forced exit of `deposed` and
 /// drops those `spare` names: [`recorded_with`] applied to the Lease's annotation.
 pub fn record_on(lease: &mut Lease, deposed: Option<&Target>, spare: impl Fn(&Target) -> bool) {
-    let recorded = lease.annotations().get(PENDING_ANNOTATION).cloned();
+    // Only what arbiter wrote is carried on: an entry written by hand must not pass into a
+    // record this write makes arbiter's own.
+    let recorded = lease
+        .annotations()
+        .get(PENDING_ANNOTATION)
+        .filter(|_| crate::lease::written_by_arbiter(&lease.metadata, PENDING_ANNOTATION))
+        .cloned();
     let pending = recorded_with(recorded.as_deref(), deposed, spare);
     crate::lease::set_annotation(lease, PENDING_ANNOTATION, pending.as_deref());
 }
@@ -449,8 +407,9 @@ impl Outcome {
                 EventType::Warning,
                 "ForcedExitRefused",
                 format!(
-                    "pod {} was not forced out: it does not declare this lease (arbiter run --lease in its spec, or the label {LEASE_LABEL}), and is no pod of its single-active workload",
-                    t.pod
+                    "pod {} was not forced out: it does not declare this lease (arbiter run --lease in its spec, or the label {}), and is no pod of its single-active workload",
+                    t.pod,
+                    super::declared::LEASE_LABEL
                 ),
             )),
         }
@@ -584,60 +543,13 @@ mod tests {
                 &key(),
                 OnDepose::Delete,
                 |_| Some(running_pod("uid-1")),
-                |p| declares(p, "l"),
+                |p| super::super::declared::declares(p, "l"),
             )
             .await;
         assert!(matches!(outcomes[0].1, Outcome::Refused), "{outcomes:?}");
         assert_eq!(retry, None, "not tried again");
         assert!(seen.lock().unwrap().is_empty(), "nothing sent");
         assert_eq!(d.recorded(&key()), None);
-    }
-
-    #[test]
-    fn a_pod_declares_a_lease_by_its_own_command_line_or_label() {
-        let pod = |json: serde_json::Value| -> Pod { serde_json::from_value(json).unwrap() };
-        let with_args = |args: serde_json::Value| {
-            pod(serde_json::json!({"spec": {"containers": [
-                {"name": "app", "image": "x"},
-                {"name": "agent", "image": "x", "command": ["/arbiter"], "args": args},
-            ]}}))
-        };
-        assert!(declares(
-            &with_args(serde_json::json!(["run", "--lease", "l", "--", "app"])),
-            "l"
-        ));
-        assert!(declares(
-            &with_args(serde_json::json!(["run", "--lease=l", "--", "app"])),
-            "l"
-        ));
-        assert!(!declares(
-            &with_args(serde_json::json!(["run", "--lease", "other"])),
-            "l"
-        ));
-        assert!(!declares(
-            &with_args(serde_json::json!(["run", "--lease"])),
-            "l"
-        ));
-        assert!(!declares(&with_args(serde_json::json!(["echo", "l"])), "l"));
-        let init = pod(
-            serde_json::json!({"spec": {"containers": [{"name": "a", "image": "x"}],
-            "initContainers": [{"name": "i", "image": "x", "command": ["arbiter", "run", "--lease", "l"]}]}}),
-        );
-        assert!(declares(&init, "l"));
-        let labelled = pod(serde_json::json!({"metadata": {"labels": {"arbiter.dev/lease": "l"}}}));
-        assert!(declares(&labelled, "l"));
-        assert!(!declares(&labelled, "m"));
-        // The cache's note of a slimmed pod's command lines.
-        let mut slim = with_args(serde_json::json!(["run", "--lease", "l"]));
-        crate::operator::slim::keep_what_is_read(&mut slim);
-        assert!(slim.spec.as_ref().unwrap().containers[1].args.is_none());
-        assert!(declares(&slim, "l"));
-        assert!(!declares(&slim, "m"));
-        // An owner reference or an annotation someone else wrote is no declaration.
-        assert!(!declares(
-            &pod(serde_json::json!({"metadata": {"annotations": {"arbiter.dev/lease": "l"}}})),
-            "l"
-        ));
     }
 
     #[tokio::test]
@@ -659,6 +571,40 @@ mod tests {
         assert_eq!(retry, None, "nothing left to retry");
         assert_eq!(seen.lock().unwrap().len(), 1);
         assert_eq!(d.recorded(&key()), None);
+    }
+
+    /// The review's laundering sequence: an entry written by hand must not pass into the
+    /// record an assignment writes as arbiter's own.
+    #[test]
+    fn a_deposing_write_carries_on_only_what_arbiter_recorded() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let owned_by = |manager: &str| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            fields_v1: Some(FieldsV1(serde_json::json!({
+                "f:metadata": { "f:annotations": { "f:arbiter.dev/pending-forced-exits": {} } },
+            }))),
+            ..ManagedFieldsEntry::default()
+        };
+        let deposed = Target::new("a", "a-pod", "uid-a", 0);
+        let mut l = Lease::default();
+        crate::lease::set_annotation(&mut l, PENDING_ANNOTATION, Some("x/standby/uid-s/0"));
+        l.metadata.managed_fields = Some(vec![owned_by("kubectl-annotate")]);
+        record_on(&mut l, Some(&deposed), |_| false);
+        assert_eq!(
+            l.annotations().get(PENDING_ANNOTATION).map(String::as_str),
+            Some("a/a-pod/uid-a/0"),
+            "the hand-written entry is dropped"
+        );
+        let mut ours = Lease::default();
+        crate::lease::set_annotation(&mut ours, PENDING_ANNOTATION, Some("x/old/uid-o/1"));
+        ours.metadata.managed_fields = Some(vec![owned_by(crate::lease::FIELD_MANAGER)]);
+        record_on(&mut ours, Some(&deposed), |_| false);
+        assert_eq!(
+            ours.annotations()
+                .get(PENDING_ANNOTATION)
+                .map(String::as_str),
+            Some("a/a-pod/uid-a/0,x/old/uid-o/1")
+        );
     }
 
     #[test]

@@ -61,17 +61,28 @@ impl Worker {
         let c = candidates.iter().find(|c| c.name_any() == *h)?;
         let pod = self.pod_of(c)?;
         let uid = pod.uid().unwrap_or_default();
-        let assigned_in = old.annotations().get(HOLDER_POD_ANNOTATION);
+        // The pod its term was assigned in: as this process recorded it, else as arbiter wrote
+        // it on the Lease (a hand-written uid or count is no record).
+        let by_arbiter = |a: &str| lease::written_by_arbiter(&old.metadata, a);
+        let assigned_in = match self.caches.held.term_of(key, h) {
+            Some((_, pod)) => pod,
+            None => old
+                .annotations()
+                .get(HOLDER_POD_ANNOTATION)
+                .filter(|_| by_arbiter(HOLDER_POD_ANNOTATION))
+                .cloned(),
+        };
         let recorded = old
             .annotations()
             .get(RESTARTS_ANNOTATION)
+            .filter(|_| by_arbiter(RESTARTS_ANNOTATION))
             .and_then(|v| v.parse::<i64>().ok());
         tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
         // The pod the term was assigned in (as recorded then: a term assigned without a pod
         // has none to force out), with the same containers, and not all of them reported
         // ended (one in crash-loop back-off after its process exited runs nothing). Whether
         // the pod declares the lease is checked before anything is done to it.
-        (assigned_in.is_some_and(|a| *a == uid)
+        (assigned_in.is_some_and(|a| a == uid)
             && recorded == Some(depose::restarts(&pod))
             && !super::stopped::nothing_runs(&pod))
         .then(|| Target::new(h, &pod.name_any(), &uid, depose::restarts(&pod)))
@@ -156,7 +167,7 @@ impl Worker {
             // workload's (never one a candidate's writer named).
             let lease_name = key.name.clone();
             let may_force = |pod: &k8s_openapi::api::core::v1::Pod| {
-                depose::declares(pod, &lease_name)
+                super::declared::declares(pod, &lease_name)
                     || pod.uid().is_some_and(|u| workload_pods.contains(&u))
             };
             self.deposer

@@ -8,6 +8,7 @@ mod act;
 mod adopt;
 pub mod annotated;
 pub mod controller;
+pub mod declared;
 pub mod depose;
 mod expire;
 mod force;

@@ -41,25 +41,13 @@ pub fn keep_annotation_owners(meta: &mut ObjectMeta) {
     meta.managed_fields = (!kept.is_empty()).then_some(kept);
 }
 
-/// Drops from `pod` everything the operator does not read. The leases its containers' command
-/// lines name are noted first ([`super::depose::DECLARED_ANNOTATION`], the only annotation
-/// kept, written here and never taken from the pod).
+/// Drops from `pod` everything the operator does not read. What its containers' command
+/// lines declare is noted first ([`super::declared::note`]: the only annotations kept, written
+/// here and never taken from the pod).
 pub fn keep_what_is_read(pod: &mut Pod) {
-    let declared = pod
-        .spec
-        .as_ref()
-        .map(super::depose::declared_in_spec)
-        .unwrap_or_default();
+    super::declared::note(pod);
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
-    meta.annotations = (!declared.is_empty()).then(|| {
-        let list: Vec<String> = declared.into_iter().collect();
-        [(
-            super::depose::DECLARED_ANNOTATION.to_string(),
-            list.join(","),
-        )]
-        .into()
-    });
     if let Some(spec) = pod.spec.take() {
         let container = |c: Container| Container {
             name: c.name,

@@ -88,9 +88,13 @@ impl StandIn {
             node_name: Some(NODE.into()),
             restart_policy: Some("Never".into()),
             termination_grace_period_seconds: Some(grace_period_seconds),
+            // The command line the process runs, as a real pod's spec would show it (what the
+            // pod declares, `arbiter run --lease ...`, is read from it).
             containers: vec![Container {
                 name: "main".into(),
                 image: Some(format!("stand-in/{program}")),
+                command: Some(vec![program.to_string()]),
+                args: Some(args.iter().map(|a| a.to_string()).collect()),
                 ..Container::default()
             }],
             ..PodSpec::default()

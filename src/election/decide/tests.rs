@@ -709,6 +709,33 @@ fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
         decide(&cands, None, None, now, &rules).action,
         create("old")
     );
+    // At most an ack window (5 s) after the lease became electable: a candidate registering
+    // again and again (or recreated) does not hold it up for ever.
+    let flapping = [
+        registered("first", "1.31.0", 4600),
+        registered("flapper", "1.30.0", 100),
+    ];
+    assert_eq!(
+        act(&flapping, None, now),
+        Action::Settle {
+            remaining: Duration::from_millis(400)
+        },
+        "0.4 s left of the ack window since the first registration"
+    );
+    let later = [
+        registered("first", "1.31.0", 5100),
+        registered("flapper", "1.30.0", 100),
+    ];
+    assert_eq!(act(&later, None, now), create("flapper"));
+    // After an expiry, counted from the expiry.
+    let expired_long_ago = lease(Some("gone"), 40);
+    assert_eq!(
+        act(&after, Some(&expired_long_ago), now),
+        Action::Ping {
+            candidates: vec!["old".into()]
+        },
+        "the restarted old holder registered 0.5 s ago, but the lease has been electable for 25 s: no settling (its renewal does not count after a lapse: it is pinged)"
+    );
 }
 
 #[test]
