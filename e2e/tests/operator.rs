@@ -18,8 +18,8 @@ use nix::unistd::Pid;
 use serde_json::json;
 
 use crate::support::operator::{
-    FAST_HA, Operator, Responder, create_candidate, hold_and_release, hold_and_release_with,
-    record_lease, wait_for_holder,
+    FAST_HA, Operator, Responder, condition, create_candidate, hold_and_release,
+    hold_and_release_with, record_lease, wait_for_holder,
 };
 use crate::support::standin::StandIn;
 use crate::support::{TestEnv, events_for, eventually, wait_for_event};
@@ -62,17 +62,6 @@ crate::tests![operator:
 ];
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-async fn condition(env: &TestEnv, candidate: &str, type_: &str) -> Option<(String, String)> {
-    let api: Api<LeaseCandidate> = env.api();
-    let c = api.get(candidate).await.ok()?;
-    let cond = c
-        .status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == type_)?;
-    Some((cond.status, cond.reason))
-}
 
 /// Waits for `candidate` to be reported `Eligible=False`, reason `Unresponsive`: it was pinged
 /// and did not answer.
@@ -809,6 +798,20 @@ async fn new_leases_of_a_shard_share_one_mark_write(env: Arc<TestEnv>) {
 /// The operator's own HA lease holder, if any.
 /// The replica acting as the arbiter: the HA Lease's holder, once it has renewed since it
 /// acquired (a replica that created the Lease acts only after its renew deadline).
+/// Writes `holder` into the operators' HA Lease, as a hand edit would.
+async fn set_ha_holder(env: &TestEnv, holder: &str) {
+    let leases: Api<Lease> = env.api();
+    let p = json!({ "spec": { "holderIdentity": holder } });
+    leases
+        .patch(
+            "arbiter-operator",
+            &PatchParams::default(),
+            &Patch::Merge(&p),
+        )
+        .await
+        .unwrap();
+}
+
 async fn ha_holder(env: &TestEnv) -> Option<String> {
     let api: Api<Lease> = env.api();
     let l = api.get_opt("arbiter-operator").await.ok()??;
@@ -1115,17 +1118,7 @@ async fn naming_the_standby_in_the_operator_lease_does_not_make_two_arbiters(env
     })
     .await;
     let second = Operator::start(&env, &with("op-b"));
-    eventually(
-        "the standby to watch the operator lease",
-        DEADLINE,
-        || async {
-            second
-                .logs()
-                .contains("watching the operator lease")
-                .then_some(())
-        },
-    )
-    .await;
+    second.wait_watching().await;
     // Its full identity (a random suffix is added to --identity).
     let logs = crate::support::operator::strip_ansi(&second.logs());
     let op_b = logs
@@ -1136,16 +1129,7 @@ async fn naming_the_standby_in_the_operator_lease_does_not_make_two_arbiters(env
         })
         .map(str::to_string)
         .expect("op-b's identity in its log");
-    let leases: Api<Lease> = env.api();
-    let p = json!({ "spec": { "holderIdentity": op_b } });
-    leases
-        .patch(
-            "arbiter-operator",
-            &PatchParams::default(),
-            &Patch::Merge(&p),
-        )
-        .await
-        .unwrap();
+    set_ha_holder(&env, &op_b).await;
     let edited = Instant::now();
     eventually("the standby to act", DEADLINE, || async {
         second
@@ -1178,17 +1162,7 @@ async fn operator_lease_edit_does_not_make_two_arbiters(
 ) {
     // The standby has looked at the lease (a replica that never saw it takes a missing one
     // at once: a fresh install).
-    eventually(
-        "the standby to watch the operator lease",
-        DEADLINE,
-        || async {
-            second
-                .logs()
-                .contains("watching the operator lease")
-                .then_some(())
-        },
-    )
-    .await;
+    second.wait_watching().await;
     let leases: Api<Lease> = env.api();
     if delete {
         leases
@@ -1196,15 +1170,7 @@ async fn operator_lease_edit_does_not_make_two_arbiters(
             .await
             .unwrap();
     } else {
-        let p = json!({ "spec": { "holderIdentity": "" } });
-        leases
-            .patch(
-                "arbiter-operator",
-                &PatchParams::default(),
-                &Patch::Merge(&p),
-            )
-            .await
-            .unwrap();
+        set_ha_holder(env, "").await;
     }
     let next = eventually("the standby to take over", DEADLINE, || async {
         ha_holder(env).await.filter(|h| *h != active)

@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::agent::{Agent, agent_args, alive, read_log, starts, wait_started};
-use crate::support::operator::{Operator, Responder, wait_for_holder};
+use crate::support::operator::{Operator, Responder, condition, wait_for_holder};
 use crate::support::{TestEnv, eventually, wait_for_event};
 
 crate::tests![trust:
@@ -55,18 +55,6 @@ async fn ghost(
     api.create(&PostParams::default(), &c)
         .await
         .unwrap_or_else(|e| panic!("creating candidate {name}: {e}"));
-}
-
-/// `candidate`'s `Eligible` condition, as (status, reason).
-async fn eligible(env: &TestEnv, candidate: &str) -> Option<(String, String)> {
-    let api: Api<LeaseCandidate> = env.api();
-    let c = api.get(candidate).await.ok()?;
-    let cond = c
-        .status?
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Eligible")?;
-    Some((cond.status, cond.reason))
 }
 
 /// Watches `lease` for `window`: it must keep naming `holder` at `term`, with no handover
@@ -137,7 +125,9 @@ async fn a_candidate_whose_clock_runs_ahead_does_not_keep_the_lease_after_it_die
         Duration::from_secs(30),
     )
     .await;
-    let (status, reason) = eligible(&env, "c1").await.expect("c1's Eligible condition");
+    let (status, reason) = condition(&env, "c1", "Eligible")
+        .await
+        .expect("c1's Eligible condition");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "Unresponsive")
@@ -166,7 +156,7 @@ async fn a_hand_made_candidate_with_a_future_renew_time_takes_nothing(env: Arc<T
     )
     .await;
     eventually("the ghost reported Unresponsive", DEADLINE, || async {
-        eligible(&env, "ghost")
+        condition(&env, "ghost", "Eligible")
             .await
             .filter(|(s, r)| s == "False" && r == "Unresponsive")
     })

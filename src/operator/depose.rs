@@ -532,9 +532,13 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_pod_that_does_not_declare_the_lease_is_refused_and_left_alone() {
-        let (client, seen) = recording_client(200);
+    /// One pending deletion of pod `web-0` (uid-1, running), attempted against an API
+    /// server answering `status`, allowed by `may_force`.
+    async fn attempt_one(
+        status: u16,
+        may_force: impl Fn(&Pod) -> bool,
+    ) -> (Deposer, Vec<(Target, Outcome)>, Option<Duration>, Seen) {
+        let (client, seen) = recording_client(status);
         let mut d = Deposer::default();
         d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
         let (outcomes, retry) = d
@@ -543,9 +547,16 @@ mod tests {
                 &key(),
                 OnDepose::Delete,
                 |_| Some(running_pod("uid-1")),
-                |p| super::super::declared::declares(p, "l"),
+                may_force,
             )
             .await;
+        (d, outcomes, retry, seen)
+    }
+
+    #[tokio::test]
+    async fn a_pod_that_does_not_declare_the_lease_is_refused_and_left_alone() {
+        let (d, outcomes, retry, seen) =
+            attempt_one(200, |p| super::super::declared::declares(p, "l")).await;
         assert!(matches!(outcomes[0].1, Outcome::Refused), "{outcomes:?}");
         assert_eq!(retry, None, "not tried again");
         assert!(seen.lock().unwrap().is_empty(), "nothing sent");
@@ -554,19 +565,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_replacement_pod_with_the_same_name_ends_the_target_untouched() {
-        let (client, seen) = recording_client(409);
-        let mut d = Deposer::default();
-        d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
         // The cache still shows the old pod; the server has a new one under the same name.
-        let (outcomes, retry) = d
-            .attempt(
-                &client,
-                &key(),
-                OnDepose::Delete,
-                |_| Some(running_pod("uid-1")),
-                |_| true,
-            )
-            .await;
+        let (d, outcomes, retry, seen) = attempt_one(409, |_| true).await;
         assert!(matches!(outcomes[0].1, Outcome::Stopped), "{outcomes:?}");
         assert_eq!(retry, None, "nothing left to retry");
         assert_eq!(seen.lock().unwrap().len(), 1);

@@ -157,6 +157,34 @@ impl Drop for Operator {
     }
 }
 
+/// `candidate`'s condition `type_`, as (status, reason).
+pub async fn condition(env: &TestEnv, candidate: &str, type_: &str) -> Option<(String, String)> {
+    let api: Api<LeaseCandidate> = env.api();
+    let c = api.get(candidate).await.ok()?;
+    let cond = c
+        .status?
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    Some((cond.status, cond.reason))
+}
+
+impl Operator {
+    /// Waits until this (standby) replica has looked at the operators' HA Lease.
+    pub async fn wait_watching(&self) {
+        eventually(
+            "the standby to watch the operator lease",
+            std::time::Duration::from_secs(30),
+            || async {
+                self.logs()
+                    .contains("watching the operator lease")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
 /// Creates a candidate (its renewTime set, as a registering candidate does).
 pub async fn create_candidate(
     env: &TestEnv,
