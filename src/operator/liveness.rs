@@ -77,9 +77,13 @@ impl Liveness {
         }
     }
 
-    /// This process pinged the candidate, sent at `at`; `answer` is the write's answer.
+    /// This process pinged the candidate, sent at `at`; `answer` is the write's answer. (A new
+    /// process incarnation the answer shows first is a registration too: the watch, delivering
+    /// it afterwards, would no longer see it as new.)
     pub fn pinged(&self, answer: &LeaseCandidate, at: Instant) {
-        self.with(answer, |h| h.pinged(version(answer), at));
+        if self.with(answer, |h| h.pinged(version(answer), at)) {
+            self.with(answer, |h| h.registered(Instant::now()));
+        }
     }
 
     /// Forgets a deleted candidate.
