@@ -37,6 +37,9 @@ struct Term {
     /// The term (`leaseTransitions`) this memory is of: an incarnation is learned only from a
     /// record of that term (a stale record of the term before must not lend it its process).
     term: i32,
+    /// Its process withdrew (its candidate marked with its incarnation, after its work
+    /// stopped), as seen once: remembered, since the mark goes with the process's restart.
+    withdrew: bool,
 }
 
 /// The candidate whose `Leader` condition the arbiter last set to True (of several, the one at
@@ -116,6 +119,7 @@ impl Held {
                 pod_uid: leader.pod_uid.clone(),
                 incarnation: None,
                 term: 0,
+                withdrew: false,
             };
             terms.insert(key.clone(), term);
         };
@@ -156,6 +160,7 @@ impl Held {
                         pod_uid: l.pod_uid.map(str::to_string),
                         incarnation: l.incarnation.map(str::to_string),
                         term: l.term,
+                        withdrew: false,
                     };
                     terms.insert(key.clone(), term);
                 }
@@ -198,8 +203,22 @@ impl Held {
             pod_uid: pod_uid.map(str::to_string),
             incarnation: None,
             term,
+            withdrew: false,
         };
         self.locked().insert(key.clone(), term);
+    }
+
+    /// The remembered holder's process withdrew (seen once; the caller checked its
+    /// incarnation): its term is over, even after a restart of it clears the mark.
+    pub fn withdrew(&self, key: &LeaseKey) {
+        if let Some(t) = self.locked().get_mut(key) {
+            t.withdrew = true;
+        }
+    }
+
+    /// Whether the remembered holder's process was seen to withdraw.
+    pub fn has_withdrawn(&self, key: &LeaseKey) -> bool {
+        self.locked().get(key).is_some_and(|t| t.withdrew)
     }
 
     /// The remembered holder, for the election.
@@ -254,6 +273,18 @@ mod tests {
             namespace: "ns".into(),
             name: "l".into(),
         }
+    }
+
+    #[test]
+    fn a_withdrawal_seen_once_is_remembered_with_its_term_only() {
+        let held = Held::default();
+        let t0 = Instant::now();
+        held.assigned(&key(), "a", 3, D, None, t0);
+        assert!(!held.has_withdrawn(&key()));
+        held.withdrew(&key());
+        assert!(held.has_withdrawn(&key()), "after the mark is gone too");
+        held.assigned(&key(), "b", 4, D, None, t0);
+        assert!(!held.has_withdrawn(&key()), "the next term starts afresh");
     }
 
     const D: Duration = Duration::from_secs(15);

@@ -212,12 +212,18 @@ impl Worker {
         // The remembered holder withdrew its candidate, marked with the incarnation that held
         // the term: its agent stopped the work and left (it could not release: the Lease was
         // gone, or no longer named it). That ends the term like a release.
-        let withdrew = held.incarnation(key).is_some_and(|(h, incarnation)| {
+        let withdrew_now = held.incarnation(key).is_some_and(|(h, incarnation)| {
             candidates.iter().any(|c| {
                 c.name_any() == h
                     && crate::api::withdrawn_incarnation(c) == Some(incarnation.as_str())
             })
         });
+        // Remembered with the term: the mark goes when the process restarts (a registration
+        // clears it), which may come before anyone is elected.
+        if withdrew_now {
+            held.withdrew(key);
+        }
+        let withdrew = withdrew_now || held.has_withdrawn(key);
         let previous = held.previous(key, now, stopped).map(|mut p| {
             p.pod_stopped |= withdrew;
             p
