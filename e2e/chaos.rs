@@ -477,7 +477,9 @@ async fn run(kubeconfig: &Path, trials: u64, seed: u64) -> usize {
                     | Fault::DelayHolder
                     | Fault::ClockAhead
                     | Fault::GhostCandidate
-                    | Fault::RepointOwner => Some(false),
+                    | Fault::RepointOwner
+                    | Fault::DeleteLease
+                    | Fault::EditLease => Some(false),
                     _ => None,
                 };
                 if wanted.is_none_or(|w| w == pod_holds) {
