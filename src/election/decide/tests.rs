@@ -1462,7 +1462,8 @@ proptest! {
         rules in rules_strategy(),
     ) {
         let d = decide(&cands, lease.as_ref(), None, now(), &rules);
-        let Some(l) = &lease else { return Ok(()) };
+        // A release counts only on the arbiter's own Lease: on a foreign one it is a claim.
+        let Some(l) = lease.as_ref().filter(|l| !l.foreign) else { return Ok(()) };
         if let (Action::Assign { holder, .. }, None, Some(_)) = (&d.action, &l.holder, &l.released_by) {
             let c = cands.iter().find(|c| &c.name == holder).unwrap();
             let seen = now() - SignedDuration::try_from(l.unchanged_for).unwrap();
