@@ -64,12 +64,6 @@ pub fn lease_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// `leaseDurationSeconds` for a duration checked by [`lease_duration`].
-pub fn lease_seconds(d: Duration) -> i32 {
-    debug_assert_eq!(d.subsec_nanos(), 0, "lease durations are whole seconds");
-    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,7 +77,7 @@ mod tests {
         }
         assert!(positive_duration("0s").is_err());
         assert_eq!(positive_duration("300ms"), Ok(Duration::from_millis(300)));
-        assert_eq!(lease_seconds(Duration::from_secs(10)), 10);
+        assert_eq!(crate::lease::seconds(Duration::from_secs(10)), 10);
     }
 
     #[test]

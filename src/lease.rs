@@ -17,6 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
+use crate::api::{FIELD_MANAGER, written_by_arbiter};
 use crate::tolerant::Tolerant;
 
 /// Label on every Lease the arbiter manages (the operator watches only these).
@@ -27,8 +28,9 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 /// assignment, so that the holder's confirmed death is recognised even after its candidate is
 /// gone).
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
-/// The holding agent's process incarnation (a random id per start).
-pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
+/// The holding agent's process incarnation (defined with the candidates' marks: agents stamp
+/// it on both).
+pub use crate::api::INCARNATION_ANNOTATION;
 /// On a Lease: `HOLDER/TERM`, written by the arbiter with every assignment ([`assignment`]).
 /// An agent takes a term only from a Lease carrying it for its own identity and the Lease's
 /// term (and arbiter's label): a Lease arbiter did not assign (a client-go Lease kept under
@@ -99,9 +101,6 @@ pub fn parse_handover_request(value: &str) -> crate::election::decide::Switchove
 
 /// On a Lease: why the operator refused the last planned switchover.
 pub const HANDOVER_REFUSED_ANNOTATION: &str = "arbiter.dev/handover-refused";
-/// The field manager of every Lease write arbiter makes: a release counts only when arbiter
-/// wrote it (see [`released_by`]).
-pub const FIELD_MANAGER: &str = "arbiter";
 
 /// A write that lost the compare-and-swap, or failed.
 #[derive(Debug, thiserror::Error)]
@@ -257,25 +256,11 @@ pub fn released_by(lease: &Lease) -> Option<&str> {
     written_by_arbiter(&lease.metadata, RELEASED_BY_ANNOTATION).then_some(by)
 }
 
-/// Whether annotation `key` was last written by arbiter (field manager [`FIELD_MANAGER`]), not
-/// by a hand edit (`kubectl edit`, `kubectl annotate`, another tool). Without managed fields (an
-/// API server that does not keep them) nothing was.
-pub fn written_by_arbiter(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    key: &str,
-) -> bool {
-    let key = format!("f:{key}");
-    meta.managed_fields
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .find(|m| {
-            m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key))
-                .is_some()
-        })
-        .is_some_and(|owner| owner.manager.as_deref() == Some(FIELD_MANAGER))
+/// `leaseDurationSeconds` for a duration checked by [`crate::flags::lease_duration`] (whole
+/// seconds).
+pub fn seconds(d: Duration) -> i32 {
+    debug_assert_eq!(d.subsec_nanos(), 0, "lease durations are whole seconds");
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
 }
 
 /// Marks the lease released (holder `""`, fresh renew time), recording who stepped down.

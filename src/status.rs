@@ -185,9 +185,9 @@ fn row(l: &Lease, candidates: &[&LeaseCandidate], now: jiff::Timestamp) -> Lease
         .and_then(|h| candidates.iter().find(|c| c.name_any() == *h));
     let conflict = candidates.iter().any(|c| {
         c.status.as_ref().is_some_and(|s| {
-            crate::operator::status::is_true(
+            crate::api::conditions::is_true(
                 &s.conditions,
-                crate::operator::status::STRATEGY_CONFLICT,
+                crate::api::conditions::STRATEGY_CONFLICT,
             )
         })
     });

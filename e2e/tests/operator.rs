@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use arbiter::api::{LeaseCandidate, OLDEST_EMULATION_VERSION as OEV};
 use arbiter::lease;
-use arbiter::operator::terms;
+use arbiter::operator::term::ledger as terms;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference};

@@ -631,7 +631,8 @@ async fn registered_by_running_container(env: &TestEnv, name: &str) {
             candidate
                 .annotations()
                 .get(arbiter::lease::INCARNATION_ANNOTATION)?;
-            let ended = arbiter::operator::stopped::registered_process_exited(&candidate, &pod);
+            let ended =
+                arbiter::operator::cache::stopped::registered_process_exited(&candidate, &pod);
             let running = pod
                 .status
                 .as_ref()?

@@ -7,10 +7,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, CustomResourceExt, ResourceExt};
 
-use super::LeaseCandidate;
-
-/// The field manager arbiter applies its CRDs with.
-pub const FIELD_MANAGER: &str = "arbiter";
+use super::{FIELD_MANAGER, LeaseCandidate};
 
 /// Applies the CRDs with server-side apply and waits until the API server serves them.
 pub async fn apply_crds(client: Client, timeout: Duration) -> anyhow::Result<()> {

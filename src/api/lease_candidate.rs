@@ -8,9 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-/// The built-in strategy: lowest emulationVersion, then lowest binaryVersion, then oldest
-/// candidate, then name.
-pub const OLDEST_EMULATION_VERSION: &str = "OldestEmulationVersion";
+pub use crate::election::strategy::OLDEST_EMULATION_VERSION;
 
 /// A DNS-1123 subdomain (the rule for Lease names), as a regex inside a CEL string literal.
 const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";

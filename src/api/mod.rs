@@ -1,42 +1,21 @@
 //! The custom resources arbiter serves.
 
+pub mod conditions;
 mod install;
 mod lease_candidate;
+mod marks;
+mod on_depose;
 
-pub use install::{FIELD_MANAGER, apply_crd, apply_crds};
+pub use install::{apply_crd, apply_crds};
+pub use marks::{
+    FIELD_MANAGER, INCARNATION_ANNOTATION, LEASE_DURATION_ANNOTATION, OVERRAN_ANNOTATION,
+    WITHDRAWN_ANNOTATION, withdrawn_incarnation, written_by_arbiter,
+};
+pub use on_depose::OnDepose;
 
 pub use lease_candidate::{
     LeaseCandidate, LeaseCandidateSpec, LeaseCandidateStatus, OLDEST_EMULATION_VERSION,
 };
-
-/// On a candidate: the term whose workload ran past the term's end, because the whole
-/// candidate (agent, guard and workload) was paused. A successor may have run beside it; only a
-/// resource that checks the fencing token was protected. Set by the agent, cleared when a new
-/// process of that identity registers; the operator reports it (condition `DoubleHolder`).
-pub const OVERRAN_ANNOTATION: &str = "arbiter.dev/overran-term";
-
-/// On a candidate: its agent exited (after stopping its workload) and could not delete the
-/// candidate, or kept it to carry [`OVERRAN_ANNOTATION`]. The arbiter never elects it; cleared
-/// when a new process of that identity registers.
-pub const WITHDRAWN_ANNOTATION: &str = "arbiter.dev/withdrawn";
-
-/// The incarnation a candidate says withdrew, if the mark counts: written by arbiter (its
-/// field manager, not a hand edit), and naming the process the candidate currently records
-/// (`arbiter.dev/holder-incarnation`): a late mark from an earlier process, or from a
-/// duplicate of this identity, does not withdraw the process that runs now.
-pub fn withdrawn_incarnation(c: &LeaseCandidate) -> Option<&str> {
-    use kube::ResourceExt;
-    let mark = c.annotations().get(WITHDRAWN_ANNOTATION)?;
-    let current = c.annotations().get(crate::lease::INCARNATION_ANNOTATION)?;
-    (!mark.is_empty()
-        && mark == current
-        && crate::lease::written_by_arbiter(&c.metadata, WITHDRAWN_ANNOTATION))
-    .then_some(mark.as_str())
-}
-
-/// On a candidate: the lease duration its agent writes when it holds the lease, in seconds.
-/// The arbiter waits at least this long for a holder whose Lease was edited by hand.
-pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds";
 
 /// The CustomResourceDefinitions arbiter installs, rendered as one YAML stream (what `arbiter
 /// crd` prints and `crds/` holds).

@@ -70,7 +70,7 @@ async fn renew(
     }
     let spec = l.spec.get_or_insert_with(LeaseSpec::default);
     spec.renew_time = Some(lease::now());
-    spec.lease_duration_seconds = Some(crate::flags::lease_seconds(config.timings.lease_duration));
+    spec.lease_duration_seconds = Some(crate::lease::seconds(config.timings.lease_duration));
     lease::set_annotation(&mut l, INCARNATION_ANNOTATION, Some(incarnation));
     let written = store.replace(&l).await?;
     Ok(Ok(lease::term(&written)))

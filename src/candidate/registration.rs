@@ -457,7 +457,7 @@ pub async fn withdraw(
     // Written as arbiter's field manager: the operator counts only such a mark (a hand edit
     // must not pass for a withdrawal).
     let pp = PatchParams {
-        field_manager: Some(crate::lease::FIELD_MANAGER.into()),
+        field_manager: Some(crate::api::FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
     api.patch(&config.identity, &pp, &Patch::Merge(&patch))

@@ -60,9 +60,9 @@ use jiff::{SignedDuration, Timestamp};
 
 pub use super::heard::Ping;
 use super::oldest_emulation::{self, Ranked};
+use super::strategy::OLDEST_EMULATION_VERSION;
 use super::strategy::{self, Resolution};
 use super::{Version, VersionError};
-use crate::api::OLDEST_EMULATION_VERSION;
 
 /// What the arbiter knows of the pod a candidate belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

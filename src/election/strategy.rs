@@ -9,6 +9,10 @@ use std::collections::BTreeSet;
 
 use super::Version;
 
+/// The built-in strategy: lowest emulationVersion, then lowest binaryVersion, then oldest
+/// candidate, then name.
+pub const OLDEST_EMULATION_VERSION: &str = "OldestEmulationVersion";
+
 /// The outcome of strategy resolution.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resolution {
@@ -59,8 +63,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::OLDEST_EMULATION_VERSION as OEV;
     use super::*;
-    use crate::api::OLDEST_EMULATION_VERSION as OEV;
 
     fn run(cands: &[(&str, &str, &str)]) -> Resolution {
         let parsed: Vec<(&str, Option<Version>, &str)> = cands

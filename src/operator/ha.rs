@@ -263,7 +263,7 @@ impl Elector {
         let now = lease::now();
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(crate::flags::lease_seconds(self.timings.lease_duration)),
+            lease_duration_seconds: Some(crate::lease::seconds(self.timings.lease_duration)),
             lease_transitions: Some(term),
             acquire_time: Some(now.clone()),
             renew_time: Some(now),
@@ -379,8 +379,7 @@ impl Elector {
         let spec = l.spec.get_or_insert_with(LeaseSpec::default);
         spec.renew_time = Some(lease::now());
         // Renewing also restores the duration, should someone have lowered it.
-        spec.lease_duration_seconds =
-            Some(crate::flags::lease_seconds(self.timings.lease_duration));
+        spec.lease_duration_seconds = Some(crate::lease::seconds(self.timings.lease_duration));
         match self.store.replace(&l).await {
             Ok(written) => {
                 self.remember(written);

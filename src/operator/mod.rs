@@ -1,36 +1,18 @@
 //! `arbiter operator`: the arbiter. Elects a holder per lease and hands leases over.
 //!
 //! Every replica keeps its caches warm; one replica acts, chosen through its own Lease
-//! ([`ha`]). The acting replica reconciles leases ([`controller`]); if it cannot renew its own
+//! ([`ha`]). The acting replica reconciles leases ([`reconcile`]); if it cannot renew its own
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
-mod act;
-mod adopt;
-pub mod annotated;
-pub mod controller;
-pub mod declared;
-pub mod depose;
-mod expire;
-mod force;
+pub mod cache;
+pub mod force;
 pub mod ha;
-pub mod held;
-pub mod identity;
-pub mod index;
-pub mod liveness;
 pub mod metrics;
-pub mod pods;
 pub mod queue;
-pub mod records;
+pub mod reconcile;
 pub mod report;
 pub mod single_active;
-pub mod slim;
-pub mod status;
-pub mod stopped;
-pub mod terms;
-mod timers;
-mod view;
-pub mod watch;
-mod written;
+pub mod term;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -105,7 +87,7 @@ pub struct Settings {
     pub candidate_expiry: Duration,
     /// What to do with a deposed holder's pod that keeps running after its term lapsed.
     #[arg(long, value_enum, default_value = "evict")]
-    pub on_depose: depose::OnDepose,
+    pub on_depose: crate::api::OnDepose,
     /// `/livez` fails when one reconcile has run this long (the worker is stuck; every API
     /// request has a timeout, so a healthy reconcile never gets near it).
     #[arg(long, default_value = "5m", value_parser = crate::flags::positive_duration)]
@@ -229,7 +211,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
             idle: metrics.queue_idle.clone(),
         },
     );
-    let (caches, mut watch_errors) = watch::watch_all(
+    let (caches, mut watch_errors) = cache::watch_all(
         client.clone(),
         settings.watch_namespace.as_deref(),
         enqueue,
@@ -282,7 +264,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     };
     metrics.active.set(1);
     tracing::info!(%identity, "acting as the arbiter");
-    let run = controller::run(
+    let run = reconcile::run(
         client.clone(),
         caches,
         queues,

@@ -59,8 +59,9 @@ pub fn worker_of(key: &LeaseKey, workers: usize) -> usize {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.namespace.hash(&mut h);
-    let start = h.finish() % super::terms::SHARDS;
-    ((start + super::terms::shard_index(&key.name)) % workers.max(1) as u64) as usize
+    let start = h.finish() % crate::operator::term::ledger::SHARDS;
+    ((start + crate::operator::term::ledger::shard_index(&key.name)) % workers.max(1) as u64)
+        as usize
 }
 
 /// What the queues report: how long a due lease waits for its worker, and how many wait.
@@ -503,8 +504,8 @@ mod tests {
             // Leases that share a term shard share a worker.
             let twin = keys.iter().find(|o| {
                 o.name != k.name
-                    && super::super::terms::shard_of(&o.name)
-                        == super::super::terms::shard_of(&k.name)
+                    && crate::operator::term::ledger::shard_of(&o.name)
+                        == crate::operator::term::ledger::shard_of(&k.name)
             });
             if let Some(t) = twin {
                 assert_eq!(worker_of(t, 4), w);
@@ -525,13 +526,13 @@ mod tests {
 
     #[test]
     fn a_namespaces_term_shards_are_dealt_evenly_round_the_workers() {
-        let shards = super::super::terms::SHARDS as usize;
+        let shards = crate::operator::term::ledger::SHARDS as usize;
         // One lease per shard, found by name.
         let mut by_shard: HashMap<u64, LeaseKey> = HashMap::new();
         for i in 0.. {
             let k = key(&format!("lease-{i}"));
             by_shard
-                .entry(super::super::terms::shard_index(&k.name))
+                .entry(crate::operator::term::ledger::shard_index(&k.name))
                 .or_insert(k);
             if by_shard.len() == shards {
                 break;

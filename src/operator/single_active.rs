@@ -13,14 +13,14 @@ use kube::api::{Api, ListParams};
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, ResourceExt};
 
-use super::depose::{Target, record_on};
-use super::index::owner_pod;
-use super::queue::LeaseKey;
-use super::report::publish;
-use super::watch::Caches;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, PodState};
 use crate::lease::{self, LeaseStore};
+use crate::operator::cache::Caches;
+use crate::operator::cache::candidate_index::owner_pod;
+use crate::operator::force::targets::{Target, record_on};
+use crate::operator::queue::LeaseKey;
+use crate::operator::report::publish;
 use crate::workloads::sync::{self, managed};
 use crate::workloads::{ACTIVE, ROLE_LABEL, STANDBY, Workload, pod_ready};
 
@@ -248,7 +248,7 @@ impl Plan {
             &name,
             &name,
             &assigned_to,
-            super::depose::restarts(pod),
+            crate::operator::force::targets::restarts(pod),
         ))
     }
 

@@ -19,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReferen
 use kube::core::{Selector, SelectorExt};
 use kube::{Resource, ResourceExt};
 
+use crate::api::OnDepose;
 use crate::election::Version;
-use crate::operator::depose::OnDepose;
 
 pub const SINGLE_ACTIVE_ANNOTATION: &str = "arbiter.dev/single-active";
 pub const LEASE_NAME_ANNOTATION: &str = "arbiter.dev/lease-name";

@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn the_chart_grants_every_shard() {
-        let manifests = include_str!("../../manifests/arbiter.yaml");
+        let manifests = include_str!("../../../manifests/arbiter.yaml");
         for name in shard_names() {
             assert!(
                 manifests.contains(&format!("- \"{name}\"")),

@@ -8,12 +8,7 @@ use crate::api::OLDEST_EMULATION_VERSION;
 use crate::election::decide::{Action, Decision, PodState, Reason, Standing};
 use crate::election::strategy::Resolution;
 
-pub const LEADER: &str = "Leader";
-pub const ELIGIBLE: &str = "Eligible";
-pub const STRATEGY_CONFLICT: &str = "StrategyConflict";
-pub const SKEW_VIOLATION: &str = "SkewViolation";
-pub const DUPLICATE_IDENTITY: &str = "DuplicateIdentity";
-pub const DOUBLE_HOLDER: &str = "DoubleHolder";
+pub use crate::api::conditions::*;
 
 /// What the conditions are computed from, besides the decision.
 pub struct LeaseFacts<'a> {
@@ -281,13 +276,6 @@ pub fn may_wait(lease: Option<&Lease>) -> bool {
 /// (whose holders change without a term: the stale `Leader=True` would tie with the holder's).
 pub fn deposed_may_wait(lease: Option<&Lease>) -> bool {
     lease.is_some_and(|l| crate::lease::strategy(l) == Some(OLDEST_EMULATION_VERSION))
-}
-
-/// Whether `type_` is True in `conditions`.
-pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
-    conditions
-        .iter()
-        .any(|c| c.type_ == type_ && c.status == "True")
 }
 
 #[cfg(test)]

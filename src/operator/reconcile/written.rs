@@ -12,7 +12,7 @@
 //! before is overlooked no longer than that.
 //!
 //! (Pings need none of it: the worker's own pings are recorded as it writes them, see
-//! [`super::liveness`].)
+//! [`crate::operator::cache::liveness`].)
 //!
 //! A Lease this worker wrote ([`LeaseVersion`], compared by `resourceVersion`) stands for the
 //! record it replaced: the next write is a compare-and-swap on the version the API server
@@ -26,7 +26,7 @@
 //! the cache showed it (no Lease either way); writes on it fail until the memory expires.
 //! When the view goes back from a written record to an older one the cache shows (the memory
 //! expired), that record's age counts from no earlier than the worker's first sight of the
-//! lease ([`super::view`]).
+//! lease ([`crate::operator::reconcile::view`]).
 
 use std::borrow::Borrow;
 use std::collections::HashMap;

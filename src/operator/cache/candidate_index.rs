@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::queue::LeaseKey;
 use crate::api::LeaseCandidate;
+use crate::operator::queue::LeaseKey;
 
 /// Something the watch keeps per candidate, by (namespace, name), shared with the workers.
 pub struct PerCandidate<T>(Arc<Mutex<HashMap<(String, String), T>>>);

@@ -116,7 +116,7 @@ mod tests {
     }
 
     fn slim(mut p: Pod) -> Pod {
-        super::super::slim::keep_what_is_read(&mut p);
+        crate::operator::cache::slim::keep_what_is_read(&mut p);
         p
     }
 

@@ -15,20 +15,20 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::controller::{CONCURRENT_WRITES, Worker};
-use super::depose::{self, RESTARTS_ANNOTATION};
-use super::index::owner_pod;
-use super::queue::LeaseKey;
-use super::report::publish;
-use super::written::LeaseVersion;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
 use crate::lease::{self, CasError, HOLDER_POD_ANNOTATION, LeaseStore, MANAGED_LABEL};
+use crate::operator::cache::candidate_index::owner_pod;
+use crate::operator::force::targets::{self, RESTARTS_ANNOTATION};
+use crate::operator::queue::LeaseKey;
+use crate::operator::reconcile::written::LeaseVersion;
+use crate::operator::reconcile::{CONCURRENT_WRITES, Worker};
+use crate::operator::report::publish;
 
 impl Worker {
     /// The Lease as this worker last wrote it while its cache has not caught up with that
-    /// write; else the cache's ([`super::written`]).
-    pub(super) fn newest_lease(&mut self, key: &LeaseKey) -> Option<Arc<Lease>> {
+    /// write; else the cache's ([`crate::operator::reconcile::written`]).
+    pub(in crate::operator) fn newest_lease(&mut self, key: &LeaseKey) -> Option<Arc<Lease>> {
         let cached = self.cached_lease(key);
         let version = cached
             .as_ref()
@@ -52,9 +52,9 @@ impl Worker {
     /// Records a Lease this worker wrote. (Against the cache as it is now: a compare-and-swap
     /// that succeeded was based on the newest version, so the cache shows it, an earlier
     /// one, or already this write.)
-    pub(super) fn wrote_lease(&mut self, key: &LeaseKey, mut wrote: Lease) {
+    pub(in crate::operator) fn wrote_lease(&mut self, key: &LeaseKey, mut wrote: Lease) {
         // As the cache keeps it.
-        super::slim::keep_annotation_owners(&mut wrote.metadata);
+        crate::operator::cache::slim::keep_annotation_owners(&mut wrote.metadata);
         let cached = LeaseVersion::of(self.cached_lease(key));
         self.leases.record(
             &key.to_string(),
@@ -65,18 +65,18 @@ impl Worker {
     }
 
     /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
-    pub(super) async fn act(
+    pub(in crate::operator) async fn act(
         &mut self,
         key: &LeaseKey,
         lease: Option<&Lease>,
         candidates: &[Arc<LeaseCandidate>],
         decision: &Decision,
         owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
-        deposed: Option<&depose::Target>,
+        deposed: Option<&targets::Target>,
     ) -> anyhow::Result<Option<Lease>> {
         let client = &self.client;
         let store = LeaseStore::new(client.clone(), &key.namespace);
-        let duration = crate::flags::lease_seconds(self.settings.lease_duration);
+        let duration = crate::lease::seconds(self.settings.lease_duration);
         // The new holder's pod: its restarts (to recognise a lapsed holder that never exited)
         // and its uid (to recognise its death even after its candidate is gone).
         // A holder whose pod left the cache since the decision is not assigned: a term recorded
@@ -92,10 +92,10 @@ impl Worker {
             };
             match self.pod_of(c) {
                 Some(p)
-                    if super::declared::declares_holder(&p, &key.name, holder)
+                    if crate::operator::force::declared::declares_holder(&p, &key.name, holder)
                         || self.caches.workloads.selecting(&p).contains(key) =>
                 {
-                    Ok(Some((depose::restarts(&p), p.uid().unwrap_or_default())))
+                    Ok(Some((targets::restarts(&p), p.uid().unwrap_or_default())))
                 }
                 Some(p) => {
                     tracing::debug!(lease = %key, %holder, pod = %p.name_any(), "the candidate's pod does not declare it: its term is recorded without a pod");
@@ -125,9 +125,9 @@ impl Worker {
                     // in the cache: their first terms are reserved by the same mark write.
                     let (index, leases) = (&self.caches.by_lease, &self.caches.leases);
                     let new_leases = || {
-                        let shard = super::terms::shard_index(&key.name);
+                        let shard = crate::operator::term::ledger::shard_index(&key.name);
                         index.leases_in(&key.namespace, |name| {
-                            super::terms::shard_index(name) == shard
+                            crate::operator::term::ledger::shard_index(name) == shard
                                 && leases
                                     .get(&ObjectRef::new(name).within(&key.namespace))
                                     .is_none()
@@ -166,7 +166,7 @@ impl Worker {
                 // pending for the new holder (a pod given the term again is not forced out).
                 let holder_uid = pod.as_ref().map(|(_, uid)| uid.clone());
                 let mut l = current.clone();
-                depose::record_on(&mut l, deposed, |t| Some(&t.uid) == holder_uid.as_ref());
+                targets::record_on(&mut l, deposed, |t| Some(&t.uid) == holder_uid.as_ref());
                 assign(&mut l, holder, term, duration, pod);
                 // A Lease arbiter did not make is taken over by this same write.
                 let adopting = !lease::managed(current);
@@ -264,7 +264,7 @@ impl Worker {
     /// target did not take it (it stopped answering, withdrew, or is no longer the best). The
     /// arbiter falls back to the best live candidate; this says so (Event `HandoverAbandoned`,
     /// counter `arbiter_handovers_abandoned_total`).
-    pub(super) async fn report_abandoned_handover(
+    pub(in crate::operator) async fn report_abandoned_handover(
         &self,
         key: &LeaseKey,
         old: &Lease,

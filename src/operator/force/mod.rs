@@ -3,6 +3,9 @@
 //! pending (a PodDisruptionBudget refused the eviction) are carried on, whichever replica
 //! leads: they are recorded on the Lease.
 
+pub mod declared;
+pub mod targets;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,16 +14,17 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::controller::Worker;
-use super::depose::{self, OnDepose, PENDING_ANNOTATION, RESTARTS_ANNOTATION, Target};
-use super::index::owner_pod;
-use super::metrics::MethodLabels;
-use super::queue::LeaseKey;
-use super::report::publish;
-use super::single_active::{self, Plan};
+use self::targets::{PENDING_ANNOTATION, RESTARTS_ANNOTATION, Target};
 use crate::api::LeaseCandidate;
+use crate::api::OnDepose;
 use crate::election::decide::{Action, Decision};
 use crate::lease::{self, HOLDER_POD_ANNOTATION, LeaseStore};
+use crate::operator::cache::candidate_index::owner_pod;
+use crate::operator::metrics::MethodLabels;
+use crate::operator::queue::LeaseKey;
+use crate::operator::reconcile::Worker;
+use crate::operator::report::publish;
+use crate::operator::single_active::{self, Plan};
 
 /// The pods `lease`'s holder may run in (none when nobody holds it): the one recorded when its
 /// term was assigned, and the one its candidate names now. Never forced out.
@@ -42,7 +46,7 @@ impl Worker {
     /// The pod of an ordinary lease's lapsed holder that kept running with the same
     /// containers (the pod its term was assigned in), to force out once `decision` deposes it:
     /// recorded by the write that deposes it.
-    pub(super) fn lapsed_target(
+    pub(in crate::operator) fn lapsed_target(
         &self,
         key: &LeaseKey,
         lease: Option<&Lease>,
@@ -63,7 +67,7 @@ impl Worker {
         let uid = pod.uid().unwrap_or_default();
         // The pod its term was assigned in: as this process recorded it, else as arbiter wrote
         // it on the Lease (a hand-written uid or count is no record).
-        let by_arbiter = |a: &str| lease::written_by_arbiter(&old.metadata, a);
+        let by_arbiter = |a: &str| crate::api::written_by_arbiter(&old.metadata, a);
         let assigned_in = match self.caches.held.term_of(key, h) {
             Some((_, pod)) => pod,
             None => old
@@ -77,21 +81,21 @@ impl Worker {
             .get(RESTARTS_ANNOTATION)
             .filter(|_| by_arbiter(RESTARTS_ANNOTATION))
             .and_then(|v| v.parse::<i64>().ok());
-        tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = depose::restarts(&pod), "lapsed holder's pod still exists");
+        tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = targets::restarts(&pod), "lapsed holder's pod still exists");
         // The pod the term was assigned in (as recorded then: a term assigned without a pod
         // has none to force out), with the same containers, and not all of them reported
         // ended (one in crash-loop back-off after its process exited runs nothing). Whether
         // the pod declares the lease is checked before anything is done to it.
         (assigned_in.is_some_and(|a| a == uid)
-            && recorded == Some(depose::restarts(&pod))
-            && !super::stopped::nothing_runs(&pod))
-        .then(|| Target::new(h, &pod.name_any(), &uid, depose::restarts(&pod)))
+            && recorded == Some(targets::restarts(&pod))
+            && !crate::operator::cache::stopped::nothing_runs(&pod))
+        .then(|| Target::new(h, &pod.name_any(), &uid, targets::restarts(&pod)))
     }
 
     /// Forces out what was deposed and carries on pending forced exits (recorded on the Lease,
     /// by this or another replica), never the pod of the lease's holder as the API server has
     /// it now. Returns when to try again, if one is still pending.
-    pub(super) async fn force_out(
+    pub(in crate::operator) async fn force_out(
         &mut self,
         key: &LeaseKey,
         candidates: &[Arc<LeaseCandidate>],
@@ -107,7 +111,7 @@ impl Worker {
         // this lease's candidates or workload.
         let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
         let trusted =
-            latest.is_some_and(|l| lease::written_by_arbiter(&l.metadata, PENDING_ANNOTATION));
+            latest.is_some_and(|l| crate::api::written_by_arbiter(&l.metadata, PENDING_ANNOTATION));
         let workload_pods: HashSet<String> = plan
             .into_iter()
             .flat_map(|p| p.pods.iter().filter_map(|pod| pod.uid()))
@@ -167,7 +171,7 @@ impl Worker {
             // workload's (never one a candidate's writer named).
             let lease_name = key.name.clone();
             let may_force = |pod: &k8s_openapi::api::core::v1::Pod| {
-                super::declared::declares(pod, &lease_name)
+                crate::operator::force::declared::declares(pod, &lease_name)
                     || pod.uid().is_some_and(|u| workload_pods.contains(&u))
             };
             self.deposer
@@ -180,7 +184,10 @@ impl Worker {
                 )
                 .await
         } else {
-            (Vec::new(), Some(super::controller::RETRY_FAILED_WRITE))
+            (
+                Vec::new(),
+                Some(crate::operator::reconcile::RETRY_FAILED_WRITE),
+            )
         };
         // Record what is still pending on the Lease, for whichever replica leads next.
         let pending = self.deposer.recorded(key);
@@ -200,14 +207,14 @@ impl Worker {
                 Ok(w) => self.wrote_lease(key, w),
                 Err(e) => {
                     tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
-                    let soon = super::controller::RETRY_FAILED_WRITE;
+                    let soon = crate::operator::reconcile::RETRY_FAILED_WRITE;
                     retry = Some(retry.unwrap_or(soon).min(soon));
                 }
             }
         }
         for (target, outcome) in outcomes {
             tracing::info!(lease = %key, pod = %target.pod, outcome = ?outcome, "forced exit");
-            if let depose::Outcome::Forced(policy) = &outcome {
+            if let targets::Outcome::Forced(policy) = &outcome {
                 self.metrics
                     .forced_depositions
                     .get_or_create(&MethodLabels {

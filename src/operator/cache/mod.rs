@@ -1,8 +1,17 @@
 //! The operator's caches and the watches that fill them: LeaseCandidates, the Leases it manages
 //! (label `arbiter.dev/managed`), the pods it follows (only candidates' and single-active
-//! workloads' pods, kept slim: [`super::pods`], [`super::slim`]), and annotated Deployments and
+//! workloads' pods, kept slim: [`crate::operator::cache::pods`], [`crate::operator::cache::slim`]), and annotated Deployments and
 //! StatefulSets. Every change enqueues the leases it may affect. Every replica keeps these
 //! warm, leader or not.
+
+pub mod candidate_index;
+pub mod incarnations;
+pub mod lease_records;
+pub mod liveness;
+pub mod pods;
+pub mod slim;
+pub mod stopped;
+pub mod workloads;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -17,18 +26,18 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
-use super::annotated::AnnotatedWorkloads;
-use super::held::Held;
-use super::identity::IncarnationLog;
-use super::index::{CandidateIndex, key_of, owner_pod};
-use super::liveness::Liveness;
-use super::pods::{FollowedPods, fetch_loop, has_role};
-use super::queue::{Enqueue, LeaseKey};
-use super::records::Records;
-use super::stopped::StoppedPods;
 use crate::api::LeaseCandidate;
 use crate::election::decide::PodState;
 use crate::lease::MANAGED_LABEL;
+use crate::operator::cache::candidate_index::{CandidateIndex, key_of, owner_pod};
+use crate::operator::cache::incarnations::IncarnationLog;
+use crate::operator::cache::lease_records::Records;
+use crate::operator::cache::liveness::Liveness;
+use crate::operator::cache::pods::{FollowedPods, fetch_loop, has_role};
+use crate::operator::cache::stopped::StoppedPods;
+use crate::operator::cache::workloads::AnnotatedWorkloads;
+use crate::operator::queue::{Enqueue, LeaseKey};
+use crate::operator::term::held::Held;
 use crate::workloads::{Workload, WorkloadError};
 
 /// The caches every replica keeps warm, leader or not.
@@ -164,7 +173,7 @@ pub fn watch_all(
         watcher::Config::default(),
     )
     .backoff(crate::client::reconnect_backoff())
-    .modify(|c| super::slim::keep_annotation_owners(&mut c.metadata))
+    .modify(|c| crate::operator::cache::slim::keep_annotation_owners(&mut c.metadata))
     .reflect(cw)
     .map(move |ev| {
         let ev = ev?;
@@ -225,7 +234,7 @@ pub fn watch_all(
     let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
     let lease_events = crate::tolerant::watch::<Lease>(client.clone(), namespace, managed)
         .backoff(crate::client::reconnect_backoff())
-        .modify(|l| super::slim::keep_annotation_owners(&mut l.metadata))
+        .modify(|l| crate::operator::cache::slim::keep_annotation_owners(&mut l.metadata))
         .reflect(lw)
         .map(move |ev| {
             let ev = ev?;
@@ -383,7 +392,7 @@ fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
 }
 
 /// The arbiter's view of a candidate's pod.
-pub(super) fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
+pub(in crate::operator) fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
     let Some((name, uid)) = owner_pod(c) else {
         return PodState::NoPod;
     };
@@ -392,9 +401,11 @@ pub(super) fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
         Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             match phase {
-                _ if super::stopped::terminal(&pod) => PodState::Stopped,
+                _ if crate::operator::cache::stopped::terminal(&pod) => PodState::Stopped,
                 _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
-                Some("Running") if super::stopped::registered_process_exited(c, &pod) => {
+                Some("Running")
+                    if crate::operator::cache::stopped::registered_process_exited(c, &pod) =>
+                {
                     PodState::ProcessExited
                 }
                 Some("Running") => PodState::Running,

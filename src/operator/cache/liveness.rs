@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
-use super::index::PerCandidate;
 use crate::api::LeaseCandidate;
 use crate::election::heard::{Heard, Judged, Version};
 use crate::lease::INCARNATION_ANNOTATION;
+use crate::operator::cache::candidate_index::PerCandidate;
 
 /// What was heard from every candidate, by (namespace, name), with its uid and the process
 /// incarnation last seen on it.

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::election::decide::Previous;
 
-use super::queue::LeaseKey;
+use crate::operator::queue::LeaseKey;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Term {

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodSt
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
 
 /// Keeps of `meta`'s managed fields only who owns which annotation: what
-/// [`crate::lease::written_by_arbiter`] reads (a release, a withdrawal, an incarnation counts
+/// [`crate::api::written_by_arbiter`] reads (a release, a withdrawal, an incarnation counts
 /// only as arbiter wrote it). Every other field's owner, the operation, the time and the API
 /// version are dropped: on a LeaseCandidate or a Lease they were most of the cached size.
 /// (Never sent back: [`crate::lease::LeaseStore::replace`] leaves managed fields out.)
@@ -42,10 +42,10 @@ pub fn keep_annotation_owners(meta: &mut ObjectMeta) {
 }
 
 /// Drops from `pod` everything the operator does not read. What its containers' command
-/// lines declare is noted first ([`super::declared::note`]: the only annotations kept, written
+/// lines declare is noted first ([`crate::operator::force::declared::note`]: the only annotations kept, written
 /// here and never taken from the pod).
 pub fn keep_what_is_read(pod: &mut Pod) {
-    super::declared::note(pod);
+    crate::operator::force::declared::note(pod);
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     if let Some(spec) = pod.spec.take() {
@@ -134,10 +134,10 @@ mod tests {
         let full = full_pod();
         let mut slim = full.clone();
         keep_what_is_read(&mut slim);
-        use crate::operator::stopped;
+        use crate::operator::cache::stopped;
         assert_eq!(stopped::terminal(&slim), stopped::terminal(&full));
         assert!(stopped::incarnation_ended(&slim, "a1"));
-        assert_eq!(crate::operator::depose::restarts(&slim), 1);
+        assert_eq!(crate::operator::force::targets::restarts(&slim), 1);
         assert!(crate::workloads::pod_ready(&slim));
         assert_eq!(
             crate::workloads::pod_version(&slim),
@@ -177,7 +177,8 @@ mod tests {
 
     #[test]
     fn annotation_owners_are_all_that_is_kept_of_managed_fields() {
-        use crate::lease::{RELEASED_BY_ANNOTATION, written_by_arbiter};
+        use crate::api::written_by_arbiter;
+        use crate::lease::RELEASED_BY_ANNOTATION;
         let mut meta: ObjectMeta = serde_json::from_value(serde_json::json!({
             "name": "l",
             "managedFields": [

@@ -8,16 +8,16 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use super::controller::{Worker, declared_duration};
-use super::held;
-use super::queue::LeaseKey;
-use super::records;
 use crate::api::LeaseCandidate;
 use crate::election::decide;
 use crate::lease::{self, HOLDER_POD_ANNOTATION, INCARNATION_ANNOTATION};
+use crate::operator::cache::lease_records;
+use crate::operator::queue::LeaseKey;
+use crate::operator::reconcile::{Worker, declared_duration};
+use crate::operator::term::held;
 
 /// A Lease record as this process first saw it.
-pub(super) struct Seen {
+pub(in crate::operator) struct Seen {
     fingerprint: String,
     since: Instant,
     holder: Option<String>,
@@ -75,7 +75,7 @@ impl Seen {
             // A record the watch has not stamped yet (the cache is a step ahead of it, or the
             // worker's own write) is as old as this sight of it. Never older than the first
             // sight: the view may go back from the worker's own write to a record the cache
-            // still shows ([`super::written`]), delivered before this process led.
+            // still shows ([`crate::operator::reconcile::written`]), delivered before this process led.
             let since = delivered.unwrap_or(now).max(self.first);
             let (term, term_since) = if self.term == key {
                 (key, self.term_since)
@@ -101,7 +101,7 @@ impl Seen {
 }
 
 /// The lease as the election sees it.
-pub(super) struct View {
+pub(in crate::operator) struct View {
     /// The Lease's view (`None`: there is no Lease).
     pub lease: Option<decide::Lease>,
     /// The term remembered while the Lease is gone or names nobody.
@@ -115,12 +115,12 @@ pub(super) struct View {
 
 impl Worker {
     /// How long the Lease record has been unchanged, on this process's monotonic clock (since
-    /// the watch delivered it: [`super::records`]), and the holder it had before if it just
+    /// the watch delivered it: [`crate::operator::cache::lease_records`]), and the holder it had before if it just
     /// released.
     /// Also how long this process has known the Lease's current term (its holder and
     /// `leaseTransitions`): a lower bound of the term's age, on this process's clock.
     fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>, Duration) {
-        let fingerprint = records::fingerprint(lease);
+        let fingerprint = lease_records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
         let delivered = self.caches.records.since(key, &fingerprint);
         let seen = self.seen.entry(key.clone()).or_insert_with(Seen::first);
@@ -144,7 +144,7 @@ impl Worker {
 
     /// Builds the view of `key`'s lease, and marks in `inputs` a holder candidate whose process
     /// ended (not elected again until a new process of it registers).
-    pub(super) fn view(
+    pub(in crate::operator) fn view(
         &mut self,
         key: &LeaseKey,
         lease: Option<&Lease>,
@@ -181,7 +181,7 @@ impl Worker {
                 .annotations()
                 .get(HOLDER_POD_ANNOTATION)
                 .map(String::as_str)
-                .filter(|_| lease::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION)),
+                .filter(|_| crate::api::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION)),
             released_by: lease::released_by(l),
             // Only as an agent wrote it (arbiter's field manager), not a hand edit.
             incarnation: l
@@ -189,7 +189,8 @@ impl Worker {
                 .get(INCARNATION_ANNOTATION)
                 .map(String::as_str)
                 .filter(|i| {
-                    !i.is_empty() && lease::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
+                    !i.is_empty()
+                        && crate::api::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
                 }),
             term: lease::term(l),
         });
@@ -239,7 +240,7 @@ impl Worker {
                 let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
                 (h == holder
                     && pod.uid() == recorded
-                    && super::stopped::incarnation_ended(&pod, &incarnation))
+                    && crate::operator::cache::stopped::incarnation_ended(&pod, &incarnation))
                 .then_some(incarnation)
             });
         let process_ended = ended.is_some();
@@ -333,7 +334,7 @@ impl Worker {
 /// The candidate the arbiter last reported `Leader=True`: of several (a deposed holder's
 /// `Leader=False` may wait while the worker is busy, see `status::deposed_can_wait`), the one
 /// whose condition names the highest term; of equal terms, the first.
-pub(super) fn last_reported_leader(
+pub(in crate::operator) fn last_reported_leader(
     candidates: &[Arc<LeaseCandidate>],
 ) -> Option<&Arc<LeaseCandidate>> {
     candidates
@@ -341,7 +342,10 @@ pub(super) fn last_reported_leader(
         .rev()
         .filter_map(|c| {
             let conditions = c.status.as_ref().map(|s| s.conditions.as_slice())?;
-            Some((super::status::leader_term(conditions)?, c))
+            Some((
+                crate::operator::report::conditions::leader_term(conditions)?,
+                c,
+            ))
         })
         .max_by_key(|(term, _)| *term)
         .map(|(_, c)| c)
@@ -351,7 +355,7 @@ pub(super) fn last_reported_leader(
 /// after the holder's expiry, or after a wait. A holder whose lease has expired and whom
 /// nothing replaced (nobody can be elected, or the lease is another strategy's) is looked at
 /// again every second, not in a loop: what could change that arrives as an event.
-pub(super) fn look_again(
+pub(in crate::operator) fn look_again(
     action: &decide::Action,
     lease: Option<&decide::Lease>,
 ) -> Option<Duration> {

@@ -15,15 +15,19 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use super::controller::Worker;
-use super::index::owner_pod;
-use super::queue::LeaseKey;
 use crate::api::LeaseCandidate;
+use crate::operator::cache::candidate_index::owner_pod;
+use crate::operator::queue::LeaseKey;
+use crate::operator::reconcile::Worker;
 
 /// How long until `c` is to be deleted, as of `now` (zero: it is due): `expiry` after its last
 /// renewal, else after its creation. `None` when a pod owns it (it goes with the pod) or it
 /// carries no time at all.
-pub(super) fn expires_in(c: &LeaseCandidate, now: Timestamp, expiry: Duration) -> Option<Duration> {
+pub(in crate::operator) fn expires_in(
+    c: &LeaseCandidate,
+    now: Timestamp,
+    expiry: Duration,
+) -> Option<Duration> {
     if owner_pod(c).is_some() {
         return None;
     }
@@ -41,7 +45,7 @@ impl Worker {
     /// Deletes `candidates` that are due ([`expires_in`] zero; only the version judged), and
     /// drops them from it. Returns when the next of those kept is due (a second after), so the
     /// lease is looked at again then even if nothing else changes.
-    pub(super) async fn expire_candidates(
+    pub(in crate::operator) async fn expire_candidates(
         &self,
         key: &LeaseKey,
         candidates: &mut Vec<Arc<LeaseCandidate>>,

@@ -25,15 +25,18 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
-use super::controller::Worker;
-use super::queue::LeaseKey;
-use super::report::publish;
 use crate::lease::{self, ASSIGNED_ANNOTATION, LeaseStore, MANAGED_LABEL};
+use crate::operator::queue::LeaseKey;
+use crate::operator::reconcile::Worker;
+use crate::operator::report::publish;
 
 impl Worker {
     /// A create of `key`'s Lease conflicted: whether the Lease there is someone else's (then
     /// remembered, and reported once).
-    pub(super) async fn found_foreign(&mut self, key: &LeaseKey) -> anyhow::Result<bool> {
+    pub(in crate::operator) async fn found_foreign(
+        &mut self,
+        key: &LeaseKey,
+    ) -> anyhow::Result<bool> {
         let store = LeaseStore::new(self.client.clone(), &key.namespace);
         let Some(existing) = store.get(&key.name).await? else {
             return Ok(false);
@@ -61,7 +64,7 @@ impl Worker {
 
     /// `key`'s Lease as the API server has it, if it was found to be someone else's: `None`
     /// once it is gone (a create follows). One of arbiter's that lost its label is relabelled.
-    pub(super) async fn foreign_lease(
+    pub(in crate::operator) async fn foreign_lease(
         &mut self,
         key: &LeaseKey,
     ) -> anyhow::Result<Option<Arc<Lease>>> {
@@ -79,7 +82,7 @@ impl Worker {
             return Ok(Some(Arc::new(current)));
         }
         let ours = lease::assigned_by_arbiter_unlabelled(&current)
-            && lease::written_by_arbiter(&current.metadata, ASSIGNED_ANNOTATION);
+            && crate::api::written_by_arbiter(&current.metadata, ASSIGNED_ANNOTATION);
         if !ours {
             return Ok(Some(Arc::new(current)));
         }
@@ -106,7 +109,7 @@ impl Worker {
     }
 
     /// Reports the takeover of `before` (someone else's) by the write `after`.
-    pub(super) fn adopted(&mut self, key: &LeaseKey, before: &Lease, after: &Lease) {
+    pub(in crate::operator) fn adopted(&mut self, key: &LeaseKey, before: &Lease, after: &Lease) {
         self.foreign.remove(key);
         let note = format!(
             "took over Lease {} (not made by arbiter; holder {} at term {}): {} holds term {}",

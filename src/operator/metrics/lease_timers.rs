@@ -7,14 +7,14 @@ use crate::election::decide::Action;
 
 /// One lease's running timers.
 #[derive(Default)]
-pub(super) struct Timers {
+pub(in crate::operator) struct Timers {
     leaderless_since: Option<Instant>,
     handover_requested: Option<Instant>,
 }
 
 /// What a reconcile ended, to add to the metrics.
 #[derive(Debug, Default, PartialEq)]
-pub(super) struct Ended {
+pub(in crate::operator) struct Ended {
     /// A handover requested this long ago is done (the new holder was assigned).
     pub handover: Option<Duration>,
     /// The lease was judged leaderless for this long: until a holder was assigned, or until it

@@ -15,7 +15,7 @@
 //! Every eviction or deletion carries the pod's uid as a precondition: a new pod with the same
 //! name (a StatefulSet's replacement) is never hit.
 //!
-//! **Only a pod that says so itself is forced out** ([`super::declared`]): its own spec runs
+//! **Only a pod that says so itself is forced out** ([`crate::operator::force::declared`]): its own spec runs
 //! `arbiter run --lease NAME` (or `--lease=NAME`) in a container, or it carries the label
 //! `arbiter.dev/lease: NAME`, set by whoever created the pod; or the operator selects it as a
 //! pod of an annotated single-active workload. A candidate's `ownerReferences` and the Lease's
@@ -33,32 +33,13 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 
-use super::queue::LeaseKey;
+use crate::operator::queue::LeaseKey;
 
 pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
 /// The forced exits still pending for a lease: `candidate/pod/uid/restarts`, comma-separated.
 pub const PENDING_ANNOTATION: &str = "arbiter.dev/pending-forced-exits";
 
-/// What to do with a deposed holder's pod that is still running.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnDepose {
-    /// Evict it (honours PodDisruptionBudgets; retried while a PDB refuses).
-    Evict,
-    /// Delete it (ignores PodDisruptionBudgets).
-    Delete,
-    /// Only report it (Event `DeposedStillRunning`).
-    None,
-}
-
-impl OnDepose {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnDepose::Evict => "evict",
-            OnDepose::Delete => "delete",
-            OnDepose::None => "none",
-        }
-    }
-}
+use crate::api::OnDepose;
 
 /// Total container restarts of a pod.
 pub fn restarts(pod: &Pod) -> i64 {
@@ -103,7 +84,7 @@ pub enum Outcome {
     Reported,
     Blocked(String),
     Failed(String),
-    /// The pod does not declare the lease ([`super::declared`]): never forced out for it.
+    /// The pod does not declare the lease ([`crate::operator::force::declared`]): never forced out for it.
     Refused,
 }
 
@@ -199,7 +180,7 @@ impl Deposer {
                 // from annotations it came with.
                 None => match pods.get_opt(&t.pod).await {
                     Ok(p) => p.map(|mut p| {
-                        super::slim::keep_what_is_read(&mut p);
+                        crate::operator::cache::slim::keep_what_is_read(&mut p);
                         p
                     }),
                     Err(e) => {
@@ -347,7 +328,7 @@ pub fn record_on(lease: &mut Lease, deposed: Option<&Target>, spare: impl Fn(&Ta
     let recorded = lease
         .annotations()
         .get(PENDING_ANNOTATION)
-        .filter(|_| crate::lease::written_by_arbiter(&lease.metadata, PENDING_ANNOTATION))
+        .filter(|_| crate::api::written_by_arbiter(&lease.metadata, PENDING_ANNOTATION))
         .cloned();
     let pending = recorded_with(recorded.as_deref(), deposed, spare);
     crate::lease::set_annotation(lease, PENDING_ANNOTATION, pending.as_deref());
@@ -409,7 +390,7 @@ impl Outcome {
                 format!(
                     "pod {} was not forced out: it does not declare this lease (arbiter run --lease in its spec, or the label {}), and is no pod of its single-active workload",
                     t.pod,
-                    super::declared::LEASE_LABEL
+                    crate::operator::force::declared::LEASE_LABEL
                 ),
             )),
         }
@@ -486,17 +467,21 @@ mod tests {
                 .collect::<Vec<_>>()}}))
             .unwrap()
         };
-        assert!(super::super::stopped::nothing_runs(&pod(&["waiting"])));
-        assert!(super::super::stopped::nothing_runs(&pod(&[
+        assert!(crate::operator::cache::stopped::nothing_runs(&pod(&[
+            "waiting"
+        ])));
+        assert!(crate::operator::cache::stopped::nothing_runs(&pod(&[
             "terminated",
             "waiting"
         ])));
-        assert!(!super::super::stopped::nothing_runs(&pod(&["running"])));
-        assert!(!super::super::stopped::nothing_runs(&pod(&[
+        assert!(!crate::operator::cache::stopped::nothing_runs(&pod(&[
+            "running"
+        ])));
+        assert!(!crate::operator::cache::stopped::nothing_runs(&pod(&[
             "waiting", "running"
         ])));
         // No statuses reported: nothing is known, so it may run.
-        assert!(!super::super::stopped::nothing_runs(&pod(&[])));
+        assert!(!crate::operator::cache::stopped::nothing_runs(&pod(&[])));
     }
 
     #[tokio::test]
@@ -556,7 +541,7 @@ mod tests {
     #[tokio::test]
     async fn a_pod_that_does_not_declare_the_lease_is_refused_and_left_alone() {
         let (d, outcomes, retry, seen) =
-            attempt_one(200, |p| super::super::declared::declares(p, "l")).await;
+            attempt_one(200, |p| crate::operator::force::declared::declares(p, "l")).await;
         assert!(matches!(outcomes[0].1, Outcome::Refused), "{outcomes:?}");
         assert_eq!(retry, None, "not tried again");
         assert!(seen.lock().unwrap().is_empty(), "nothing sent");
@@ -597,7 +582,7 @@ mod tests {
         );
         let mut ours = Lease::default();
         crate::lease::set_annotation(&mut ours, PENDING_ANNOTATION, Some("x/old/uid-o/1"));
-        ours.metadata.managed_fields = Some(vec![owned_by(crate::lease::FIELD_MANAGER)]);
+        ours.metadata.managed_fields = Some(vec![owned_by(crate::api::FIELD_MANAGER)]);
         record_on(&mut ours, Some(&deposed), |_| false);
         assert_eq!(
             ours.annotations()

@@ -1,10 +1,16 @@
 //! The arbiter's controller: the per-lease reconcile, and carrying out decisions.
 //!
-//! The caches and watches are in [`super::watch`], reporting in [`super::report`]. Every change
+//! The caches and watches are in [`crate::operator::cache`], reporting in [`crate::operator::report`]. Every change
 //! enqueues the affected `(namespace, leaseName)`; each worker reconciles its keys one at a
 //! time: build the pure inputs, call
 //! [`election::decide::decide`], carry out the one action it returns (every Lease write a
 //! compare-and-swap), update candidates' conditions, emit Events.
+
+mod adopt;
+mod expire;
+mod view;
+mod write;
+pub mod written;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,29 +21,29 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 
-use super::Settings;
-use super::depose::Deposer;
-use super::index::owner_pod;
-use super::metrics::{LeaseLabels, Metrics};
-use super::queue::{LeaseKey, Queue};
-use super::report::{MayWait, publish, report};
-use super::single_active::{self, Prepared};
-use super::status;
-use super::terms::TermLedger;
-use super::timers::Timers;
-use super::view::{Seen, View};
-use super::watch::{Caches, pod_state};
-use super::written::{LeaseVersion, Written};
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action};
 use crate::lease::{self, HOLDER_POD_ANNOTATION};
+use crate::operator::Settings;
+use crate::operator::cache::candidate_index::owner_pod;
+use crate::operator::cache::{Caches, pod_state};
+use crate::operator::force::targets::Deposer;
+use crate::operator::metrics::lease_timers::Timers;
+use crate::operator::metrics::{LeaseLabels, Metrics};
+use crate::operator::queue::{LeaseKey, Queue};
+use crate::operator::reconcile::view::{Seen, View};
+use crate::operator::reconcile::written::{LeaseVersion, Written};
+use crate::operator::report::conditions;
+use crate::operator::report::{MayWait, publish, report};
+use crate::operator::single_active::{self, Prepared};
+use crate::operator::term::ledger::TermLedger;
 
 /// How many independent writes for one lease (pings) are in flight at once.
-pub(super) const CONCURRENT_WRITES: usize = 8;
+pub(in crate::operator) const CONCURRENT_WRITES: usize = 8;
 
 /// When a lease whose report (a candidate's status, the pending forced exits) could not be
 /// written is looked at again.
-pub(super) const RETRY_FAILED_WRITE: Duration = Duration::from_secs(2);
+pub(in crate::operator) const RETRY_FAILED_WRITE: Duration = Duration::from_secs(2);
 
 /// The leader's reconcile workers, one per queue (`--concurrency`): each owns the leases its
 /// queue routes to it, and the memory of them, so a lease is never reconciled twice at once.
@@ -118,30 +124,30 @@ impl Reconciled {
 }
 
 /// What one reconcile needs, and what the worker remembers between reconciles.
-pub(super) struct Worker {
-    pub(super) client: Client,
-    pub(super) caches: Caches,
-    pub(super) recorder: Recorder,
-    pub(super) settings: Settings,
-    pub(super) metrics: Arc<Metrics>,
+pub(in crate::operator) struct Worker {
+    pub(in crate::operator) client: Client,
+    pub(in crate::operator) caches: Caches,
+    pub(in crate::operator) recorder: Recorder,
+    pub(in crate::operator) settings: Settings,
+    pub(in crate::operator) metrics: Arc<Metrics>,
     /// Per lease: the record last seen, when this process first saw it, and its holder.
-    pub(super) seen: HashMap<LeaseKey, Seen>,
-    pub(super) terms: TermLedger,
-    pub(super) deposer: Deposer,
+    pub(in crate::operator) seen: HashMap<LeaseKey, Seen>,
+    pub(in crate::operator) terms: TermLedger,
+    pub(in crate::operator) deposer: Deposer,
     timers: HashMap<LeaseKey, Timers>,
     /// Single-active pods whose unreadable version was reported.
-    pub(super) reported: HashSet<(String, String)>,
+    pub(in crate::operator) reported: HashSet<(String, String)>,
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     statuses: Written<Vec<Condition>>,
     /// Leases this worker wrote that its cache may not show yet (the next write's base).
-    pub(super) leases: Written<LeaseVersion>,
-    /// Leases candidates name that exist without arbiter's label ([`super::adopt`]): read on
+    pub(in crate::operator) leases: Written<LeaseVersion>,
+    /// Leases candidates name that exist without arbiter's label ([`crate::operator::reconcile::adopt`]): read on
     /// each reconcile (the Lease watch sees only labelled ones).
-    pub(super) foreign: HashSet<LeaseKey>,
+    pub(in crate::operator) foreign: HashSet<LeaseKey>,
 }
 
 impl Worker {
-    pub(super) fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
+    pub(in crate::operator) fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
         let (name, uid) = owner_pod(candidate)?;
         let pod = self.caches.pods.get(&candidate.namespace()?, &name)?;
         (pod.uid().as_deref() == Some(uid.as_str())).then_some(pod)
@@ -397,7 +403,7 @@ impl Worker {
             // Counted as soon as the Lease is written, not after the statuses and Events.
             self.metrics
                 .leader_changes
-                .get_or_create(&super::metrics::ReasonLabels {
+                .get_or_create(&crate::operator::metrics::ReasonLabels {
                     reason: term_ended.to_string(),
                 })
                 .inc();
@@ -463,8 +469,8 @@ impl Worker {
         // Statuses that can wait are left for when this worker has no other lease due.
         let now_lease = written.as_ref().or(lease.as_deref());
         let (first, deposed) = (
-            status::may_wait(now_lease),
-            status::deposed_may_wait(now_lease),
+            conditions::may_wait(now_lease),
+            conditions::deposed_may_wait(now_lease),
         );
         let busy = (first || deposed) && queue.busy_besides(key);
         let may_wait = MayWait {
@@ -550,7 +556,8 @@ impl Worker {
             .await;
         labelled?;
 
-        let after = super::view::look_again(&decision.action, lease_view.as_ref());
+        let after =
+            crate::operator::reconcile::view::look_again(&decision.action, lease_view.as_ref());
         // Single-active leases are renewed by the operator: come back in a third of the duration.
         let renew = plan
             .as_ref()
@@ -624,7 +631,7 @@ impl Worker {
 }
 
 /// The lease duration a candidate's agent says it writes (zero if it does not say).
-pub(super) fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
+pub(in crate::operator) fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
     candidate
         .and_then(|c| c.annotations().get(crate::api::LEASE_DURATION_ANNOTATION))
         .and_then(|d| d.parse::<u64>().ok())

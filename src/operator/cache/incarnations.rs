@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
-use super::index::PerCandidate;
 use crate::api::LeaseCandidate;
 use crate::lease::INCARNATION_ANNOTATION;
+use crate::operator::cache::candidate_index::PerCandidate;
 
 const WINDOW: Duration = Duration::from_secs(120);
 

@@ -9,7 +9,7 @@
 //! A holder's renewal (a record that differs from the one delivered before it only in
 //! `renewTime` and `resourceVersion`) needs no reconcile. It changes two things the election
 //! reads: the record's age, stamped here, and the remembered term's last sighting, which the
-//! watch handler bumps at once ([`super::held::Held::renewed`]), so that a Lease deleted or
+//! watch handler bumps at once ([`crate::operator::term::held::Held::renewed`]), so that a Lease deleted or
 //! edited by hand before a worker looks again cannot shorten the term. The lease's timer (its
 //! expiry, as last judged) brings the worker back; it finds the record younger and sets the
 //! timer again. At 10,000 leases renewed every 20 s that is 500 reconciles a second fewer, and
@@ -30,9 +30,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 
-use super::held::Held;
-use super::queue::LeaseKey;
 use crate::lease;
+use crate::operator::queue::LeaseKey;
+use crate::operator::term::held::Held;
 
 /// One lease's last delivered record.
 struct Record {

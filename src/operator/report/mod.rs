@@ -1,5 +1,7 @@
 //! Reporting what was decided and done: candidates' conditions, Events, and metrics.
 
+pub mod conditions;
+
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -10,40 +12,39 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::metrics::Metrics;
-use super::queue::LeaseKey;
-use super::status;
-use super::written::Written;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
+use crate::operator::metrics::Metrics;
+use crate::operator::queue::LeaseKey;
+use crate::operator::reconcile::written::Written;
 
 /// How many independent writes for one lease (candidates' statuses) are in flight at once.
 const CONCURRENT_WRITES: usize = 8;
 
 /// What [`report`] left to do.
-pub(super) struct Reported {
+pub(in crate::operator) struct Reported {
     /// Every status that was due was written (a failed one is retried by the caller).
     pub complete: bool,
     /// Some statuses were left for when the worker has nothing else due
-    /// ([`status::can_wait`]).
+    /// ([`conditions::can_wait`]).
     pub waiting: bool,
 }
 
 /// Which statuses may be left for when the worker has nothing else due (it has other leases
 /// due now).
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct MayWait {
-    /// A candidate's first status that says it stands by ([`status::can_wait`]).
+pub(in crate::operator) struct MayWait {
+    /// A candidate's first status that says it stands by ([`conditions::can_wait`]).
     pub first: bool,
     /// A deposed holder's `Leader=False`, once the holder's `Leader=True` at a higher term is
-    /// on the server or written with it ([`status::deposed_can_wait`]).
+    /// on the server or written with it ([`conditions::deposed_can_wait`]).
     pub deposed: bool,
 }
 
 /// Conditions on candidates, Events and metrics for what was decided and done. Statuses that
 /// `may_wait` allows are left for later.
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn report(
+pub(in crate::operator) async fn report(
     client: &Client,
     recorder: &Recorder,
     metrics: &Metrics,
@@ -77,9 +78,9 @@ pub(super) async fn report(
     // lowered by hand): a deposed holder's `Leader=True` that waits names a lower term than the
     // holder's, and a replica taking over remembers the highest.
     let term = holder_candidate
-        .and_then(|c| status::leader_term(&current_of(c)))
+        .and_then(|c| conditions::leader_term(&current_of(c)))
         .map_or(term, |reported| reported.max(term));
-    let facts = status::LeaseFacts {
+    let facts = conditions::LeaseFacts {
         lease: &key.name,
         holder,
         term,
@@ -113,22 +114,24 @@ pub(super) async fn report(
         if first_election_settling && current.is_empty() {
             continue;
         }
-        let desired = status::conditions(&name, decision, &facts);
-        let Some(conditions) = status::merge(current, desired) else {
+        let desired = conditions::conditions(&name, decision, &facts);
+        let Some(conditions) = conditions::merge(current, desired) else {
             continue;
         };
-        if may_wait.first && status::can_wait(current, &conditions) {
+        if may_wait.first && conditions::can_wait(current, &conditions) {
             waiting = true;
             continue;
         }
         let may_wait_deposed = may_wait.deposed
-            && holder_term.is_some_and(|t| status::leader_term(current).is_some_and(|was| was < t))
-            && status::deposed_can_wait(current, &conditions);
+            && holder_term
+                .is_some_and(|t| conditions::leader_term(current).is_some_and(|was| was < t))
+            && conditions::deposed_can_wait(current, &conditions);
         let is_holder = holder == Some(name.as_str());
         // Events on transitions only, so a steady state is quiet. A holder the arbiter elects
         // again at a new term (its lease lapsed, or it was deposed while its status waited) is
         // elected again; a term raised by hand elects nobody.
-        let became = |t: &str| status::is_true(&conditions, t) && !status::is_true(current, t);
+        let became =
+            |t: &str| conditions::is_true(&conditions, t) && !conditions::is_true(current, t);
         let mut events = Vec::new();
         let new_term = is_holder
             && matches!(
@@ -139,16 +142,17 @@ pub(super) async fn report(
                         ..
                     }
             )
-            && status::leader_term(current).is_some_and(|was| was < term)
-            && status::leader_term(&conditions) == Some(term);
-        if became(status::LEADER) || new_term {
+            && conditions::leader_term(current).is_some_and(|was| was < term)
+            && conditions::leader_term(&conditions) == Some(term);
+        if became(conditions::LEADER) || new_term {
             events.push((
                 EventType::Normal,
                 "Elected",
                 format!("elected holder of lease {} at term {term}", key.name),
             ));
         }
-        if status::is_true(current, status::LEADER) && !status::is_true(&conditions, status::LEADER)
+        if conditions::is_true(current, conditions::LEADER)
+            && !conditions::is_true(&conditions, conditions::LEADER)
         {
             events.push((
                 EventType::Normal,
@@ -156,39 +160,39 @@ pub(super) async fn report(
                 format!("no longer holds lease {}", key.name),
             ));
         }
-        if became(status::DUPLICATE_IDENTITY) {
+        if became(conditions::DUPLICATE_IDENTITY) {
             events.push((
                 EventType::Warning,
                 "DuplicateIdentity",
-                message(&conditions, status::DUPLICATE_IDENTITY),
+                message(&conditions, conditions::DUPLICATE_IDENTITY),
             ));
         }
-        if became(status::DOUBLE_HOLDER) {
+        if became(conditions::DOUBLE_HOLDER) {
             metrics.double_holders.inc();
             tracing::error!(lease = %key, candidate = %name, "a workload ran past its term: double holder");
             events.push((
                 EventType::Warning,
                 "DoubleHolder",
-                message(&conditions, status::DOUBLE_HOLDER),
+                message(&conditions, conditions::DOUBLE_HOLDER),
             ));
         }
-        if became(status::STRATEGY_CONFLICT) {
+        if became(conditions::STRATEGY_CONFLICT) {
             metrics.strategy_conflicts.inc();
             events.push((
                 EventType::Warning,
                 "StrategyConflict",
-                message(&conditions, status::STRATEGY_CONFLICT),
+                message(&conditions, conditions::STRATEGY_CONFLICT),
             ));
         }
-        if became(status::SKEW_VIOLATION) {
+        if became(conditions::SKEW_VIOLATION) {
             metrics.skew_violations.inc();
             events.push((
                 EventType::Warning,
                 "SkewViolation",
-                message(&conditions, status::SKEW_VIOLATION),
+                message(&conditions, conditions::SKEW_VIOLATION),
             ));
         }
-        // No observedGeneration (see status::conditions); null removes one an earlier version wrote.
+        // No observedGeneration (see conditions::conditions); null removes one an earlier version wrote.
         let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
         let (api, read) = (&api, cached.to_vec());
         let update = async move {
@@ -546,7 +550,7 @@ mod tests {
         let mut c = crate::api::test_candidate(name, "l");
         c.metadata.namespace = Some("ns".into());
         c.metadata.uid = Some(format!("uid-{name}"));
-        let facts = status::LeaseFacts {
+        let facts = conditions::LeaseFacts {
             lease: "l",
             holder: Some(holder),
             term,
@@ -554,7 +558,7 @@ mod tests {
             overruns: &[],
         };
         c.status = Some(crate::api::LeaseCandidateStatus {
-            conditions: status::conditions(name, &decision(), &facts),
+            conditions: conditions::conditions(name, &decision(), &facts),
             ..Default::default()
         });
         Arc::new(c)
@@ -625,10 +629,10 @@ mod tests {
                 crate::election::decide::Reason::Unresponsive,
             ),
         );
-        let desired = status::conditions(
+        let desired = conditions::conditions(
             "a",
             &unresponsive,
-            &status::LeaseFacts {
+            &conditions::LeaseFacts {
                 lease: "l",
                 holder: Some("b"),
                 term: 8,
@@ -637,7 +641,7 @@ mod tests {
             },
         );
         let current = a.status.as_ref().unwrap().conditions.clone();
-        let merged = status::merge(&current, desired).unwrap();
-        assert!(!status::deposed_can_wait(&current, &merged));
+        let merged = conditions::merge(&current, desired).unwrap();
+        assert!(!conditions::deposed_can_wait(&current, &merged));
     }
 }

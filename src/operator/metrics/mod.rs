@@ -1,5 +1,7 @@
 //! Prometheus metrics and the `/metrics`, `/livez`, `/readyz` endpoints.
 
+pub mod lease_timers;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +17,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::queue::LeaseKey;
+use crate::operator::queue::LeaseKey;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeaseLabels {

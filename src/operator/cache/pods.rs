@@ -34,7 +34,7 @@ use kube::{Client, ResourceExt};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 
-use super::slim::keep_what_is_read;
+use crate::operator::cache::slim::keep_what_is_read;
 use crate::workloads::ROLE_LABEL;
 
 /// How long a deleted (or not found) pod's uid is remembered against late fetches.

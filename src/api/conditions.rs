@@ -1,0 +1,24 @@
+//! The condition types a LeaseCandidate's status carries: written by the operator, read by
+//! `arbiter status` and by users (`kubectl wait --for=condition=Leader`).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// True on the candidate that holds its lease, with the term in the message.
+pub const LEADER: &str = "Leader";
+/// Whether the candidate may take part in its lease's election (version, skew, pod, answers).
+pub const ELIGIBLE: &str = "Eligible";
+/// True when candidates at the highest binary version declare different strategies.
+pub const STRATEGY_CONFLICT: &str = "StrategyConflict";
+/// True when the candidate's version is further from the others' than the skew allowed.
+pub const SKEW_VIOLATION: &str = "SkewViolation";
+/// True when two live processes use the candidate's identity.
+pub const DUPLICATE_IDENTITY: &str = "DuplicateIdentity";
+/// True when the candidate's workload ran past the end of an earlier term (it was paused).
+pub const DOUBLE_HOLDER: &str = "DoubleHolder";
+
+/// Whether `type_` is True in `conditions`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}

@@ -1,0 +1,61 @@
+//! The marks arbiter writes on objects (annotations on candidates, its field manager) and how
+//! to tell its writes from hand edits. (The Lease's own annotation keys are in
+//! [`crate::lease`].)
+
+use super::LeaseCandidate;
+
+/// The field manager of every write arbiter makes: what tells its annotations from a hand
+/// edit ([`written_by_arbiter`]).
+pub const FIELD_MANAGER: &str = "arbiter";
+
+/// On a candidate, and on the Lease its agent holds: the agent's process incarnation (a random
+/// id per start).
+pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
+
+/// On a candidate: the term whose workload ran past the term's end, because the whole
+/// candidate (agent, guard and workload) was paused. A successor may have run beside it; only a
+/// resource that checks the fencing token was protected. Set by the agent, cleared when a new
+/// process of that identity registers; the operator reports it (condition `DoubleHolder`).
+pub const OVERRAN_ANNOTATION: &str = "arbiter.dev/overran-term";
+
+/// On a candidate: its agent exited (after stopping its workload) and could not delete the
+/// candidate, or kept it to carry [`OVERRAN_ANNOTATION`]. The arbiter never elects it; cleared
+/// when a new process of that identity registers.
+pub const WITHDRAWN_ANNOTATION: &str = "arbiter.dev/withdrawn";
+
+/// The incarnation a candidate says withdrew, if the mark counts: written by arbiter (its
+/// field manager, not a hand edit), and naming the process the candidate currently records
+/// (`arbiter.dev/holder-incarnation`): a late mark from an earlier process, or from a
+/// duplicate of this identity, does not withdraw the process that runs now.
+pub fn withdrawn_incarnation(c: &LeaseCandidate) -> Option<&str> {
+    use kube::ResourceExt;
+    let mark = c.annotations().get(WITHDRAWN_ANNOTATION)?;
+    let current = c.annotations().get(INCARNATION_ANNOTATION)?;
+    (!mark.is_empty() && mark == current && written_by_arbiter(&c.metadata, WITHDRAWN_ANNOTATION))
+        .then_some(mark.as_str())
+}
+
+/// On a candidate: the lease duration its agent writes when it holds the lease, in seconds.
+/// The arbiter waits at least this long for a holder whose Lease was edited by hand.
+pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds";
+
+/// Whether annotation `key` was last written by arbiter (field manager [`FIELD_MANAGER`]), not
+/// by a hand edit (`kubectl edit`, `kubectl annotate`, another tool). Without managed fields (an
+/// API server that does not keep them) nothing was.
+pub fn written_by_arbiter(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+) -> bool {
+    let key = format!("f:{key}");
+    meta.managed_fields
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key))
+                .is_some()
+        })
+        .is_some_and(|owner| owner.manager.as_deref() == Some(FIELD_MANAGER))
+}
