@@ -28,6 +28,11 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 /// assignment, so that the holder's confirmed death is recognised even after its candidate is
 /// gone).
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
+/// On a Lease: the holder pod's container restart count when the arbiter assigned it (a forced
+/// exit is due only if the deposed pod still runs with that count).
+pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
+/// On a Lease: the forced exits still pending: `candidate/pod/uid/restarts`, comma-separated.
+pub const PENDING_ANNOTATION: &str = "arbiter.dev/pending-forced-exits";
 /// The holding agent's process incarnation (defined with the candidates' marks: agents stamp
 /// it on both).
 pub use crate::api::INCARNATION_ANNOTATION;

@@ -12,6 +12,8 @@ pub mod clock;
 pub mod election;
 pub mod flags;
 pub mod handover;
+#[cfg(test)]
+mod layers;
 pub mod lease;
 pub mod memory;
 pub mod operator;

@@ -714,7 +714,7 @@ async fn a_pod_given_the_term_again_is_not_forced_out_for_its_earlier_one(env: A
             let lease = leases.get("again").await.ok()?;
             let pending = lease
                 .annotations()
-                .get(arbiter::operator::force::targets::PENDING_ANNOTATION)
+                .get(arbiter::lease::PENDING_ANNOTATION)
                 .is_some_and(|v| !v.is_empty());
             (b_gone && !pending).then_some(())
         },

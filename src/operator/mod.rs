@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod force;
 pub mod ha;
+pub mod key;
 pub mod metrics;
 pub mod queue;
 pub mod reconcile;
@@ -24,6 +25,10 @@ use kube::runtime::events::Reporter;
 
 use crate::election::decide::Rules;
 use crate::lease::LeaseStore;
+
+/// How many independent writes for one lease (pings, candidates' statuses) are in flight at
+/// once.
+const CONCURRENT_WRITES: usize = 8;
 
 /// `arbiter operator` flags.
 #[derive(clap::Args, Debug, Clone)]

@@ -24,20 +24,9 @@ use futures::{FutureExt, StreamExt};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::mpsc;
+
+use super::key::LeaseKey;
 use tokio_util::time::{DelayQueue, delay_queue};
-
-/// A lease: `(namespace, name)`. Every decision is made per key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::fmt::Display for LeaseKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
 
 /// The sending side: anything that notices a change enqueues the affected lease.
 #[derive(Clone)]

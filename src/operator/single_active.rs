@@ -19,7 +19,7 @@ use crate::lease::{self, LeaseStore};
 use crate::operator::cache::Caches;
 use crate::operator::cache::candidate_index::owner_pod;
 use crate::operator::force::targets::{Target, record_on};
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 use crate::operator::report::publish;
 use crate::workloads::sync::{self, managed};
 use crate::workloads::{ACTIVE, ROLE_LABEL, STANDBY, Workload, pod_ready};

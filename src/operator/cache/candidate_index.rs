@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::api::LeaseCandidate;
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 
 /// Something the watch keeps per candidate, by (namespace, name), shared with the workers.
 pub struct PerCandidate<T>(Arc<Mutex<HashMap<(String, String), T>>>);

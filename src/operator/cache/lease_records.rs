@@ -31,7 +31,7 @@ use kube::ResourceExt;
 use kube::runtime::watcher;
 
 use crate::lease;
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 use crate::operator::term::held::Held;
 
 /// One lease's last delivered record.

@@ -5,6 +5,7 @@
 //! warm, leader or not.
 
 pub mod candidate_index;
+pub mod declared;
 pub mod incarnations;
 pub mod lease_records;
 pub mod liveness;
@@ -12,6 +13,7 @@ pub mod pods;
 pub mod slim;
 pub mod stopped;
 pub mod workloads;
+pub mod written;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -36,7 +38,8 @@ use crate::operator::cache::liveness::Liveness;
 use crate::operator::cache::pods::{FollowedPods, fetch_loop, has_role};
 use crate::operator::cache::stopped::StoppedPods;
 use crate::operator::cache::workloads::AnnotatedWorkloads;
-use crate::operator::queue::{Enqueue, LeaseKey};
+use crate::operator::key::LeaseKey;
+use crate::operator::queue::Enqueue;
 use crate::operator::term::held::Held;
 use crate::workloads::{Workload, WorkloadError};
 

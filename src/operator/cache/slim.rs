@@ -42,10 +42,10 @@ pub fn keep_annotation_owners(meta: &mut ObjectMeta) {
 }
 
 /// Drops from `pod` everything the operator does not read. What its containers' command
-/// lines declare is noted first ([`crate::operator::force::declared::note`]: the only annotations kept, written
+/// lines declare is noted first ([`crate::operator::cache::declared::note`]: the only annotations kept, written
 /// here and never taken from the pod).
 pub fn keep_what_is_read(pod: &mut Pod) {
-    crate::operator::force::declared::note(pod);
+    crate::operator::cache::declared::note(pod);
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     if let Some(spec) = pod.spec.take() {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{Resource, ResourceExt};
 
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 use crate::workloads::{Workload, WorkloadError, lease_name};
 
 /// A workload by (namespace, kind, name).

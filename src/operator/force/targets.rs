@@ -15,7 +15,7 @@
 //! Every eviction or deletion carries the pod's uid as a precondition: a new pod with the same
 //! name (a StatefulSet's replacement) is never hit.
 //!
-//! **Only a pod that says so itself is forced out** ([`crate::operator::force::declared`]): its own spec runs
+//! **Only a pod that says so itself is forced out** ([`crate::operator::cache::declared`]): its own spec runs
 //! `arbiter run --lease NAME` (or `--lease=NAME`) in a container, or it carries the label
 //! `arbiter.dev/lease: NAME`, set by whoever created the pod; or the operator selects it as a
 //! pod of an annotated single-active workload. A candidate's `ownerReferences` and the Lease's
@@ -33,13 +33,10 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 
-use crate::operator::queue::LeaseKey;
-
-pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
-/// The forced exits still pending for a lease: `candidate/pod/uid/restarts`, comma-separated.
-pub const PENDING_ANNOTATION: &str = "arbiter.dev/pending-forced-exits";
+use crate::operator::key::LeaseKey;
 
 use crate::api::OnDepose;
+use crate::lease::PENDING_ANNOTATION;
 
 /// Total container restarts of a pod.
 pub fn restarts(pod: &Pod) -> i64 {
@@ -84,7 +81,7 @@ pub enum Outcome {
     Reported,
     Blocked(String),
     Failed(String),
-    /// The pod does not declare the lease ([`crate::operator::force::declared`]): never forced out for it.
+    /// The pod does not declare the lease ([`crate::operator::cache::declared`]): never forced out for it.
     Refused,
 }
 
@@ -390,7 +387,7 @@ impl Outcome {
                 format!(
                     "pod {} was not forced out: it does not declare this lease (arbiter run --lease in its spec, or the label {}), and is no pod of its single-active workload",
                     t.pod,
-                    crate::operator::force::declared::LEASE_LABEL
+                    crate::operator::cache::declared::LEASE_LABEL
                 ),
             )),
         }
@@ -541,7 +538,7 @@ mod tests {
     #[tokio::test]
     async fn a_pod_that_does_not_declare_the_lease_is_refused_and_left_alone() {
         let (d, outcomes, retry, seen) =
-            attempt_one(200, |p| crate::operator::force::declared::declares(p, "l")).await;
+            attempt_one(200, |p| crate::operator::cache::declared::declares(p, "l")).await;
         assert!(matches!(outcomes[0].1, Outcome::Refused), "{outcomes:?}");
         assert_eq!(retry, None, "not tried again");
         assert!(seen.lock().unwrap().is_empty(), "nothing sent");

@@ -26,7 +26,7 @@ use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use crate::lease::{self, ASSIGNED_ANNOTATION, LeaseStore, MANAGED_LABEL};
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 use crate::operator::reconcile::Worker;
 use crate::operator::report::publish;
 

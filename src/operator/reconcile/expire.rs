@@ -17,7 +17,7 @@ use kube::api::Api;
 
 use crate::api::LeaseCandidate;
 use crate::operator::cache::candidate_index::owner_pod;
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 use crate::operator::reconcile::Worker;
 
 /// How long until `c` is to be deleted, as of `now` (zero: it is due): `expiry` after its last

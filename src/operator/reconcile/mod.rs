@@ -8,9 +8,9 @@
 
 mod adopt;
 mod expire;
+mod forced_exit;
 mod view;
 mod write;
-pub mod written;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -26,20 +26,18 @@ use crate::election::decide::{self, Action};
 use crate::lease::{self, HOLDER_POD_ANNOTATION};
 use crate::operator::Settings;
 use crate::operator::cache::candidate_index::owner_pod;
+use crate::operator::cache::written::{LeaseVersion, Written};
 use crate::operator::cache::{Caches, pod_state};
 use crate::operator::force::targets::Deposer;
+use crate::operator::key::LeaseKey;
 use crate::operator::metrics::lease_timers::Timers;
 use crate::operator::metrics::{LeaseLabels, Metrics};
-use crate::operator::queue::{LeaseKey, Queue};
+use crate::operator::queue::Queue;
 use crate::operator::reconcile::view::{Seen, View};
-use crate::operator::reconcile::written::{LeaseVersion, Written};
 use crate::operator::report::conditions;
 use crate::operator::report::{MayWait, publish, report};
 use crate::operator::single_active::{self, Prepared};
 use crate::operator::term::ledger::TermLedger;
-
-/// How many independent writes for one lease (pings) are in flight at once.
-pub(in crate::operator) const CONCURRENT_WRITES: usize = 8;
 
 /// When a lease whose report (a candidate's status, the pending forced exits) could not be
 /// written is looked at again.

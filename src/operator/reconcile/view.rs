@@ -12,7 +12,7 @@ use crate::api::LeaseCandidate;
 use crate::election::decide;
 use crate::lease::{self, HOLDER_POD_ANNOTATION, INCARNATION_ANNOTATION};
 use crate::operator::cache::lease_records;
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 use crate::operator::reconcile::{Worker, declared_duration};
 use crate::operator::term::held;
 
@@ -75,7 +75,7 @@ impl Seen {
             // A record the watch has not stamped yet (the cache is a step ahead of it, or the
             // worker's own write) is as old as this sight of it. Never older than the first
             // sight: the view may go back from the worker's own write to a record the cache
-            // still shows ([`crate::operator::reconcile::written`]), delivered before this process led.
+            // still shows ([`crate::operator::cache::written`]), delivered before this process led.
             let since = delivered.unwrap_or(now).max(self.first);
             let (term, term_since) = if self.term == key {
                 (key, self.term_since)

@@ -17,17 +17,19 @@ use serde_json::json;
 
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
+use crate::lease::RESTARTS_ANNOTATION;
 use crate::lease::{self, CasError, HOLDER_POD_ANNOTATION, LeaseStore, MANAGED_LABEL};
+use crate::operator::CONCURRENT_WRITES;
 use crate::operator::cache::candidate_index::owner_pod;
-use crate::operator::force::targets::{self, RESTARTS_ANNOTATION};
-use crate::operator::queue::LeaseKey;
-use crate::operator::reconcile::written::LeaseVersion;
-use crate::operator::reconcile::{CONCURRENT_WRITES, Worker};
+use crate::operator::cache::written::LeaseVersion;
+use crate::operator::force::targets;
+use crate::operator::key::LeaseKey;
+use crate::operator::reconcile::Worker;
 use crate::operator::report::publish;
 
 impl Worker {
     /// The Lease as this worker last wrote it while its cache has not caught up with that
-    /// write; else the cache's ([`crate::operator::reconcile::written`]).
+    /// write; else the cache's ([`crate::operator::cache::written`]).
     pub(in crate::operator) fn newest_lease(&mut self, key: &LeaseKey) -> Option<Arc<Lease>> {
         let cached = self.cached_lease(key);
         let version = cached
@@ -92,7 +94,7 @@ impl Worker {
             };
             match self.pod_of(c) {
                 Some(p)
-                    if crate::operator::force::declared::declares_holder(&p, &key.name, holder)
+                    if crate::operator::cache::declared::declares_holder(&p, &key.name, holder)
                         || self.caches.workloads.selecting(&p).contains(key) =>
                 {
                     Ok(Some((targets::restarts(&p), p.uid().unwrap_or_default())))

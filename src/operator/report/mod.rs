@@ -14,12 +14,9 @@ use serde_json::json;
 
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
+use crate::operator::cache::written::Written;
+use crate::operator::key::LeaseKey;
 use crate::operator::metrics::Metrics;
-use crate::operator::queue::LeaseKey;
-use crate::operator::reconcile::written::Written;
-
-/// How many independent writes for one lease (candidates' statuses) are in flight at once.
-const CONCURRENT_WRITES: usize = 8;
 
 /// What [`report`] left to do.
 pub(in crate::operator) struct Reported {
@@ -225,7 +222,7 @@ pub(in crate::operator) async fn report(
     }
     // Candidates' statuses are independent of each other: written side by side.
     let mut done = futures::stream::iter(updates)
-        .buffer_unordered(CONCURRENT_WRITES)
+        .buffer_unordered(crate::operator::CONCURRENT_WRITES)
         .collect::<Vec<_>>()
         .await;
     // The holder's `Leader=True` is on the server (unchanged, or written just now): the deposed
@@ -238,7 +235,7 @@ pub(in crate::operator) async fn report(
         } else {
             done.extend(
                 futures::stream::iter(deposed)
-                    .buffer_unordered(CONCURRENT_WRITES)
+                    .buffer_unordered(crate::operator::CONCURRENT_WRITES)
                     .collect::<Vec<_>>()
                     .await,
             );

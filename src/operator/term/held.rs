@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::election::decide::Previous;
 
-use crate::operator::queue::LeaseKey;
+use crate::operator::key::LeaseKey;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Term {
