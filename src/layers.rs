@@ -49,7 +49,7 @@ fn paths_used(source: &str, module: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
         let mut rest = line;
-        while let Some(i) = rest.find(|c: char| c == 'c' || c == 's') {
+        while let Some(i) = rest.find(['c', 's']) {
             let tail = &rest[i..];
             let preceded = rest[..i]
                 .chars()
