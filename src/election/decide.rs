@@ -326,6 +326,37 @@ pub enum Action {
     NoEligibleCandidate,
 }
 
+impl Action {
+    /// The candidate this action gives the lease to: an assignment, or a Lease created with a
+    /// holder.
+    pub fn elects(&self) -> Option<&str> {
+        match self {
+            Action::Assign { holder, .. }
+            | Action::CreateLease {
+                holder: Some(holder),
+                ..
+            } => Some(holder),
+            _ => None,
+        }
+    }
+
+    /// Whether the lease's election is under way until someone is elected: pinging, waiting
+    /// for answers, for the settle time or for a term to run out (each ends within an ack
+    /// window or a lease duration), or electing now. Not a lease with nobody to elect: only a
+    /// change can bring it a candidate.
+    pub fn electing(&self) -> bool {
+        self.elects().is_some()
+            || matches!(
+                self,
+                Action::Ping { .. }
+                    | Action::WaitForAcks
+                    | Action::Settle { .. }
+                    | Action::WaitForTerm { .. }
+                    | Action::WaitForForeign { .. }
+            )
+    }
+}
+
 /// The decision for one lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {

@@ -1,4 +1,4 @@
-//! Carrying out a decision: the one Lease write the election asked for (every one a
+//! The **write** phase of a reconcile, carrying out a decision: the one Lease write the election asked for (every one a
 //! compare-and-swap), with the term recorded first and the holder's pod noted, and the Event
 //! for a handover that was abandoned.
 
@@ -24,10 +24,69 @@ use crate::operator::cache::candidate_index::owner_pod;
 use crate::operator::cache::written::LeaseVersion;
 use crate::operator::force::targets;
 use crate::operator::key::LeaseKey;
-use crate::operator::reconcile::Worker;
+use crate::operator::metrics::ReasonLabels;
+use crate::operator::reconcile::gather::{Inputs, Pass};
+use crate::operator::reconcile::{Worker, declared_duration};
 use crate::operator::report::publish;
 
 impl Worker {
+    /// The **write** phase: carries out the decision, the one Lease write (the pod it deposes
+    /// recorded by the same write), kept as this worker's latest; a new term is noted in the
+    /// memory of holders and counted at once; a single-active workload's other pods are then
+    /// demoted.
+    pub(in crate::operator) async fn write(
+        &mut self,
+        pass: &Pass,
+        inputs: &Inputs,
+        decision: &Decision,
+    ) -> anyhow::Result<Option<Lease>> {
+        let (key, candidates, lease) = (&pass.key, &pass.candidates, pass.lease.as_deref());
+        // The pod a new holder deposes (single-active: the active pod; otherwise a lapsed
+        // holder's that still runs) is forced out per policy, recorded on the Lease by the
+        // write that deposes it.
+        let deposed = match (&pass.plan, decision.action.elects()) {
+            (Some(p), Some(holder)) => p.deposed(candidates, lease, Some(holder)),
+            (Some(_), None) => None,
+            (None, _) => self.lapsed_target(key, lease, decision, candidates),
+        };
+        let owner = pass.plan.as_ref().map(|p| p.owner());
+        let written = self
+            .act(key, lease, candidates, decision, owner, deposed.as_ref())
+            .await?;
+        if let Some(w) = &written {
+            self.wrote_lease(key, w.clone());
+            if let Some(t) = deposed {
+                self.deposer.add(key, t);
+            }
+        }
+        if let Some(w) = &written
+            && let Some(h) = lease::holder(w)
+            && decision.action.elects().is_some()
+        {
+            let duration = lease::duration(w)
+                .unwrap_or(self.settings.lease_duration)
+                .max(declared_duration(
+                    candidates.iter().find(|c| c.name_any() == h),
+                ));
+            let pod_uid = w
+                .annotations()
+                .get(HOLDER_POD_ANNOTATION)
+                .map(String::as_str);
+            self.caches
+                .held
+                .assigned(key, h, lease::term(w), duration, pod_uid, Instant::now());
+            // Counted as soon as the Lease is written, not after the statuses and Events.
+            self.metrics
+                .leader_changes
+                .get_or_create(&ReasonLabels {
+                    reason: inputs.term_ended.to_string(),
+                })
+                .inc();
+        }
+        self.demote_deposed(pass, decision, written.as_ref()).await;
+        Ok(written)
+    }
+
     /// The Lease as this worker last wrote it while its cache has not caught up with that
     /// write; else the cache's ([`crate::operator::cache::written`]).
     pub(in crate::operator) fn newest_lease(&mut self, key: &LeaseKey) -> Option<Arc<Lease>> {

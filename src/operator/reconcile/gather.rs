@@ -1,0 +1,206 @@
+//! The first phases of a reconcile: **gather** what the caches hold of one lease, once (its
+//! candidates, its Lease, the workload that governs it), then build the pure inputs of the
+//! election from it (each candidate's liveness and pod, the Lease read against the memory of
+//! its holder, the rules).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tokio::sync::OwnedMutexGuard;
+
+use super::view::View;
+use super::{Reconciled, Worker};
+use crate::api::{LeaseCandidate, OnDepose};
+use crate::election::decide::{self, Rules};
+use crate::lease;
+use crate::operator::cache::pod_state;
+use crate::operator::key::LeaseKey;
+use crate::operator::report::publish;
+use crate::operator::single_active::{self, Plan, Prepared};
+
+/// One lease as the caches held it when the pass began.
+pub(in crate::operator) struct Pass {
+    pub key: LeaseKey,
+    /// The lease's current candidates (those that expired were deleted).
+    pub candidates: Vec<Arc<LeaseCandidate>>,
+    /// The Lease as this worker last wrote or saw it (or read it, when arbiter did not make it).
+    pub lease: Option<Arc<Lease>>,
+    /// The single-active workload that governs the lease, with its pods.
+    pub plan: Option<Plan>,
+    /// When the next candidate without a pod expires.
+    pub next_expiry: Option<Duration>,
+    /// A single-active lease's pass never interleaves with another of its namespace's.
+    _serial: Option<OwnedMutexGuard<()>>,
+}
+
+impl Pass {
+    /// What to do with a pod this lease's holder is deposed from.
+    pub fn policy(&self, default: OnDepose) -> OnDepose {
+        self.plan
+            .as_ref()
+            .map(|p| p.workload.on_depose)
+            .unwrap_or(default)
+    }
+}
+
+/// The election's inputs, built from a [`Pass`].
+pub(in crate::operator) struct Inputs {
+    pub candidates: Vec<decide::Candidate>,
+    /// The Lease as the election sees it (`None`: there is none).
+    pub lease: Option<decide::Lease>,
+    /// The term remembered while the Lease is gone or names nobody.
+    pub previous: Option<decide::Previous>,
+    /// Why the holder's term ended (the leader-change metric's reason).
+    pub term_ended: &'static str,
+    pub rules: Rules,
+    /// Candidates whose identity two live processes are using, with their incarnations.
+    pub duplicates: Vec<(String, Vec<String>)>,
+    /// An agent took the Lease's current term (it writes its incarnation with its first renew,
+    /// before its workload starts): the operator never acts as that holder's agent, whatever a
+    /// candidate's labels say (anyone who may write candidates can set them).
+    pub agent_took: bool,
+}
+
+/// The outcome of gathering: a pass to decide on, or nothing more to do this time.
+pub(in crate::operator) enum Gathered {
+    Pass(Box<Pass>),
+    Done(Reconciled),
+}
+
+impl Worker {
+    /// Gathers `key`'s lease: its candidates, its Lease, and the workload that governs it. A
+    /// candidate that expired is deleted first; a single-active workload's pods are made
+    /// candidates.
+    pub(in crate::operator) async fn gather(&mut self, key: &LeaseKey) -> anyhow::Result<Gathered> {
+        let mut candidates = self
+            .caches
+            .by_lease
+            .candidates(key, &self.caches.candidates);
+        let lease = match self.newest_lease(key) {
+            Some(l) => Some(l),
+            None => self.foreign_lease(key).await?,
+        };
+        let next_expiry = self.expire_candidates(key, &mut candidates).await;
+        // A single-active lease's reconcile (its role labels) never interleaves with another
+        // of the namespace's, whatever worker runs it.
+        let serial = match self.caches.workloads.governing(key) {
+            Some(_) => Some(self.caches.single_active_locks.lock(&key.namespace).await),
+            None => None,
+        };
+        let prepared = single_active::prepare(
+            &self.client,
+            &self.caches,
+            &self.recorder,
+            key,
+            &candidates,
+            &mut self.reported,
+        )
+        .await?;
+        let plan = match prepared {
+            Prepared::CleanedUp | Prepared::Frozen => {
+                return Ok(Gathered::Done(Reconciled::after(None)));
+            }
+            Prepared::Loading => {
+                let soon = Some(Duration::from_millis(500));
+                return Ok(Gathered::Done(Reconciled::after(soon)));
+            }
+            Prepared::Ordinary => None,
+            Prepared::Workload(p) => Some(*p),
+        };
+        self.metrics.candidates(key, candidates.len());
+        Ok(Gathered::Pass(Box::new(Pass {
+            key: key.clone(),
+            candidates,
+            lease,
+            plan,
+            next_expiry,
+            _serial: serial,
+        })))
+    }
+
+    /// The election's inputs for `pass`: each candidate as heard and with its pod, the Lease
+    /// as seen against the memory of its holder, and the rules (a workload may set its own
+    /// skew). Publishes `Released` when the holder just released.
+    pub(in crate::operator) fn inputs(&mut self, pass: &Pass) -> Inputs {
+        let Pass {
+            key,
+            candidates,
+            lease,
+            plan,
+            ..
+        } = pass;
+        let valid = self.settings.rules.ack_valid_for;
+        let heard: Vec<_> = candidates
+            .iter()
+            .map(|c| self.caches.liveness.judge(c, valid))
+            .collect();
+        let mut inputs: Vec<decide::Candidate> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| decide::Candidate {
+                name: c.name_any(),
+                binary_version: c.spec.binary_version.clone(),
+                emulation_version: c.spec.emulation_version.clone(),
+                strategy: c.spec.strategy.clone(),
+                created: c
+                    .creation_timestamp()
+                    .map(|t| t.0)
+                    .unwrap_or_else(jiff::Timestamp::now),
+                ping: heard[i].ping,
+                renewed_lately: heard[i].renewed_lately,
+                pod: pod_state(c, &self.caches),
+                withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
+                registered: heard[i].registered,
+            })
+            .collect();
+        let View {
+            lease: mut lease_view,
+            previous,
+            term_ended,
+            released,
+        } = self.view(key, lease.as_deref(), candidates, &mut inputs);
+        if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
+            let note = format!("released lease {}", key.name);
+            publish(
+                &self.recorder,
+                &h.object_ref(&()),
+                EventType::Normal,
+                "Released",
+                note,
+            );
+        }
+        let duplicates: Vec<(String, Vec<String>)> = candidates
+            .iter()
+            .filter_map(|c| {
+                Some((
+                    c.name_any(),
+                    self.caches
+                        .incarnations
+                        .duplicate(&key.namespace, &c.name_any())?,
+                ))
+            })
+            .collect();
+        let mut rules = self.settings.rules.clone();
+        let agent_took = lease.as_deref().is_some_and(|l| {
+            l.annotations()
+                .get(lease::INCARNATION_ANNOTATION)
+                .is_some_and(|i| !i.is_empty())
+        });
+        if let Some(p) = plan {
+            self.as_pods_agent(p, key, candidates, agent_took, &mut inputs, &mut lease_view);
+            rules.max_skew = p.workload.max_skew.or(rules.max_skew);
+        }
+        Inputs {
+            candidates: inputs,
+            lease: lease_view,
+            previous,
+            term_ended,
+            rules,
+            duplicates,
+            agent_took,
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The leader's reconcile workers: each owns the leases its queue routes to it, and reconciles
+//! them one at a time ([`Worker::reconcile`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::runtime::events::Recorder;
+
+use super::{Reconciled, Worker};
+use crate::operator::Settings;
+use crate::operator::cache::Caches;
+use crate::operator::cache::written::Written;
+use crate::operator::force::targets::Deposer;
+use crate::operator::metrics::Metrics;
+use crate::operator::queue::Queue;
+use crate::operator::term::ledger::TermLedger;
+
+/// The leader's reconcile workers, one per queue (`--concurrency`): each owns the leases its
+/// queue routes to it, and the memory of them, so a lease is never reconciled twice at once.
+/// Returns only if a queue closes.
+pub async fn run(
+    client: Client,
+    caches: Caches,
+    queues: Vec<Queue>,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+) {
+    let recorder = Recorder::new(client.clone(), settings.reporter());
+    let workers = queues.into_iter().enumerate().map(|(index, queue)| {
+        let worker = Worker {
+            terms: TermLedger::new(client.clone()),
+            client: client.clone(),
+            caches: caches.clone(),
+            recorder: recorder.clone(),
+            settings: settings.clone(),
+            metrics: metrics.clone(),
+            seen: HashMap::new(),
+            deposer: Deposer::default(),
+            timers: HashMap::new(),
+            reported: HashSet::new(),
+            statuses: Written::default(),
+            leases: Written::default(),
+            foreign: HashSet::new(),
+        };
+        Box::pin(work(index, worker, queue))
+    });
+    futures::future::select_all(workers).await;
+}
+
+/// One worker's loop: reconciles its queue's leases one at a time.
+async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
+    while let Some(key) = queue.next().await {
+        let start = Instant::now();
+        worker.metrics.progress.begin(index);
+        let result = worker.reconcile(&key, &mut queue).await;
+        worker.metrics.progress.end(index);
+        let requeue = match result {
+            Ok(Reconciled { after, electing }) => {
+                queue.electing(&key, electing);
+                after
+            }
+            // An election under way stays so (its retry ranks from its start).
+            Err(err) => {
+                worker.metrics.reconcile_errors.inc();
+                tracing::warn!(lease = %key, error = %format!("{err:#}"), "reconcile failed; retrying");
+                Some(Duration::from_secs(2))
+            }
+        };
+        worker
+            .metrics
+            .reconcile_duration
+            .observe(start.elapsed().as_secs_f64());
+        if let Some(after) = requeue {
+            queue.requeue(key, after);
+        }
+    }
+}
