@@ -9,6 +9,7 @@ use std::time::Instant;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -135,109 +136,17 @@ impl Worker {
         owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
         deposed: Option<&targets::Target>,
     ) -> anyhow::Result<Option<Lease>> {
-        let client = &self.client;
-        let store = LeaseStore::new(client.clone(), &key.namespace);
+        let store = LeaseStore::new(self.client.clone(), &key.namespace);
         let duration = crate::lease::seconds(self.settings.lease_duration);
-        // The new holder's pod: its restarts (to recognise a lapsed holder that never exited)
-        // and its uid (to recognise its death even after its candidate is gone).
-        // A holder whose pod left the cache since the decision is not assigned: a term recorded
-        // without its pod could not be ended by the pod's stop.
-        // Only a pod that says itself that it runs this candidate of this lease (or a pod of
-        // the lease's single-active workload) is recorded: its stop then ends the term early.
-        // The pod a candidate's ownerReferences name is its writer's claim: a term assigned to
-        // a candidate whose pod does not vouch for it is recorded without a pod, and ends by
-        // release or expiry.
-        let pod_of_holder = |holder: &str| -> anyhow::Result<Option<(i64, String)>> {
-            let Some(c) = candidates.iter().find(|c| c.name_any() == holder) else {
-                return Ok(None);
-            };
-            match self.pod_of(c) {
-                Some(p)
-                    if crate::operator::cache::declared::declares_holder(&p, &key.name, holder)
-                        || self.caches.workloads.selecting(&p).contains(key) =>
-                {
-                    Ok(Some((targets::restarts(&p), p.uid().unwrap_or_default())))
-                }
-                Some(p) => {
-                    tracing::debug!(lease = %key, %holder, pod = %p.name_any(), "the candidate's pod does not declare it: its term is recorded without a pod");
-                    Ok(None)
-                }
-                None if owner_pod(c).is_some() => {
-                    anyhow::bail!("the pod of {holder} is gone; deciding again")
-                }
-                None => Ok(None),
-            }
-        };
         let written = match (&decision.action, lease) {
             (Action::CreateLease { holder, strategy }, _) => {
-                let mut l = Lease::default();
-                l.metadata.name = Some(key.name.clone());
-                l.metadata.namespace = Some(key.namespace.clone());
-                l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
-                l.metadata.owner_references = owner.map(|o| vec![o]);
-                l.spec = Some(LeaseSpec {
-                    lease_duration_seconds: Some(duration),
-                    ..LeaseSpec::default()
-                });
-                lease::set_strategy(&mut l, strategy);
-                if let Some(holder) = holder {
-                    let pod = pod_of_holder(holder)?;
-                    // Other leases of its shard that candidates name and that have no Lease
-                    // in the cache: their first terms are reserved by the same mark write.
-                    let (index, leases) = (&self.caches.by_lease, &self.caches.leases);
-                    let new_leases = || {
-                        let shard = crate::operator::term::ledger::shard_index(&key.name);
-                        index.leases_in(&key.namespace, |name| {
-                            crate::operator::term::ledger::shard_index(name) == shard
-                                && leases
-                                    .get(&ObjectRef::new(name).within(&key.namespace))
-                                    .is_none()
-                        })
-                    };
-                    let term = self
-                        .terms
-                        .next(&key.namespace, &key.name, None, new_leases)
-                        .await?;
-                    assign(&mut l, holder, term, duration, pod);
-                }
-                match store.create(&l).await {
-                    Ok(created) => Some(created),
-                    // It exists: ours, and the cache has not shown it yet, or someone else's.
-                    Err(CasError::Conflict(c)) => {
-                        if self.found_foreign(key).await? {
-                            return Ok(None);
-                        }
-                        return Err(CasError::Conflict(c).into());
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+                self.create_lease(key, candidates, holder, strategy, owner, duration)
+                    .await?
             }
-            (Action::Assign { holder, .. }, Some(current)) => {
-                let pod = pod_of_holder(holder)?;
-                let term = self
-                    .terms
-                    .next(
-                        &key.namespace,
-                        &key.name,
-                        Some(lease::term(current)),
-                        Vec::new,
-                    )
-                    .await?;
-                // The same write records the pod it deposes, to force out, and drops what was
-                // pending for the new holder (a pod given the term again is not forced out).
-                let holder_uid = pod.as_ref().map(|(_, uid)| uid.clone());
-                let mut l = current.clone();
-                targets::record_on(&mut l, deposed, |t| Some(&t.uid) == holder_uid.as_ref());
-                assign(&mut l, holder, term, duration, pod);
-                // A Lease arbiter did not make is taken over by this same write.
-                let adopting = !lease::managed(current);
-                l.labels_mut().insert(MANAGED_LABEL.into(), "true".into());
-                let written = store.replace(&l).await?;
-                if adopting {
-                    self.adopted(key, current, &written);
-                }
-                Some(written)
-            }
+            (Action::Assign { holder, .. }, Some(current)) => Some(
+                self.assign_holder(key, candidates, current, holder, deposed, duration)
+                    .await?,
+            ),
             (Action::RequestHandover { to }, Some(current)) => {
                 let mut l = current.clone();
                 lease::set_preferred_holder(&mut l, Some(to));
@@ -264,51 +173,7 @@ impl Worker {
                 Some(store.replace(&l).await?)
             }
             (Action::Ping { candidates: pinged }, _) => {
-                // (Answers decoded tolerantly: see crate::tolerant.)
-                let api: Api<crate::tolerant::Tolerant<LeaseCandidate>> =
-                    Api::namespaced(client.clone(), &key.namespace);
-                // The value is for readers (`kubectl get`, upstream's tools); the arbiter itself
-                // times the ping on its own clock and knows it by the version the write made.
-                let at = jiff::Timestamp::from_microsecond(jiff::Timestamp::now().as_microsecond())
-                    .map(MicroTime)?;
-                let ping = json!({ "spec": { "pingTime": at } });
-                let (api, ping) = (&api, &ping);
-                let sent = futures::stream::iter(
-                    pinged
-                        .iter()
-                        .filter(|name| candidates.iter().any(|c| c.name_any() == **name)),
-                )
-                .map(|name| async move {
-                    let sent = Instant::now();
-                    api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
-                        .await
-                        .map(|answer| (answer, sent))
-                        .map_err(|e| (name.clone(), e))
-                })
-                .buffer_unordered(CONCURRENT_WRITES)
-                .collect::<Vec<_>>()
-                .await;
-                for (answer, at) in sent.iter().flatten() {
-                    self.caches.liveness.pinged(&answer.0, *at);
-                }
-                for e in sent.into_iter().filter_map(Result::err) {
-                    match e {
-                        // Gone, whatever the cache says: left out from now on.
-                        (name, kube::Error::Api(s)) if s.code == 404 => {
-                            tracing::debug!(lease = %key, candidate = %name, "pinged a candidate that is gone");
-                            if let Some(uid) = candidates
-                                .iter()
-                                .find(|c| c.name_any() == name)
-                                .and_then(|c| c.uid())
-                            {
-                                self.caches.by_lease.gone(&uid);
-                            }
-                        }
-                        (name, e) => {
-                            return Err(anyhow::Error::new(e).context(format!("pinging {name}")));
-                        }
-                    }
-                }
+                self.ping(key, candidates, pinged).await?;
                 None
             }
             _ => None,
@@ -317,6 +182,192 @@ impl Worker {
             tracing::info!(lease = %key, action = ?decision.action, holder = ?lease::holder(l), term = lease::term(l), "lease written");
         }
         Ok(written)
+    }
+
+    /// The new holder's pod, as recorded with its term: its restarts (to recognise a lapsed
+    /// holder that never exited) and its uid (to recognise its death even after its candidate
+    /// is gone).
+    ///
+    /// Only a pod that says itself that it runs this candidate of this lease (or a pod of the
+    /// lease's single-active workload) is recorded: its stop then ends the term early. The pod
+    /// a candidate's `ownerReferences` name is its writer's claim: a term assigned to a
+    /// candidate whose pod does not vouch for it is recorded without a pod, and ends by release
+    /// or expiry. A holder whose pod left the cache since the decision is not assigned (an
+    /// error: decided again): a term recorded without its pod could not be ended by its stop.
+    fn holder_pod(
+        &self,
+        key: &LeaseKey,
+        candidates: &[Arc<LeaseCandidate>],
+        holder: &str,
+    ) -> anyhow::Result<Option<(i64, String)>> {
+        let Some(c) = candidates.iter().find(|c| c.name_any() == holder) else {
+            return Ok(None);
+        };
+        match self.pod_of(c) {
+            Some(p)
+                if crate::operator::cache::declared::declares_holder(&p, &key.name, holder)
+                    || self.caches.workloads.selecting(&p).contains(key) =>
+            {
+                Ok(Some((targets::restarts(&p), p.uid().unwrap_or_default())))
+            }
+            Some(p) => {
+                tracing::debug!(lease = %key, %holder, pod = %p.name_any(), "the candidate's pod does not declare it: its term is recorded without a pod");
+                Ok(None)
+            }
+            None if owner_pod(c).is_some() => {
+                anyhow::bail!("the pod of {holder} is gone; deciding again")
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Creates the Lease, labelled as arbiter's, owned by `owner` (a single-active workload),
+    /// with `holder` at its first term if one is elected. `None` when a Lease of that name
+    /// exists that arbiter did not make (it is adopted instead: [`super::adopt`]).
+    async fn create_lease(
+        &mut self,
+        key: &LeaseKey,
+        candidates: &[Arc<LeaseCandidate>],
+        holder: &Option<String>,
+        strategy: &str,
+        owner: Option<OwnerReference>,
+        duration: i32,
+    ) -> anyhow::Result<Option<Lease>> {
+        let store = LeaseStore::new(self.client.clone(), &key.namespace);
+        let mut l = Lease::default();
+        l.metadata.name = Some(key.name.clone());
+        l.metadata.namespace = Some(key.namespace.clone());
+        l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
+        l.metadata.owner_references = owner.map(|o| vec![o]);
+        l.spec = Some(LeaseSpec {
+            lease_duration_seconds: Some(duration),
+            ..LeaseSpec::default()
+        });
+        lease::set_strategy(&mut l, strategy);
+        if let Some(holder) = holder {
+            let pod = self.holder_pod(key, candidates, holder)?;
+            // Other leases of its shard that candidates name and that have no Lease
+            // in the cache: their first terms are reserved by the same mark write.
+            let (index, leases) = (&self.caches.by_lease, &self.caches.leases);
+            let new_leases = || {
+                let shard = crate::operator::term::ledger::shard_index(&key.name);
+                index.leases_in(&key.namespace, |name| {
+                    crate::operator::term::ledger::shard_index(name) == shard
+                        && leases
+                            .get(&ObjectRef::new(name).within(&key.namespace))
+                            .is_none()
+                })
+            };
+            let term = self
+                .terms
+                .next(&key.namespace, &key.name, None, new_leases)
+                .await?;
+            assign(&mut l, holder, term, duration, pod);
+        }
+        match store.create(&l).await {
+            Ok(created) => Ok(Some(created)),
+            // It exists: ours, and the cache has not shown it yet, or someone else's.
+            Err(CasError::Conflict(c)) => match self.found_foreign(key).await? {
+                true => Ok(None),
+                false => Err(CasError::Conflict(c).into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Names `holder` at the next term by compare-and-swap on `current`, recording the pod it
+    /// deposes; a Lease arbiter did not make is taken over by the same write.
+    async fn assign_holder(
+        &mut self,
+        key: &LeaseKey,
+        candidates: &[Arc<LeaseCandidate>],
+        current: &Lease,
+        holder: &str,
+        deposed: Option<&targets::Target>,
+        duration: i32,
+    ) -> anyhow::Result<Lease> {
+        let store = LeaseStore::new(self.client.clone(), &key.namespace);
+        let pod = self.holder_pod(key, candidates, holder)?;
+        let term = self
+            .terms
+            .next(
+                &key.namespace,
+                &key.name,
+                Some(lease::term(current)),
+                Vec::new,
+            )
+            .await?;
+        // The same write records the pod it deposes, to force out, and drops what was
+        // pending for the new holder (a pod given the term again is not forced out).
+        let holder_uid = pod.as_ref().map(|(_, uid)| uid.clone());
+        let mut l = current.clone();
+        targets::record_on(&mut l, deposed, |t| Some(&t.uid) == holder_uid.as_ref());
+        assign(&mut l, holder, term, duration, pod);
+        // A Lease arbiter did not make is taken over by this same write.
+        let adopting = !lease::managed(current);
+        l.labels_mut().insert(MANAGED_LABEL.into(), "true".into());
+        let written = store.replace(&l).await?;
+        if adopting {
+            self.adopted(key, current, &written);
+        }
+        Ok(written)
+    }
+
+    /// Sets `pingTime` on the candidates in `pinged` (those still among `candidates`), side by
+    /// side; each write's answer is what the candidate's answer will be compared with. A
+    /// candidate the API server says is gone is left out from now on.
+    async fn ping(
+        &mut self,
+        key: &LeaseKey,
+        candidates: &[Arc<LeaseCandidate>],
+        pinged: &[String],
+    ) -> anyhow::Result<()> {
+        // (Answers decoded tolerantly: see crate::tolerant.)
+        let api: Api<crate::tolerant::Tolerant<LeaseCandidate>> =
+            Api::namespaced(self.client.clone(), &key.namespace);
+        // The value is for readers (`kubectl get`, upstream's tools); the arbiter itself
+        // times the ping on its own clock and knows it by the version the write made.
+        let at = jiff::Timestamp::from_microsecond(jiff::Timestamp::now().as_microsecond())
+            .map(MicroTime)?;
+        let ping = json!({ "spec": { "pingTime": at } });
+        let (api, ping) = (&api, &ping);
+        let sent = futures::stream::iter(
+            pinged
+                .iter()
+                .filter(|name| candidates.iter().any(|c| c.name_any() == **name)),
+        )
+        .map(|name| async move {
+            let sent = Instant::now();
+            api.patch(name, &PatchParams::default(), &Patch::Merge(ping))
+                .await
+                .map(|answer| (answer, sent))
+                .map_err(|e| (name.clone(), e))
+        })
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect::<Vec<_>>()
+        .await;
+        for (answer, at) in sent.iter().flatten() {
+            self.caches.liveness.pinged(&answer.0, *at);
+        }
+        for e in sent.into_iter().filter_map(Result::err) {
+            match e {
+                // Gone, whatever the cache says: left out from now on.
+                (name, kube::Error::Api(s)) if s.code == 404 => {
+                    tracing::debug!(lease = %key, candidate = %name, "pinged a candidate that is gone");
+                    if let Some(uid) = candidates
+                        .iter()
+                        .find(|c| c.name_any() == name)
+                        .and_then(|c| c.uid())
+                    {
+                        self.caches.by_lease.gone(&uid);
+                    }
+                }
+                (name, e) => {
+                    return Err(anyhow::Error::new(e).context(format!("pinging {name}")));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
