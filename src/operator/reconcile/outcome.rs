@@ -15,7 +15,7 @@ use crate::lease;
 use crate::operator::key::LeaseKey;
 use crate::operator::metrics::LeaseLabels;
 use crate::operator::queue::Queue;
-use crate::operator::report::{MayWait, conditions, report};
+use crate::operator::report::{LeaseReport, MayWait, conditions, report};
 
 /// What the report said of the lease.
 pub(in crate::operator) struct Reported {
@@ -85,20 +85,23 @@ impl Worker {
         };
         // A status that could not be written is tried again soon (a holder's renewals no
         // longer bring the lease back every few seconds).
+        let r = LeaseReport {
+            key,
+            candidates,
+            decision,
+            lease_exists: lease.is_some() || written.is_some(),
+            holder,
+            term,
+            duplicates: &inputs.duplicates,
+            overruns: &overruns,
+            may_wait,
+        };
         let reported = report(
             &self.client,
             &self.recorder,
             &self.metrics,
-            key,
-            candidates,
-            decision,
-            lease.is_some() || written.is_some(),
-            holder,
-            term,
-            &inputs.duplicates,
-            &overruns,
+            r,
             &mut self.statuses,
-            may_wait,
         )
         .await;
         if reported.waiting {

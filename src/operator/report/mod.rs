@@ -1,14 +1,16 @@
 //! Reporting what was decided and done: candidates' conditions, Events, and metrics.
 
 pub mod conditions;
+mod events;
+
+pub use events::publish;
 
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -38,24 +40,44 @@ pub(in crate::operator) struct MayWait {
     pub deposed: bool,
 }
 
+/// What one pass reports on a lease.
+pub(in crate::operator) struct LeaseReport<'a> {
+    pub key: &'a LeaseKey,
+    pub candidates: &'a [Arc<LeaseCandidate>],
+    pub decision: &'a Decision,
+    /// Whether the Lease exists (or was just written).
+    pub lease_exists: bool,
+    /// The holder to report, and its term.
+    pub holder: Option<&'a str>,
+    pub term: i32,
+    /// Candidates whose identity two live processes are using, with their incarnations.
+    pub duplicates: &'a [(String, Vec<String>)],
+    /// Candidates whose workload ran past the end of an earlier term, by term.
+    pub overruns: &'a [(String, i32)],
+    /// Which statuses may be left for later.
+    pub may_wait: MayWait,
+}
+
 /// Conditions on candidates, Events and metrics for what was decided and done. Statuses that
-/// `may_wait` allows are left for later.
-#[allow(clippy::too_many_arguments)]
+/// `r.may_wait` allows are left for later; `written` remembers what this worker wrote.
 pub(in crate::operator) async fn report(
     client: &Client,
     recorder: &Recorder,
     metrics: &Metrics,
-    key: &LeaseKey,
-    candidates: &[Arc<LeaseCandidate>],
-    decision: &Decision,
-    lease_exists: bool,
-    holder: Option<&str>,
-    term: i32,
-    duplicates: &[(String, Vec<String>)],
-    overruns: &[(String, i32)],
+    r: LeaseReport<'_>,
     written: &mut Written<Vec<Condition>>,
-    may_wait: MayWait,
 ) -> Reported {
+    let LeaseReport {
+        key,
+        candidates,
+        decision,
+        lease_exists,
+        holder,
+        term,
+        duplicates,
+        overruns,
+        may_wait,
+    } = r;
     if holder.is_some() || !candidates.is_empty() {
         metrics.lease_holder(key, holder, term);
     }
@@ -124,95 +146,16 @@ pub(in crate::operator) async fn report(
                 .is_some_and(|t| conditions::leader_term(current).is_some_and(|was| was < t))
             && conditions::deposed_can_wait(current, &conditions);
         let is_holder = holder == Some(name.as_str());
-        // Events on transitions only, so a steady state is quiet. A holder the arbiter elects
-        // again at a new term (its lease lapsed, or it was deposed while its status waited) is
-        // elected again; a term raised by hand elects nobody.
-        let became =
-            |t: &str| conditions::is_true(&conditions, t) && !conditions::is_true(current, t);
-        let mut events = Vec::new();
-        let new_term = is_holder
-            && matches!(
-                decision.action,
-                Action::Assign { .. }
-                    | Action::CreateLease {
-                        holder: Some(_),
-                        ..
-                    }
-            )
+        // A holder the arbiter elects again at a new term (its lease lapsed, or it was deposed
+        // while its status waited) is elected again; a term raised by hand elects nobody.
+        let elected_again = is_holder
+            && decision.action.elects().is_some()
             && conditions::leader_term(current).is_some_and(|was| was < term)
             && conditions::leader_term(&conditions) == Some(term);
-        if became(conditions::LEADER) || new_term {
-            events.push((
-                EventType::Normal,
-                "Elected",
-                format!("elected holder of lease {} at term {term}", key.name),
-            ));
-        }
-        if conditions::is_true(current, conditions::LEADER)
-            && !conditions::is_true(&conditions, conditions::LEADER)
-        {
-            events.push((
-                EventType::Normal,
-                "Deposed",
-                format!("no longer holds lease {}", key.name),
-            ));
-        }
-        if became(conditions::DUPLICATE_IDENTITY) {
-            events.push((
-                EventType::Warning,
-                "DuplicateIdentity",
-                message(&conditions, conditions::DUPLICATE_IDENTITY),
-            ));
-        }
-        if became(conditions::DOUBLE_HOLDER) {
-            metrics.double_holders.inc();
-            tracing::error!(lease = %key, candidate = %name, "a workload ran past its term: double holder");
-            events.push((
-                EventType::Warning,
-                "DoubleHolder",
-                message(&conditions, conditions::DOUBLE_HOLDER),
-            ));
-        }
-        if became(conditions::STRATEGY_CONFLICT) {
-            metrics.strategy_conflicts.inc();
-            events.push((
-                EventType::Warning,
-                "StrategyConflict",
-                message(&conditions, conditions::STRATEGY_CONFLICT),
-            ));
-        }
-        if became(conditions::SKEW_VIOLATION) {
-            metrics.skew_violations.inc();
-            events.push((
-                EventType::Warning,
-                "SkewViolation",
-                message(&conditions, conditions::SKEW_VIOLATION),
-            ));
-        }
-        // No observedGeneration (see conditions::conditions); null removes one an earlier version wrote.
-        let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
-        let (api, read) = (&api, cached.to_vec());
-        let update = async move {
-            let done = match api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => Some((uid, read, conditions)),
-                // Gone: nothing left to report on it.
-                Err(kube::Error::Api(s)) if s.code == 404 => {
-                    tracing::debug!(candidate = %name, "the candidate is gone; its status is not written");
-                    Some((uid, read, conditions))
-                }
-                Err(e) => {
-                    tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
-                    None
-                }
-            };
-            for (type_, reason, note) in events {
-                publish(recorder, &c.object_ref(&()), type_, reason, note);
-            }
-            (is_holder, done)
-        };
+        let events = transitions(current, &conditions, elected_again, &key.name, term);
+        count(metrics, key, &name, &events);
+        let read = cached.to_vec();
+        let update = write_status(&api, recorder, c, uid, read, conditions, events, is_holder);
         holder_shown &= !is_holder;
         if may_wait_deposed {
             deposed.push(update);
@@ -245,6 +188,121 @@ pub(in crate::operator) async fn report(
     for (uid, read, wrote) in done.into_iter().filter_map(|(_, d)| d) {
         written.record(&uid, read, wrote, now);
     }
+    decision_events(recorder, metrics, key, candidates, decision, holder);
+    Reported { complete, waiting }
+}
+
+/// Counts the transitions the metrics follow.
+fn count(
+    metrics: &Metrics,
+    key: &LeaseKey,
+    candidate: &str,
+    events: &[(EventType, &'static str, String)],
+) {
+    for (_, reason, _) in events {
+        match *reason {
+            "DoubleHolder" => {
+                metrics.double_holders.inc();
+                tracing::error!(lease = %key, %candidate, "a workload ran past its term: double holder");
+            }
+            "StrategyConflict" => {
+                metrics.strategy_conflicts.inc();
+            }
+            "SkewViolation" => {
+                metrics.skew_violations.inc();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Writes candidate `c`'s conditions (read as `read`), then publishes `events`. Returns whether
+/// `c` is the holder, and what was written (its uid, read, written) unless the write failed.
+#[allow(clippy::too_many_arguments)]
+async fn write_status(
+    api: &Api<LeaseCandidate>,
+    recorder: &Recorder,
+    c: &LeaseCandidate,
+    uid: String,
+    read: Vec<Condition>,
+    conditions: Vec<Condition>,
+    events: Vec<(EventType, &'static str, String)>,
+    is_holder: bool,
+) -> (bool, Option<(String, Vec<Condition>, Vec<Condition>)>) {
+    let name = c.name_any();
+    // No observedGeneration (see conditions::conditions); null removes one an earlier version wrote.
+    let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
+    let done = match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Some((uid, read, conditions)),
+        // Gone: nothing left to report on it.
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            tracing::debug!(candidate = %name, "the candidate is gone; its status is not written");
+            Some((uid, read, conditions))
+        }
+        Err(e) => {
+            tracing::warn!(candidate = %name, error = %e, "updating candidate status failed");
+            None
+        }
+    };
+    for (type_, reason, note) in events {
+        publish(recorder, &c.object_ref(&()), type_, reason, note);
+    }
+    (is_holder, done)
+}
+
+/// The Events of a candidate's conditions changing from `current` to `desired`, on transitions
+/// only, so a steady state is quiet. `elected_again`: the holder was elected at a new term
+/// without its `Leader` condition changing.
+fn transitions(
+    current: &[Condition],
+    desired: &[Condition],
+    elected_again: bool,
+    lease: &str,
+    term: i32,
+) -> Vec<(EventType, &'static str, String)> {
+    let became = |t: &str| conditions::is_true(desired, t) && !conditions::is_true(current, t);
+    let mut events = Vec::new();
+    if became(conditions::LEADER) || elected_again {
+        events.push((
+            EventType::Normal,
+            "Elected",
+            format!("elected holder of lease {lease} at term {term}"),
+        ));
+    }
+    if conditions::is_true(current, conditions::LEADER)
+        && !conditions::is_true(desired, conditions::LEADER)
+    {
+        events.push((
+            EventType::Normal,
+            "Deposed",
+            format!("no longer holds lease {lease}"),
+        ));
+    }
+    for (type_, reason) in [
+        (conditions::DUPLICATE_IDENTITY, "DuplicateIdentity"),
+        (conditions::DOUBLE_HOLDER, "DoubleHolder"),
+        (conditions::STRATEGY_CONFLICT, "StrategyConflict"),
+        (conditions::SKEW_VIOLATION, "SkewViolation"),
+    ] {
+        if became(type_) {
+            events.push((EventType::Warning, reason, message(desired, type_)));
+        }
+    }
+    events
+}
+
+/// The Events of the decision itself, on the holder: a switchover refused, a handover asked.
+fn decision_events(
+    recorder: &Recorder,
+    metrics: &Metrics,
+    key: &LeaseKey,
+    candidates: &[Arc<LeaseCandidate>],
+    decision: &Decision,
+    holder: Option<&str>,
+) {
     if let Action::RefuseSwitchover { reason } = &decision.action
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
     {
@@ -270,7 +328,6 @@ pub(in crate::operator) async fn report(
             note,
         );
     }
-    Reported { complete, waiting }
 }
 
 fn message(conditions: &[Condition], type_: &str) -> String {
@@ -281,144 +338,13 @@ fn message(conditions: &[Condition], type_: &str) -> String {
         .unwrap_or_default()
 }
 
-/// Events sent to the API server at once; the others wait their turn, first come first.
-const EVENTS_IN_FLIGHT: usize = 8;
-static EVENTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(EVENTS_IN_FLIGHT);
-
-/// Publishes an Event in the background: a worker does not wait for it. Events report what was
-/// decided and done; waiting for each would add a round trip to the API server to every
-/// election after its status write, and in a burst of elections (a node failure that takes out
-/// hundreds of holders) the leases queue behind those round trips. At most [`EVENTS_IN_FLIGHT`]
-/// are sent at once, the others waiting (their order roughly kept, not guaranteed). An Event
-/// carries the time it is sent, so one that waited behind others (with many workers, in a
-/// burst) is stamped late; the messages that matter name the term. One still waiting when the
-/// process exits is lost, as one whose request fails is (it is logged). Sent through the
-/// operator's gate like every write: never after this replica lost its HA lease.
-pub fn publish(
-    recorder: &Recorder,
-    reference: &ObjectReference,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    let (recorder, reference) = (recorder.clone(), reference.clone());
-    tokio::spawn(async move {
-        // The semaphore is never closed.
-        let Ok(_sending) = EVENTS.acquire().await else {
-            return;
-        };
-        if let Err(e) = recorder.publish(&ev, &reference).await {
-            tracing::warn!(reason = %ev.reason, error = %e, "publishing event failed");
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    use std::time::{Duration, Instant};
 
     use kube::runtime::events::Reporter;
 
     use super::*;
-
-    async fn until(what: &str, done: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !done() {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// The publisher goes on while its Events are sent; at most `EVENTS_IN_FLIGHT` are sent at
-    /// once, and every one is sent in the end.
-    #[tokio::test]
-    async fn events_are_sent_in_the_background_a_few_at_a_time() {
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let peak = Arc::new(AtomicUsize::new(0));
-        let sent = Arc::new(AtomicUsize::new(0));
-        // The stand-in API server answers a request only once given a permit for it.
-        let answer = Arc::new(tokio::sync::Semaphore::new(0));
-        let service = {
-            let (in_flight, peak, sent, answer) = (
-                in_flight.clone(),
-                peak.clone(),
-                sent.clone(),
-                answer.clone(),
-            );
-            tower::service_fn(move |req: http::Request<kube::client::Body>| {
-                let (in_flight, peak, sent, answer) = (
-                    in_flight.clone(),
-                    peak.clone(),
-                    sent.clone(),
-                    answer.clone(),
-                );
-                async move {
-                    let now = in_flight.fetch_add(1, SeqCst) + 1;
-                    peak.fetch_max(now, SeqCst);
-                    let body = http_body_util::BodyExt::collect(req.into_body())
-                        .await?
-                        .to_bytes();
-                    answer.acquire().await?.forget();
-                    in_flight.fetch_sub(1, SeqCst);
-                    sent.fetch_add(1, SeqCst);
-                    // The Event as created: what was sent.
-                    Ok::<_, tower::BoxError>(
-                        http::Response::builder()
-                            .status(201)
-                            .header("content-type", "application/json")
-                            .body(kube::client::Body::from(body.to_vec()))
-                            .unwrap(),
-                    )
-                }
-            })
-        };
-        let recorder = Recorder::new(
-            Client::new(service, "ns"),
-            Reporter {
-                controller: "arbiter".into(),
-                instance: None,
-            },
-        );
-        let reference = ObjectReference {
-            api_version: Some("arbiter.dev/v1alpha1".into()),
-            kind: Some("LeaseCandidate".into()),
-            name: Some("c".into()),
-            namespace: Some("ns".into()),
-            uid: Some("u".into()),
-            ..Default::default()
-        };
-        for i in 0..20 {
-            publish(
-                &recorder,
-                &reference,
-                EventType::Normal,
-                "Elected",
-                format!("elected holder of lease l at term {i}"),
-            );
-        }
-        // Nothing is answered yet: the sender holds as many requests as it may.
-        until("the most allowed are in flight", || {
-            in_flight.load(SeqCst) == EVENTS_IN_FLIGHT
-        })
-        .await;
-        assert_eq!(sent.load(SeqCst), 0);
-        answer.add_permits(20);
-        until("every Event is sent", || sent.load(SeqCst) == 20).await;
-        assert_eq!(
-            peak.load(SeqCst),
-            EVENTS_IN_FLIGHT,
-            "more Events in flight than allowed"
-        );
-    }
 
     /// The candidates' status writes a report makes, by candidate name, against a stand-in
     /// API server that accepts every write.
@@ -505,20 +431,23 @@ mod tests {
             namespace: "ns".into(),
             name: "l".into(),
         };
+        let r = LeaseReport {
+            key: &key,
+            candidates,
+            decision: &decision(),
+            lease_exists: true,
+            holder: Some(holder),
+            term,
+            duplicates: &[],
+            overruns: &[],
+            may_wait,
+        };
         let reported = report(
             &client,
             &recorder,
             &Metrics::default(),
-            &key,
-            candidates,
-            &decision(),
-            true,
-            Some(holder),
-            term,
-            &[],
-            &[],
+            r,
             &mut Written::default(),
-            may_wait,
         )
         .await;
         let mut patched = patched.lock().unwrap().clone();
