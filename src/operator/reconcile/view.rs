@@ -161,38 +161,15 @@ impl Worker {
             term_known_for = term_age;
             (l, unchanged_for)
         });
-        // What this process remembers of the holder: no edit of the Lease shortens a term.
-        let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
         // The holder's own candidate may lengthen its term (the lease duration its agent
         // writes), never shorten it: the pod its `ownerReferences` name now is whatever its
         // writer put there, not the pod that took the term.
         let holder_candidate = observed
             .and_then(|(l, _)| lease::holder(l))
             .and_then(|h| candidates.iter().find(|c| c.name_any() == h));
-        let declared = declared_duration(holder_candidate);
-        let seen = observed.map(|(l, unchanged_for)| held::Seen {
-            holder: lease::holder(l),
-            since: now - unchanged_for,
-            duration: lease::duration(l)
-                .unwrap_or(self.settings.lease_duration)
-                .max(declared),
-            // As the arbiter recorded it at assignment (its field manager), not a hand edit.
-            pod_uid: l
-                .annotations()
-                .get(HOLDER_POD_ANNOTATION)
-                .map(String::as_str)
-                .filter(|_| crate::api::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION)),
-            released_by: lease::released_by(l),
-            // Only as an agent wrote it (arbiter's field manager), not a hand edit.
-            incarnation: l
-                .annotations()
-                .get(INCARNATION_ANNOTATION)
-                .map(String::as_str)
-                .filter(|i| {
-                    !i.is_empty()
-                        && crate::api::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
-                }),
-            term: lease::term(l),
+        // What this process remembers of the holder: no edit of the Lease shortens a term.
+        let seen = observed.map(|(l, unchanged_for)| {
+            self.record_seen(l, now - unchanged_for, declared_duration(holder_candidate))
         });
         // Its candidate's pod is only a claim: the term remembered this way runs its full
         // duration.
@@ -201,6 +178,7 @@ impl Worker {
             pod_uid: None,
             declared: declared_duration(Some(c)),
         });
+        let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
         let held = &self.caches.held;
         held.observe(
             key,
@@ -210,43 +188,15 @@ impl Worker {
             now,
             stopped,
         );
-        // The remembered holder withdrew its candidate, marked with the incarnation that held
-        // the term: its agent stopped the work and left (it could not release: the Lease was
-        // gone, or no longer named it). That ends the term like a release.
-        let withdrew_now = held.incarnation(key).is_some_and(|(h, incarnation)| {
-            candidates.iter().any(|c| {
-                c.name_any() == h
-                    && crate::api::withdrawn_incarnation(c) == Some(incarnation.as_str())
-            })
-        });
-        // Remembered with the term: the mark goes when the process restarts (a registration
-        // clears it), which may come before anyone is elected.
-        if withdrew_now {
-            held.withdrew(key);
-        }
-        let withdrew = withdrew_now || held.has_withdrawn(key);
+        let withdrew = self.withdrew(key, candidates);
         let previous = held.previous(key, now, stopped).map(|mut p| {
             p.pod_stopped |= withdrew;
             p
         });
-        // The process that took the holder's term (its incarnation as remembered: learned once
-        // per term, from a record an agent wrote) ended with its container: the kubelet
-        // reported the termination message it wrote, in the pod the term was assigned in.
-        let ended = observed
-            .and_then(|(l, _)| lease::holder(l))
-            .and_then(|holder| {
-                let (h, incarnation) = held.incarnation(key)?;
-                let (_, recorded) = held.term_of(key, holder)?;
-                let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
-                (h == holder
-                    && pod.uid() == recorded
-                    && crate::operator::cache::stopped::incarnation_ended(&pod, &incarnation))
-                .then_some(incarnation)
-            });
-        let process_ended = ended.is_some();
+        let ended = self.ended_process(key, observed.map(|(l, _)| l), holder_candidate);
         // Its candidate is not elected again until a new process of it registers (the last
         // acknowledgements came from the dead one).
-        if let (Some(dead), Some(c)) = (ended, holder_candidate)
+        if let (Some(dead), Some(c)) = (&ended, holder_candidate)
             && c.annotations()
                 .get(INCARNATION_ANNOTATION)
                 .map(String::as_str)
@@ -255,58 +205,17 @@ impl Worker {
         {
             inputs[i].pod = decide::PodState::Stopped;
         }
+        let term_seen = crate::election::heard::own_clock(
+            now.checked_sub(term_known_for).unwrap_or(now),
+            now,
+            wall,
+        );
         let observed_view = observed.map(|(l, unchanged_for)| {
-            let holder = lease::holder(l).map(str::to_string);
-            // Not the arbiter's Lease: its holder's duration, and never less than the arbiter's
-            // own (the Lease says what someone else wrote).
-            let foreign = !lease::managed(l);
-            let written = match lease::duration(l) {
-                Some(d) if foreign => d.max(self.settings.lease_duration),
-                Some(d) => d,
-                None => self.settings.lease_duration,
+            let ended = Ended {
+                withdrew,
+                process: ended.is_some(),
             };
-            // While the holder is the one remembered, its term's longest duration and its pod as
-            // recorded at assignment count, not what the Lease says now.
-            let (duration, pod_stopped) = match holder.as_deref().and_then(|h| held.term_of(key, h))
-            {
-                Some((longest, Some(uid))) => (longest.max(written), stopped(&uid)),
-                // Assigned without a pod: an annotation added later proves nothing.
-                Some((longest, None)) => (longest.max(written), false),
-                None => (written, self.holder_pod_stopped(l)),
-            };
-            let withdrew = withdrew && held.incarnation(key).map(|(h, _)| h) == holder;
-            let released_by = lease::released_by(l);
-            // Why the holder's term ended, for the leader-change metric if a new one is
-            // assigned (`None`: the Lease names nobody and nobody released it).
-            let ended_by = match () {
-                _ if holder.is_none() => released_by.map(|_| "released"),
-                _ if withdrew => Some("released"),
-                _ if pod_stopped => Some("pod_stopped"),
-                _ if process_ended => Some("container_restarted"),
-                _ => Some("expired"),
-            };
-            let pod_stopped = pod_stopped || withdrew || process_ended;
-            let view = decide::Lease {
-                holder,
-                preferred_holder: lease::preferred_holder(l).map(str::to_string),
-                strategy: lease::strategy(l).map(str::to_string),
-                duration,
-                unchanged_for,
-                released_by: released_by.map(str::to_string),
-                holder_pod_stopped: pod_stopped,
-                term_seen: Some(crate::election::heard::own_clock(
-                    now.checked_sub(term_known_for).unwrap_or(now),
-                    now,
-                    wall,
-                )),
-                switchover: l
-                    .annotations()
-                    .get(lease::HANDOVER_REQUEST_ANNOTATION)
-                    .map(|v| lease::parse_handover_request(v)),
-                term: lease::term(l),
-                foreign,
-            };
-            (view, ended_by)
+            self.lease_view(key, l, unchanged_for, ended, term_seen)
         });
         // No Lease, or one naming nobody: the term remembered ended (or there was none).
         let term_ended = observed_view
@@ -329,6 +238,143 @@ impl Worker {
             released,
         }
     }
+
+    /// A Lease record as the memory of holders takes it: first seen `since`, its duration at
+    /// least the holder's `declared` one, and the pod and incarnation only as arbiter and the
+    /// agents wrote them (not a hand edit).
+    fn record_seen<'l>(&self, l: &'l Lease, since: Instant, declared: Duration) -> held::Seen<'l> {
+        held::Seen {
+            holder: lease::holder(l),
+            since,
+            duration: lease::duration(l)
+                .unwrap_or(self.settings.lease_duration)
+                .max(declared),
+            // As the arbiter recorded it at assignment (its field manager), not a hand edit.
+            pod_uid: l
+                .annotations()
+                .get(HOLDER_POD_ANNOTATION)
+                .map(String::as_str)
+                .filter(|_| crate::api::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION)),
+            released_by: lease::released_by(l),
+            // Only as an agent wrote it (arbiter's field manager), not a hand edit.
+            incarnation: l
+                .annotations()
+                .get(INCARNATION_ANNOTATION)
+                .map(String::as_str)
+                .filter(|i| {
+                    !i.is_empty()
+                        && crate::api::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
+                }),
+            term: lease::term(l),
+        }
+    }
+
+    /// Whether the remembered holder withdrew its candidate, marked with the incarnation that
+    /// held the term: its agent stopped the work and left (it could not release: the Lease was
+    /// gone, or no longer named it). That ends the term like a release. Remembered with the
+    /// term: the mark goes when the process restarts (a registration clears it), which may
+    /// come before anyone is elected.
+    fn withdrew(&self, key: &LeaseKey, candidates: &[Arc<LeaseCandidate>]) -> bool {
+        let held = &self.caches.held;
+        let withdrew_now = held.incarnation(key).is_some_and(|(h, incarnation)| {
+            candidates.iter().any(|c| {
+                c.name_any() == h
+                    && crate::api::withdrawn_incarnation(c) == Some(incarnation.as_str())
+            })
+        });
+        if withdrew_now {
+            held.withdrew(key);
+        }
+        withdrew_now || held.has_withdrawn(key)
+    }
+
+    /// The incarnation that took the holder's term (as remembered: learned once per term, from
+    /// a record an agent wrote), if it ended with its container: the kubelet reported the
+    /// termination message it wrote, in the pod the term was assigned in.
+    fn ended_process(
+        &self,
+        key: &LeaseKey,
+        lease: Option<&Lease>,
+        holder_candidate: Option<&Arc<LeaseCandidate>>,
+    ) -> Option<String> {
+        let held = &self.caches.held;
+        let holder = lease.and_then(lease::holder)?;
+        let (h, incarnation) = held.incarnation(key)?;
+        let (_, recorded) = held.term_of(key, holder)?;
+        let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
+        (h == holder
+            && pod.uid() == recorded
+            && crate::operator::cache::stopped::incarnation_ended(&pod, &incarnation))
+        .then_some(incarnation)
+    }
+
+    /// The Lease `l` as the election sees it, unchanged for `unchanged_for` on this process's
+    /// clock, its term known since `term_seen`; and why its holder's term ended, for the
+    /// leader-change metric if a new one is assigned (`None`: it names nobody and nobody
+    /// released it).
+    fn lease_view(
+        &self,
+        key: &LeaseKey,
+        l: &Lease,
+        unchanged_for: Duration,
+        ended: Ended,
+        term_seen: jiff::Timestamp,
+    ) -> (decide::Lease, Option<&'static str>) {
+        let held = &self.caches.held;
+        let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
+        let holder = lease::holder(l).map(str::to_string);
+        // Not the arbiter's Lease: its holder's duration, and never less than the arbiter's
+        // own (the Lease says what someone else wrote).
+        let foreign = !lease::managed(l);
+        let written = match lease::duration(l) {
+            Some(d) if foreign => d.max(self.settings.lease_duration),
+            Some(d) => d,
+            None => self.settings.lease_duration,
+        };
+        // While the holder is the one remembered, its term's longest duration and its pod as
+        // recorded at assignment count, not what the Lease says now.
+        let (duration, pod_stopped) = match holder.as_deref().and_then(|h| held.term_of(key, h)) {
+            Some((longest, Some(uid))) => (longest.max(written), stopped(&uid)),
+            // Assigned without a pod: an annotation added later proves nothing.
+            Some((longest, None)) => (longest.max(written), false),
+            None => (written, self.holder_pod_stopped(l)),
+        };
+        let withdrew = ended.withdrew && held.incarnation(key).map(|(h, _)| h) == holder;
+        let released_by = lease::released_by(l);
+        let ended_by = match () {
+            _ if holder.is_none() => released_by.map(|_| "released"),
+            _ if withdrew => Some("released"),
+            _ if pod_stopped => Some("pod_stopped"),
+            _ if ended.process => Some("container_restarted"),
+            _ => Some("expired"),
+        };
+        let pod_stopped = pod_stopped || withdrew || ended.process;
+        let view = decide::Lease {
+            holder,
+            preferred_holder: lease::preferred_holder(l).map(str::to_string),
+            strategy: lease::strategy(l).map(str::to_string),
+            duration,
+            unchanged_for,
+            released_by: released_by.map(str::to_string),
+            holder_pod_stopped: pod_stopped,
+            term_seen: Some(term_seen),
+            switchover: l
+                .annotations()
+                .get(lease::HANDOVER_REQUEST_ANNOTATION)
+                .map(|v| lease::parse_handover_request(v)),
+            term: lease::term(l),
+            foreign,
+        };
+        (view, ended_by)
+    }
+}
+
+/// What ended the remembered holder's term, besides its pod's stop.
+struct Ended {
+    /// It withdrew its candidate ([`Worker::withdrew`]).
+    withdrew: bool,
+    /// The process that took the term ended with its container ([`Worker::ended_process`]).
+    process: bool,
 }
 
 /// The candidate the arbiter last reported `Leader=True`: of several (a deposed holder's
