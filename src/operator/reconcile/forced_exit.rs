@@ -21,6 +21,7 @@ use crate::operator::force::holder_pods;
 use crate::operator::force::targets::{self, Target};
 use crate::operator::key::LeaseKey;
 use crate::operator::metrics::MethodLabels;
+use crate::operator::reconcile::RETRY_FAILED_WRITE;
 use crate::operator::reconcile::Worker;
 use crate::operator::report::publish;
 use crate::operator::single_active::{self, Plan};
@@ -89,16 +90,54 @@ impl Worker {
         // as its cache shows it: the base of the record's compare-and-swap below.
         let latest = self.newest_lease(key);
         let latest = latest.as_deref();
-        // Forced exits another replica left pending are carried on: only as arbiter wrote
-        // them (a hand edit's, or anyone else's, are refused and reported), and only for pods of
-        // this lease's candidates or workload.
-        let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
-        let trusted =
-            latest.is_some_and(|l| crate::api::written_by_arbiter(&l.metadata, PENDING_ANNOTATION));
         let workload_pods: HashSet<String> = plan
             .into_iter()
             .flat_map(|p| p.pods.iter().filter_map(|pod| pod.uid()))
             .collect();
+        let recorded = self.restore_pending(key, latest, candidates, &workload_pods);
+        let (outcomes, retry) = if self.spare_holders(key, latest, candidates).await {
+            let pods = self.caches.pods.clone();
+            let ns = key.namespace.clone();
+            // Only a pod that declares this lease itself, or that the operator selects as its
+            // workload's (never one a candidate's writer named).
+            let lease_name = key.name.clone();
+            let may_force = |pod: &k8s_openapi::api::core::v1::Pod| {
+                crate::operator::cache::declared::declares(pod, &lease_name)
+                    || pod.uid().is_some_and(|u| workload_pods.contains(&u))
+            };
+            self.deposer
+                .attempt(
+                    &self.client,
+                    key,
+                    policy,
+                    |name| pods.get(&ns, name).map(|p| (*p).clone()),
+                    may_force,
+                )
+                .await
+        } else {
+            (Vec::new(), Some(RETRY_FAILED_WRITE))
+        };
+        let retry = self
+            .record_pending(key, latest, recorded.as_deref(), candidates, retry)
+            .await;
+        self.publish_outcomes(key, candidates, plan, outcomes);
+        retry
+    }
+
+    /// Takes up the forced exits recorded on the Lease (`latest`) that another replica left
+    /// pending: only as arbiter wrote them (a hand edit's, or anyone else's, are refused and
+    /// reported), and only for pods of this lease's candidates or workload. Returns what was
+    /// recorded.
+    fn restore_pending(
+        &mut self,
+        key: &LeaseKey,
+        latest: Option<&Lease>,
+        candidates: &[Arc<LeaseCandidate>],
+        workload_pods: &HashSet<String>,
+    ) -> Option<String> {
+        let recorded = latest.and_then(|l| l.annotations().get(PENDING_ANNOTATION).cloned());
+        let trusted =
+            latest.is_some_and(|l| crate::api::written_by_arbiter(&l.metadata, PENDING_ANNOTATION));
         let ours: HashSet<String> = candidates
             .iter()
             .filter_map(|c| owner_pod(c).map(|(_, uid)| uid))
@@ -121,65 +160,63 @@ impl Worker {
         let restorable = recorded.as_deref().filter(|_| trusted);
         self.deposer
             .restore(key, restorable, |t| ours.contains(&t.uid));
-        // Never the lease's holder (given the term again since it was deposed): as this worker
-        // sees the Lease, and, before anything is forced out, as the API server has it now (a
-        // view that lags, e.g. after taking over from another replica, may not show it yet).
+        recorded
+    }
+
+    /// Drops the pods of the lease's holder (given the term again since it was deposed) from
+    /// what is to be forced out: as this worker sees the Lease, and, before anything is forced
+    /// out, as the API server has it now (a view that lags, e.g. after taking over from another
+    /// replica, may not show it yet). `false` if the Lease could not be read: nothing is
+    /// forced out this time.
+    async fn spare_holders(
+        &mut self,
+        key: &LeaseKey,
+        latest: Option<&Lease>,
+        candidates: &[Arc<LeaseCandidate>],
+    ) -> bool {
         let holding = latest
             .map(|l| holder_pods(l, candidates))
             .unwrap_or_default();
         self.deposer.spare(key, |t| holding.contains(&t.uid));
-        let mut checked = true;
-        if self.deposer.has_pending(key) {
-            match LeaseStore::new(self.client.clone(), &key.namespace)
-                .get(&key.name)
-                .await
-            {
-                Ok(now) => {
-                    let holding = now
-                        .as_ref()
-                        .map(|l| holder_pods(l, candidates))
-                        .unwrap_or_default();
-                    self.deposer.spare(key, |t| holding.contains(&t.uid));
-                }
-                Err(e) => {
-                    tracing::debug!(lease = %key, error = %e, "reading the Lease before forcing out failed (retried)");
-                    checked = false;
-                }
+        if !self.deposer.has_pending(key) {
+            return true;
+        }
+        match LeaseStore::new(self.client.clone(), &key.namespace)
+            .get(&key.name)
+            .await
+        {
+            Ok(now) => {
+                let holding = now
+                    .as_ref()
+                    .map(|l| holder_pods(l, candidates))
+                    .unwrap_or_default();
+                self.deposer.spare(key, |t| holding.contains(&t.uid));
+                true
+            }
+            Err(e) => {
+                tracing::debug!(lease = %key, error = %e, "reading the Lease before forcing out failed (retried)");
+                false
             }
         }
-        let pods = self.caches.pods.clone();
-        let ns = key.namespace.clone();
-        let (outcomes, mut retry) = if checked {
-            // Only a pod that declares this lease itself, or that the operator selects as its
-            // workload's (never one a candidate's writer named).
-            let lease_name = key.name.clone();
-            let may_force = |pod: &k8s_openapi::api::core::v1::Pod| {
-                crate::operator::cache::declared::declares(pod, &lease_name)
-                    || pod.uid().is_some_and(|u| workload_pods.contains(&u))
-            };
-            self.deposer
-                .attempt(
-                    &self.client,
-                    key,
-                    policy,
-                    |name| pods.get(&ns, name).map(|p| (*p).clone()),
-                    may_force,
-                )
-                .await
-        } else {
-            (
-                Vec::new(),
-                Some(crate::operator::reconcile::RETRY_FAILED_WRITE),
-            )
-        };
-        // Record what is still pending on the Lease, for whichever replica leads next.
+    }
+
+    /// Records what is still pending on the Lease, for whichever replica leads next, if it
+    /// changed from what was `recorded`. Returns `retry`, sooner if the record failed.
+    async fn record_pending(
+        &mut self,
+        key: &LeaseKey,
+        latest: Option<&Lease>,
+        recorded: Option<&str>,
+        candidates: &[Arc<LeaseCandidate>],
+        mut retry: Option<Duration>,
+    ) -> Option<Duration> {
         let pending = self.deposer.recorded(key);
         if pending.is_some() || !candidates.is_empty() {
             let n = pending.as_deref().map_or(0, |p| p.split(',').count());
             self.metrics.forced_exits_pending(key, n);
         }
         if let Some(l) = latest
-            && pending != recorded
+            && pending.as_deref() != recorded
         {
             let mut l = l.clone();
             lease::set_annotation(&mut l, PENDING_ANNOTATION, pending.as_deref());
@@ -190,11 +227,23 @@ impl Worker {
                 Ok(w) => self.wrote_lease(key, w),
                 Err(e) => {
                     tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
-                    let soon = crate::operator::reconcile::RETRY_FAILED_WRITE;
+                    let soon = RETRY_FAILED_WRITE;
                     retry = Some(retry.unwrap_or(soon).min(soon));
                 }
             }
         }
+        retry
+    }
+
+    /// Logs, counts and reports each forced exit's outcome (on the candidate, and on the
+    /// workload if one governs the lease).
+    fn publish_outcomes(
+        &self,
+        key: &LeaseKey,
+        candidates: &[Arc<LeaseCandidate>],
+        plan: Option<&Plan>,
+        outcomes: Vec<(Target, targets::Outcome)>,
+    ) {
         for (target, outcome) in outcomes {
             tracing::info!(lease = %key, pod = %target.pod, outcome = ?outcome, "forced exit");
             if let targets::Outcome::Forced(policy) = &outcome {
@@ -217,6 +266,5 @@ impl Worker {
             }
             publish(&self.recorder, &c.object_ref(&()), type_, reason, note);
         }
-        retry
     }
 }
