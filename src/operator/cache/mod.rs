@@ -35,7 +35,7 @@ use crate::operator::cache::candidate_index::{CandidateIndex, key_of, owner_pod}
 use crate::operator::cache::incarnations::IncarnationLog;
 use crate::operator::cache::lease_records::Records;
 use crate::operator::cache::liveness::Liveness;
-use crate::operator::cache::pods::{FollowedPods, fetch_loop, has_role};
+use crate::operator::cache::pods::{Fetch, FollowedPods, fetch_loop, has_role};
 use crate::operator::cache::stopped::StoppedPods;
 use crate::operator::cache::workloads::AnnotatedWorkloads;
 use crate::operator::key::LeaseKey;
@@ -104,16 +104,6 @@ pub fn watch_all(
     let (deployments, dw) = reflector::store();
     let (stateful_sets, sw) = reflector::store();
     let stopped_pods = StoppedPods::default();
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
     let by_lease = CandidateIndex::default();
     let workloads = AnnotatedWorkloads::default();
     // A pod is followed if a candidate names it, an annotated workload selects it, or it
@@ -160,98 +150,71 @@ pub fn watch_all(
         single_active_locks: NamespaceLocks::default(),
     };
 
-    let e = enqueue.clone();
-    let log = caches.incarnations.clone();
-    let liveness = caches.liveness.clone();
-    let listed_candidates = caches.candidates.clone();
-    let index = caches.by_lease.clone();
-    let followed = pods.clone();
-    // Leases of the candidates a (re)list delivered: reconciled at its end, once the store
-    // holds what it listed (until then a worker would judge the candidates as they were).
-    let mut relisted: HashSet<LeaseKey> = HashSet::new();
-    // Tolerant: one candidate (or Lease) anyone wrote must not stop the watch for all.
-    let candidate_events = crate::tolerant::watch::<LeaseCandidate>(
-        client.clone(),
+    let candidate_events = candidate_events(&client, namespace, cw, &caches, enqueue.clone());
+    let lease_events = lease_events(&client, namespace, lw, &caches, enqueue.clone());
+    let pod_events = pod_events(
+        &client,
         namespace,
-        watcher::Config::default(),
-    )
-    .backoff(crate::client::reconnect_backoff())
-    .modify(|c| crate::operator::cache::slim::keep_annotation_owners(&mut c.metadata))
-    .reflect(cw)
-    .map(move |ev| {
-        let ev = ev?;
-        match &ev {
-            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
-                log.record(c);
-                liveness.observe(c, matches!(ev, watcher::Event::Apply(_)));
-                index.insert(c);
-                if let Some((name, uid)) = owner_pod(c) {
-                    followed.need_pod(&c.namespace().unwrap_or_default(), &name, &uid);
-                }
-            }
-            watcher::Event::Delete(c) => {
-                log.forget(c);
-                liveness.forget(c);
-                index.remove(c);
-            }
-            // A relist reports no deletions: forget what it no longer lists (the store is
-            // replaced before this runs).
-            watcher::Event::InitDone => {
-                let listed = |ns: &str, name: &str| {
-                    listed_candidates
-                        .get(&ObjectRef::new(name).within(ns))
-                        .is_some()
-                };
-                liveness.retain(listed);
-                log.retain(listed);
-                let cached: HashSet<String> = listed_candidates
-                    .state()
-                    .iter()
-                    .filter_map(|c| c.uid())
-                    .collect();
-                index.retain_gone(|uid| cached.contains(uid));
-                for key in relisted.drain() {
-                    e.key(key);
-                }
-            }
-            _ => {}
-        }
-        match ev {
-            watcher::Event::InitApply(c) => {
-                relisted.insert(key_of(&c));
-            }
-            ev => {
-                for c in touched(ev) {
-                    e.key(key_of(&c));
-                }
-            }
-        }
-        Ok::<_, anyhow::Error>(())
-    });
-    let e = enqueue.clone();
-    let (records, held, listed_leases) = (
-        caches.records.clone(),
-        caches.held.clone(),
-        caches.leases.clone(),
+        &caches,
+        stopped_pods,
+        listed,
+        fetches,
+        enqueue.clone(),
     );
-    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
-    let lease_events = crate::tolerant::watch::<Lease>(client.clone(), namespace, managed)
-        .backoff(crate::client::reconnect_backoff())
-        .modify(|l| crate::operator::cache::slim::keep_annotation_owners(&mut l.metadata))
-        .reflect(lw)
-        .map(move |ev| {
-            let ev = ev?;
-            let listed = |k: &LeaseKey| {
-                listed_leases
-                    .get(&ObjectRef::new(&k.name).within(&k.namespace))
-                    .is_some()
-            };
-            for key in records.on_event(&held, &ev, listed) {
-                e.key(key);
-            }
-            Ok(())
-        });
-    let e = enqueue.clone();
+    let deployment_events = workload_events(
+        api::<Deployment>(&client, namespace),
+        dw,
+        "Deployment",
+        Workload::from_deployment,
+        &caches,
+        enqueue.clone(),
+    );
+    let stateful_set_events = workload_events(
+        api::<StatefulSet>(&client, namespace),
+        sw,
+        "StatefulSet",
+        Workload::from_stateful_set,
+        &caches,
+        enqueue,
+    );
+    let errors = futures::stream::select_all([
+        candidate_events.boxed(),
+        lease_events.boxed(),
+        pod_events.boxed(),
+        deployment_events.boxed(),
+        stateful_set_events.boxed(),
+    ])
+    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
+    .boxed();
+    (caches, errors)
+}
+
+/// The API of `K` in `namespace`, or in all namespaces.
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The pod watch, started once `listed` (the candidates and workloads are listed, so that its
+/// first list keeps every pod they name), and the fetches of followed pods it missed
+/// (`fetches`): each pod event is proof of a stop or not, and enqueues the leases of the pod's
+/// candidates and workloads.
+fn pod_events(
+    client: &Client,
+    namespace: Option<&str>,
+    caches: &Caches,
+    stopped_pods: StoppedPods,
+    listed: impl std::future::Future<Output = ()> + Send + 'static,
+    fetches: tokio::sync::mpsc::UnboundedReceiver<Fetch>,
+    enqueue: Enqueue,
+) -> BoxStream<'static, anyhow::Result<()>> {
+    let e = enqueue;
     let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
     // What a followed pod's event (or fetch) means: proof of a stop, leases to look at.
     let on_pod = move |pod: &Pod, deleted: bool| {
@@ -265,11 +228,12 @@ pub fn watch_all(
         }
     };
     let (pod_watch_api, all_candidates, on_fetched) = (
-        api::<Pod>(&client, namespace),
+        api::<Pod>(client, namespace),
         caches.candidates.clone(),
         on_pod.clone(),
     );
-    let pod_events = futures::stream::once(listed).flat_map(move |()| {
+    let pods = caches.pods.clone();
+    let events = futures::stream::once(listed).flat_map(move |()| {
         let (pods, all_candidates, on_pod) = (pods.clone(), all_candidates.clone(), on_pod.clone());
         // Pods and workloads keep kube-runtime's backoff (up to 30 s): relisting every pod in
         // the cluster every few seconds would weigh on an API server that is struggling, and
@@ -302,33 +266,119 @@ pub fn watch_all(
         move |pod| on_fetched(pod, false),
     ))
     .map(Err);
-    let deployment_events = workload_events(
-        api::<Deployment>(&client, namespace),
-        dw,
-        "Deployment",
-        Workload::from_deployment,
-        &caches,
-        enqueue.clone(),
+    futures::stream::select(events, fetched).boxed()
+}
+
+/// The candidate watch: every event feeds the incarnation log, the liveness evidence and the
+/// index of candidates by lease, and enqueues the candidate's lease (a relist's, at its end).
+fn candidate_events(
+    client: &Client,
+    namespace: Option<&str>,
+    writer: reflector::store::Writer<LeaseCandidate>,
+    caches: &Caches,
+    enqueue: Enqueue,
+) -> BoxStream<'static, anyhow::Result<()>> {
+    let e = enqueue;
+    let log = caches.incarnations.clone();
+    let liveness = caches.liveness.clone();
+    let listed_candidates = caches.candidates.clone();
+    let index = caches.by_lease.clone();
+    let followed = caches.pods.clone();
+    // Leases of the candidates a (re)list delivered: reconciled at its end, once the store
+    // holds what it listed (until then a worker would judge the candidates as they were).
+    let mut relisted: HashSet<LeaseKey> = HashSet::new();
+    // Tolerant: one candidate (or Lease) anyone wrote must not stop the watch for all.
+    crate::tolerant::watch::<LeaseCandidate>(client.clone(), namespace, watcher::Config::default())
+        .backoff(crate::client::reconnect_backoff())
+        .modify(|c| crate::operator::cache::slim::keep_annotation_owners(&mut c.metadata))
+        .reflect(writer)
+        .map(move |ev| {
+            let ev = ev?;
+            match &ev {
+                watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+                    log.record(c);
+                    liveness.observe(c, matches!(ev, watcher::Event::Apply(_)));
+                    index.insert(c);
+                    if let Some((name, uid)) = owner_pod(c) {
+                        followed.need_pod(&c.namespace().unwrap_or_default(), &name, &uid);
+                    }
+                }
+                watcher::Event::Delete(c) => {
+                    log.forget(c);
+                    liveness.forget(c);
+                    index.remove(c);
+                }
+                // A relist reports no deletions: forget what it no longer lists (the store is
+                // replaced before this runs).
+                watcher::Event::InitDone => {
+                    let listed = |ns: &str, name: &str| {
+                        listed_candidates
+                            .get(&ObjectRef::new(name).within(ns))
+                            .is_some()
+                    };
+                    liveness.retain(listed);
+                    log.retain(listed);
+                    let cached: HashSet<String> = listed_candidates
+                        .state()
+                        .iter()
+                        .filter_map(|c| c.uid())
+                        .collect();
+                    index.retain_gone(|uid| cached.contains(uid));
+                    for key in relisted.drain() {
+                        e.key(key);
+                    }
+                }
+                _ => {}
+            }
+            match ev {
+                watcher::Event::InitApply(c) => {
+                    relisted.insert(key_of(&c));
+                }
+                ev => {
+                    for c in touched(ev) {
+                        e.key(key_of(&c));
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        })
+        .boxed()
+}
+
+/// The watch of the Leases arbiter manages: each record's delivery is stamped (the start of
+/// its age) and the memory of holders follows the renewals; the leases that need a reconcile
+/// are enqueued.
+fn lease_events(
+    client: &Client,
+    namespace: Option<&str>,
+    writer: reflector::store::Writer<Lease>,
+    caches: &Caches,
+    enqueue: Enqueue,
+) -> BoxStream<'static, anyhow::Result<()>> {
+    let e = enqueue;
+    let (records, held, listed_leases) = (
+        caches.records.clone(),
+        caches.held.clone(),
+        caches.leases.clone(),
     );
-    let stateful_set_events = workload_events(
-        api::<StatefulSet>(&client, namespace),
-        sw,
-        "StatefulSet",
-        Workload::from_stateful_set,
-        &caches,
-        enqueue,
-    );
-    let errors = futures::stream::select_all([
-        candidate_events.boxed(),
-        lease_events.boxed(),
-        pod_events.boxed(),
-        fetched.boxed(),
-        deployment_events.boxed(),
-        stateful_set_events.boxed(),
-    ])
-    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
-    .boxed();
-    (caches, errors)
+    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+    crate::tolerant::watch::<Lease>(client.clone(), namespace, managed)
+        .backoff(crate::client::reconnect_backoff())
+        .modify(|l| crate::operator::cache::slim::keep_annotation_owners(&mut l.metadata))
+        .reflect(writer)
+        .map(move |ev| {
+            let ev = ev?;
+            let listed = |k: &LeaseKey| {
+                listed_leases
+                    .get(&ObjectRef::new(&k.name).within(&k.namespace))
+                    .is_some()
+            };
+            for key in records.on_event(&held, &ev, listed) {
+                e.key(key);
+            }
+            Ok(())
+        })
+        .boxed()
 }
 
 /// A workload kind's watch, filling its cache. The lease an annotated workload governs, and the
