@@ -169,23 +169,7 @@ impl Settings {
 /// Runs the operator until it loses leadership, a watch dies, or SIGTERM/SIGINT.
 pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     settings.validate()?;
-    // Writes go out only while this replica certainly holds the operator lease: the gate opens
-    // at each successful renew until that renew's deadline, and closes by itself. Every request
-    // times out well within the renew deadline, so none can hang past it.
-    let gate = crate::client::Gate::default();
-    let timeouts = crate::client::Timeouts {
-        read: settings.ha_renew_deadline / 2,
-        write: settings.request_timeout(),
-    };
-    let client = crate::client::connect_with(timeouts, Some(gate.clone())).await?;
-    // The HA lease, and the CRD install before any leadership, are not arbiter actions. A
-    // renew is cut off at the renew deadline anyway, and a late one only makes a standby wait
-    // longer: it gets the whole deadline.
-    let ha_client = crate::client::connect_with(
-        crate::client::Timeouts::both(settings.ha_renew_deadline),
-        None,
-    )
-    .await?;
+    let (client, ha_client, gate) = connect(&settings).await?;
     let namespace = settings
         .namespace
         .clone()
@@ -208,6 +192,92 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
     let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
+    let (caches, queues, sync, watches) = start_caches(&client, &settings, &metrics);
+
+    let timings = ha::Timings {
+        lease_duration: settings.ha_lease_duration,
+        renew_deadline: settings.ha_renew_deadline,
+        retry_period: settings.ha_retry_period,
+    };
+    let elector = ha::Elector::new(
+        LeaseStore::new(ha_client, &namespace),
+        &settings.leader_election_lease,
+        &identity,
+        timings,
+        gate,
+    );
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+
+    tracing::info!(%identity, %namespace, "standing by for the operator lease");
+    let (mut server, mut watches) = (server, watches);
+    let acquired = tokio::select! {
+        acquired = async { sync.await; elector.acquire().await } => acquired,
+        _ = &mut shutdown => return Ok(()),
+        r = &mut server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+        r = &mut watches => anyhow::bail!("watches ended: {r:?}"),
+    };
+    metrics.active.set(1);
+    tracing::info!(%identity, "acting as the arbiter");
+    let run = reconcile::run(
+        client.clone(),
+        caches,
+        queues,
+        settings.clone(),
+        metrics.clone(),
+    );
+    tokio::pin!(run);
+    // The metrics server and the watches are watched while acting too: a replica whose caches
+    // stopped must not go on acting on them.
+    let result = tokio::select! {
+        r = lead(&elector, acquired, run.as_mut(), shutdown.as_mut(), &metrics) => r,
+        r = &mut server => Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+        r = &mut watches => Err(anyhow::anyhow!("watches ended: {r:?}")),
+    };
+    if result.is_ok() {
+        // A clean stop: hand the operator lease to a standby at once.
+        if let Err(e) = elector.release().await {
+            tracing::warn!(error = %e, "releasing the operator lease failed; a standby takes over at expiry");
+        }
+    }
+    result
+}
+
+/// The operator's clients: one whose writes go out only while this replica certainly holds
+/// the operator lease (through `gate`), and one for the HA lease itself.
+async fn connect(settings: &Settings) -> anyhow::Result<(Client, Client, crate::client::Gate)> {
+    // Writes go out only while this replica certainly holds the operator lease: the gate opens
+    // at each successful renew until that renew's deadline, and closes by itself. Every request
+    // times out well within the renew deadline, so none can hang past it.
+    let gate = crate::client::Gate::default();
+    let timeouts = crate::client::Timeouts {
+        read: settings.ha_renew_deadline / 2,
+        write: settings.request_timeout(),
+    };
+    let client = crate::client::connect_with(timeouts, Some(gate.clone())).await?;
+    // The HA lease, and the CRD install before any leadership, are not arbiter actions. A
+    // renew is cut off at the renew deadline anyway, and a late one only makes a standby wait
+    // longer: it gets the whole deadline.
+    let ha_client = crate::client::connect_with(
+        crate::client::Timeouts::both(settings.ha_renew_deadline),
+        None,
+    )
+    .await?;
+    Ok((client, ha_client, gate))
+}
+
+/// The work queues, and the caches with their watches: `sync` ends once the caches are synced
+/// (readiness), `watches` only if the watches do (which must take the process down).
+fn start_caches(
+    client: &Client,
+    settings: &Settings,
+    metrics: &Arc<metrics::Metrics>,
+) -> (
+    cache::Caches,
+    Vec<queue::Queue>,
+    impl std::future::Future<Output = ()> + use<>,
+    tokio::task::JoinHandle<()>,
+) {
     let (enqueue, queues) = queue::queues(
         usize::from(settings.concurrency),
         queue::QueueMetrics {
@@ -245,40 +315,21 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         }
     };
 
-    let timings = ha::Timings {
-        lease_duration: settings.ha_lease_duration,
-        renew_deadline: settings.ha_renew_deadline,
-        retry_period: settings.ha_retry_period,
-    };
-    let elector = ha::Elector::new(
-        LeaseStore::new(ha_client, &namespace),
-        &settings.leader_election_lease,
-        &identity,
-        timings,
-        gate,
-    );
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
+    (caches, queues, sync, watches)
+}
 
-    tracing::info!(%identity, %namespace, "standing by for the operator lease");
-    let acquired = tokio::select! {
-        acquired = async { sync.await; elector.acquire().await } => acquired,
-        _ = &mut shutdown => return Ok(()),
-        r = server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
-        _ = watches => anyhow::bail!("watches ended"),
-    };
-    metrics.active.set(1);
-    tracing::info!(%identity, "acting as the arbiter");
-    let run = reconcile::run(
-        client.clone(),
-        caches,
-        queues,
-        settings.clone(),
-        metrics.clone(),
-    );
-    tokio::pin!(run);
-    let mut acquired = acquired;
-    let result = loop {
+/// Acts while this replica holds the operator lease (acquired at `acquired`), `run` being the
+/// workers: when a renewal fails the writes stop, and resume only if nobody took the lease
+/// meanwhile. Ends with an error when the lease is lost or the workers stop, or `Ok` on
+/// `shutdown`.
+async fn lead(
+    elector: &ha::Elector,
+    mut acquired: std::time::Instant,
+    mut run: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    metrics: &metrics::Metrics,
+) -> anyhow::Result<()> {
+    loop {
         tokio::select! {
             lost = elector.keep(acquired) => {
                 if lost.taken {
@@ -306,14 +357,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
             _ = &mut run => break Err(anyhow::anyhow!("work queue closed")),
             _ = &mut shutdown => break Ok(()),
         }
-    };
-    if result.is_ok() {
-        // A clean stop: hand the operator lease to a standby at once.
-        if let Err(e) = elector.release().await {
-            tracing::warn!(error = %e, "releasing the operator lease failed; a standby takes over at expiry");
-        }
     }
-    result
 }
 
 /// A clear error when the CRD is not installed, instead of a watch that retries forever.
