@@ -10,6 +10,8 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod election;
+#[cfg(test)]
+mod fake_api;
 pub mod flags;
 pub mod handover;
 #[cfg(test)]

@@ -389,23 +389,24 @@ async fn shutdown_signal() {
     }
 }
 
+/// The settings `arbiter operator ARGS` gives, validated (for unit tests).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) fn validated(args: &[&str]) -> anyhow::Result<Settings> {
     use clap::Parser;
-
     #[derive(Parser)]
     struct Flags {
         #[command(flatten)]
         settings: Settings,
     }
+    let mut s =
+        Flags::try_parse_from(std::iter::once("operator").chain(args.iter().copied()))?.settings;
+    s.validate()?;
+    Ok(s)
+}
 
-    fn validated(args: &[&str]) -> anyhow::Result<Settings> {
-        let mut s = Flags::try_parse_from(std::iter::once("operator").chain(args.iter().copied()))?
-            .settings;
-        s.validate()?;
-        Ok(s)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn elections_settle_for_two_seconds_at_most_the_ack_window() {

@@ -65,7 +65,7 @@ pub struct QueueMetrics {
 impl QueueMetrics {
     /// Metrics no registry reads (tests).
     #[cfg(test)]
-    fn unregistered() -> QueueMetrics {
+    pub(crate) fn unregistered() -> QueueMetrics {
         QueueMetrics {
             wait: Histogram::new([1.0]),
             depth: Gauge::default(),

@@ -6,6 +6,8 @@
 
 pub mod candidate_index;
 pub mod declared;
+#[cfg(test)]
+pub(crate) mod feed;
 pub mod incarnations;
 pub mod lease_records;
 pub mod liveness;

@@ -396,45 +396,20 @@ impl Outcome {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
+    use crate::fake_api::{Answer, FakeApi};
 
-    /// A client whose API server records each request (method, path, body) and answers `status`
-    /// with an empty object.
-    /// What the stand-in API server saw: (method, path, body) per request.
-    type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
-
-    fn recording_client(status: u16) -> (Client, Seen) {
-        let seen: Seen = Arc::default();
-        let log = seen.clone();
-        let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-            let log = log.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let bytes = http_body_util::BodyExt::collect(body).await?.to_bytes();
-                log.lock().unwrap().push((
-                    parts.method.to_string(),
-                    parts.uri.path().to_string(),
-                    String::from_utf8_lossy(&bytes).into_owned(),
-                ));
-                let body = if status == 200 {
-                    r#"{"apiVersion":"v1","kind":"Status","status":"Success"}"#.to_string()
-                } else {
-                    format!(
-                        r#"{{"apiVersion":"v1","kind":"Status","status":"Failure","code":{status},"message":"Precondition failed: UID in precondition: a, UID in object meta: b","reason":"Conflict"}}"#
-                    )
-                };
-                Ok::<_, tower::BoxError>(
-                    http::Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(kube::client::Body::from(body.into_bytes()))
-                        .unwrap(),
-                )
-            }
+    /// A client whose API server records each request and answers `status`: a success, or a
+    /// conflict on the pod's uid precondition.
+    fn recording_client(status: u16) -> (Client, FakeApi) {
+        let (client, api) = FakeApi::new(move |_| {
+            Answer::status(
+                status,
+                "Conflict",
+                "Precondition failed: UID in precondition: a, UID in object meta: b",
+            )
         });
-        (Client::new(service, "ns"), seen)
+        (client, api)
     }
 
     fn key() -> LeaseKey {
@@ -500,10 +475,10 @@ mod tests {
                 )
                 .await;
             assert!(matches!(outcomes[0].1, Outcome::Forced(_)), "{outcomes:?}");
-            let seen = seen.lock().unwrap();
+            let seen = seen.requests();
             assert_eq!(seen.len(), 1, "{seen:?}");
-            assert_eq!(seen[0].1, path);
-            let body: serde_json::Value = serde_json::from_str(&seen[0].2).unwrap();
+            assert_eq!(seen[0].path, path);
+            let body: serde_json::Value = serde_json::from_str(&seen[0].body).unwrap();
             let preconditions = if policy == OnDepose::Evict {
                 assert_eq!(body["kind"], "Eviction", "{body}");
                 &body["deleteOptions"]["preconditions"]
@@ -519,7 +494,7 @@ mod tests {
     async fn attempt_one(
         status: u16,
         may_force: impl Fn(&Pod) -> bool,
-    ) -> (Deposer, Vec<(Target, Outcome)>, Option<Duration>, Seen) {
+    ) -> (Deposer, Vec<(Target, Outcome)>, Option<Duration>, FakeApi) {
         let (client, seen) = recording_client(status);
         let mut d = Deposer::default();
         d.add(&key(), Target::new("web-0", "web-0", "uid-1", 0));
@@ -541,7 +516,7 @@ mod tests {
             attempt_one(200, |p| crate::operator::cache::declared::declares(p, "l")).await;
         assert!(matches!(outcomes[0].1, Outcome::Refused), "{outcomes:?}");
         assert_eq!(retry, None, "not tried again");
-        assert!(seen.lock().unwrap().is_empty(), "nothing sent");
+        assert!(seen.requests().is_empty(), "nothing sent");
         assert_eq!(d.recorded(&key()), None);
     }
 
@@ -551,7 +526,7 @@ mod tests {
         let (d, outcomes, retry, seen) = attempt_one(409, |_| true).await;
         assert!(matches!(outcomes[0].1, Outcome::Stopped), "{outcomes:?}");
         assert_eq!(retry, None, "nothing left to retry");
-        assert_eq!(seen.lock().unwrap().len(), 1);
+        assert_eq!(seen.requests().len(), 1);
         assert_eq!(d.recorded(&key()), None);
     }
 

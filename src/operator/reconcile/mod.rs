@@ -27,6 +27,9 @@ mod workers;
 mod workload;
 mod write;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;

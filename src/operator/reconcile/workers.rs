@@ -29,13 +29,34 @@ pub async fn run(
 ) {
     let recorder = Recorder::new(client.clone(), settings.reporter());
     let workers = queues.into_iter().enumerate().map(|(index, queue)| {
-        let worker = Worker {
+        let worker = Worker::new(
+            client.clone(),
+            caches.clone(),
+            recorder.clone(),
+            settings.clone(),
+            metrics.clone(),
+        );
+        Box::pin(work(index, worker, queue))
+    });
+    futures::future::select_all(workers).await;
+}
+
+impl Worker {
+    /// A worker with nothing remembered yet.
+    pub(in crate::operator) fn new(
+        client: Client,
+        caches: Caches,
+        recorder: Recorder,
+        settings: Settings,
+        metrics: Arc<Metrics>,
+    ) -> Worker {
+        Worker {
             terms: TermLedger::new(client.clone()),
             client: client.clone(),
-            caches: caches.clone(),
-            recorder: recorder.clone(),
-            settings: settings.clone(),
-            metrics: metrics.clone(),
+            caches,
+            recorder,
+            settings,
+            metrics,
             seen: HashMap::new(),
             deposer: Deposer::default(),
             timers: HashMap::new(),
@@ -43,10 +64,8 @@ pub async fn run(
             statuses: Written::default(),
             leases: Written::default(),
             foreign: HashSet::new(),
-        };
-        Box::pin(work(index, worker, queue))
-    });
-    futures::future::select_all(workers).await;
+        }
+    }
 }
 
 /// One worker's loop: reconciles its queue's leases one at a time.

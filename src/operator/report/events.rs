@@ -45,13 +45,12 @@ pub fn publish(
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::time::{Duration, Instant};
 
-    use kube::Client;
     use kube::runtime::events::Reporter;
 
     use super::*;
+    use crate::fake_api::{Answer, FakeApi};
 
     async fn until(what: &str, done: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -65,47 +64,12 @@ mod tests {
     /// once, and every one is sent in the end.
     #[tokio::test]
     async fn events_are_sent_in_the_background_a_few_at_a_time() {
-        let in_flight = Arc::new(AtomicUsize::new(0));
-        let peak = Arc::new(AtomicUsize::new(0));
-        let sent = Arc::new(AtomicUsize::new(0));
-        // The stand-in API server answers a request only once given a permit for it.
+        // The stand-in API server answers a request only once given a permit for it, with the
+        // Event as created: what was sent.
         let answer = Arc::new(tokio::sync::Semaphore::new(0));
-        let service = {
-            let (in_flight, peak, sent, answer) = (
-                in_flight.clone(),
-                peak.clone(),
-                sent.clone(),
-                answer.clone(),
-            );
-            tower::service_fn(move |req: http::Request<kube::client::Body>| {
-                let (in_flight, peak, sent, answer) = (
-                    in_flight.clone(),
-                    peak.clone(),
-                    sent.clone(),
-                    answer.clone(),
-                );
-                async move {
-                    let now = in_flight.fetch_add(1, SeqCst) + 1;
-                    peak.fetch_max(now, SeqCst);
-                    let body = http_body_util::BodyExt::collect(req.into_body())
-                        .await?
-                        .to_bytes();
-                    answer.acquire().await?.forget();
-                    in_flight.fetch_sub(1, SeqCst);
-                    sent.fetch_add(1, SeqCst);
-                    // The Event as created: what was sent.
-                    Ok::<_, tower::BoxError>(
-                        http::Response::builder()
-                            .status(201)
-                            .header("content-type", "application/json")
-                            .body(kube::client::Body::from(body.to_vec()))
-                            .unwrap(),
-                    )
-                }
-            })
-        };
+        let (client, api) = FakeApi::gated(|r| Answer::echo(r, 201), answer.clone());
         let recorder = Recorder::new(
-            Client::new(service, "ns"),
+            client,
             Reporter {
                 controller: "arbiter".into(),
                 instance: None,
@@ -130,14 +94,14 @@ mod tests {
         }
         // Nothing is answered yet: the sender holds as many requests as it may.
         until("the most allowed are in flight", || {
-            in_flight.load(SeqCst) == EVENTS_IN_FLIGHT
+            api.in_flight() == EVENTS_IN_FLIGHT
         })
         .await;
-        assert_eq!(sent.load(SeqCst), 0);
+        assert_eq!(api.answered(), 0);
         answer.add_permits(20);
-        until("every Event is sent", || sent.load(SeqCst) == 20).await;
+        until("every Event is sent", || api.answered() == 20).await;
         assert_eq!(
-            peak.load(SeqCst),
+            api.peak(),
             EVENTS_IN_FLIGHT,
             "more Events in flight than allowed"
         );

@@ -345,6 +345,7 @@ mod tests {
     use kube::runtime::events::Reporter;
 
     use super::*;
+    use crate::fake_api::{Answer, FakeApi};
 
     /// The candidates' status writes a report makes, by candidate name, against a stand-in
     /// API server that accepts every write.
@@ -365,61 +366,26 @@ mod tests {
         may_wait: MayWait,
         failing: Option<&'static str>,
     ) -> (Vec<String>, bool) {
-        let patched = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let service = {
-            let patched = patched.clone();
-            tower::service_fn(move |req: http::Request<kube::client::Body>| {
-                let patched = patched.clone();
-                async move {
-                    let path = req.uri().path().to_string();
-                    let body = if let Some(rest) = path.split("/leasecandidates/").nth(1) {
-                        let name = rest.trim_end_matches("/status").to_string();
-                        patched.lock().unwrap().push(name.clone());
-                        if Some(name.as_str()) == failing {
-                            return Ok(http::Response::builder()
-                                .status(429)
-                                .header("content-type", "application/json")
-                                .body(kube::client::Body::from(
-                                    json!({
-                                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                        "message": "too many requests", "reason": "TooManyRequests",
-                                        "code": 429
-                                    })
-                                    .to_string()
-                                    .into_bytes(),
-                                ))
-                                .unwrap());
-                        }
-                        json!({
-                            "apiVersion": "arbiter.dev/v1alpha1",
-                            "kind": "LeaseCandidate",
-                            "metadata": { "name": name, "namespace": "ns" },
-                            "spec": {
-                                "leaseName": "l",
-                                "binaryVersion": "1.30.0",
-                                "strategy": "OldestEmulationVersion"
-                            }
-                        })
-                        .to_string()
-                        .into_bytes()
-                    } else {
-                        // An Event, as created.
-                        http_body_util::BodyExt::collect(req.into_body())
-                            .await?
-                            .to_bytes()
-                            .to_vec()
-                    };
-                    Ok::<_, tower::BoxError>(
-                        http::Response::builder()
-                            .status(200)
-                            .header("content-type", "application/json")
-                            .body(kube::client::Body::from(body))
-                            .unwrap(),
-                    )
+        let (client, api) = FakeApi::new(move |r| {
+            let Some(rest) = r.path.split("/leasecandidates/").nth(1) else {
+                // An Event, as created.
+                return Answer::echo(r, 200);
+            };
+            let name = rest.trim_end_matches("/status");
+            if Some(name) == failing {
+                return Answer::status(429, "TooManyRequests", "too many requests");
+            }
+            Answer::ok(json!({
+                "apiVersion": "arbiter.dev/v1alpha1",
+                "kind": "LeaseCandidate",
+                "metadata": { "name": name, "namespace": "ns" },
+                "spec": {
+                    "leaseName": "l",
+                    "binaryVersion": "1.30.0",
+                    "strategy": "OldestEmulationVersion"
                 }
-            })
-        };
-        let client = Client::new(service, "ns");
+            }))
+        });
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -450,7 +416,12 @@ mod tests {
             &mut Written::default(),
         )
         .await;
-        let mut patched = patched.lock().unwrap().clone();
+        let mut patched: Vec<String> = api
+            .requests()
+            .iter()
+            .filter_map(|r| r.path.split("/leasecandidates/").nth(1))
+            .map(|rest| rest.trim_end_matches("/status").to_string())
+            .collect();
         patched.sort();
         (patched, reported.waiting)
     }

@@ -1,0 +1,89 @@
+//! The caches fed by hand, as the watches would feed them (for unit tests of a reconcile
+//! without an API server to watch).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+
+use super::candidate_index::CandidateIndex;
+use super::incarnations::IncarnationLog;
+use super::lease_records::Records;
+use super::liveness::Liveness;
+use super::pods::FollowedPods;
+use super::stopped::StoppedPods;
+use super::workloads::AnnotatedWorkloads;
+use super::{Caches, NamespaceLocks};
+use crate::api::LeaseCandidate;
+use crate::operator::term::held::Held;
+
+/// Empty caches, and the writers that fill them.
+pub(crate) struct Feed {
+    pub caches: Caches,
+    candidates: Writer<LeaseCandidate>,
+    leases: Writer<Lease>,
+}
+
+impl Feed {
+    pub fn new() -> Feed {
+        let (candidates, candidate_writer) = reflector::store();
+        let (leases, lease_writer) = reflector::store();
+        let (deployments, _) = reflector::store();
+        let (stateful_sets, _) = reflector::store();
+        let (pods, _fetches) = FollowedPods::new(Arc::new(|_| true), Default::default());
+        let caches = Caches {
+            candidates,
+            leases,
+            pods,
+            deployments,
+            stateful_sets,
+            workloads: AnnotatedWorkloads::default(),
+            incarnations: IncarnationLog::default(),
+            liveness: Liveness::default(),
+            by_lease: CandidateIndex::default(),
+            stopped_pods: StoppedPods::default(),
+            records: Records::default(),
+            held: Held::default(),
+            single_active_locks: NamespaceLocks::default(),
+        };
+        Feed {
+            caches,
+            candidates: candidate_writer,
+            leases: lease_writer,
+        }
+    }
+
+    /// `c` created or changed, as the candidate watch delivers it as it happens.
+    pub fn candidate(&mut self, c: &LeaseCandidate) {
+        self.candidates
+            .apply_watcher_event(&watcher::Event::Apply(c.clone()));
+        self.caches.incarnations.record(c);
+        self.caches.liveness.observe(c, true);
+        self.caches.by_lease.insert(c);
+    }
+
+    /// `candidates` as a (re)list of the candidate watch delivers them: nothing is known of
+    /// when they were written.
+    pub fn listed(&mut self, candidates: &[&LeaseCandidate]) {
+        self.candidates.apply_watcher_event(&watcher::Event::Init);
+        for c in candidates {
+            self.candidates
+                .apply_watcher_event(&watcher::Event::InitApply((*c).clone()));
+            self.caches.incarnations.record(c);
+            self.caches.liveness.observe(c, false);
+            self.caches.by_lease.insert(c);
+        }
+        self.candidates
+            .apply_watcher_event(&watcher::Event::InitDone);
+    }
+
+    /// `l` created or changed, as the Lease watch delivers it as it happens.
+    pub fn lease(&mut self, l: &Lease) {
+        let ev = watcher::Event::Apply(l.clone());
+        self.leases.apply_watcher_event(&ev);
+        self.caches
+            .records
+            .on_event(&self.caches.held, &ev, |_| true);
+    }
+}

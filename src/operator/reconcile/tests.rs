@@ -1,0 +1,328 @@
+//! A reconcile's phases end to end without a cluster: the caches fed by hand
+//! ([`crate::operator::cache::feed`]), the API server a script ([`crate::fake_api`]). What is
+//! checked is the requests a reconcile makes (the planned writes), never behaviour against a
+//! real API server: that is the e2e suite's.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+
+use super::Worker;
+use crate::api::{INCARNATION_ANNOTATION, LeaseCandidate};
+use crate::fake_api::{Answer, FakeApi, Request};
+use crate::operator::cache::feed::Feed;
+use crate::operator::key::LeaseKey;
+use crate::operator::metrics::Metrics;
+use crate::operator::queue::{self, Queue};
+
+/// A candidate `name` for lease `l` in namespace `ns` at `version`, as its agent registered it.
+fn candidate(name: &str, version: &str, rv: u64) -> LeaseCandidate {
+    let mut c = crate::api::test_candidate(name, "l");
+    c.spec.binary_version = version.into();
+    c.spec.emulation_version = Some(version.into());
+    c.spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+    c.metadata.namespace = Some("ns".into());
+    c.metadata.uid = Some(format!("uid-{name}"));
+    c.metadata.resource_version = Some(rv.to_string());
+    c.metadata.creation_timestamp = Some(Time(jiff::Timestamp::now()));
+    c.metadata.annotations = Some(BTreeMap::from([(
+        INCARNATION_ANNOTATION.to_string(),
+        format!("{name}-1"),
+    )]));
+    c
+}
+
+/// The stand-in API server: candidates are answered as the test last gave them (a ping's
+/// answer carries the ping and a new resource version), term marks start empty, and whatever
+/// is created or written comes back as sent, with a resource version.
+struct Server {
+    candidates: Arc<Mutex<BTreeMap<String, LeaseCandidate>>>,
+    api: FakeApi,
+}
+
+impl Server {
+    fn start(candidates: &[&LeaseCandidate]) -> (kube::Client, Server) {
+        let known: BTreeMap<String, LeaseCandidate> = candidates
+            .iter()
+            .map(|c| (c.metadata.name.clone().unwrap(), (*c).clone()))
+            .collect();
+        let known = Arc::new(Mutex::new(known));
+        let version = Arc::new(Mutex::new(100u64));
+        let (state, next) = (known.clone(), version.clone());
+        let (client, api) = FakeApi::new(move |r: &Request| {
+            let mut next = next.lock().unwrap();
+            *next += 1;
+            let rv = next.to_string();
+            let name = r.path.rsplit('/').next().unwrap_or_default().to_string();
+            match (r.method.as_str(), r.path.as_str()) {
+                ("PATCH", p) if p.contains("/leasecandidates/") && !p.ends_with("/status") => {
+                    let mut known = state.lock().unwrap();
+                    let c = known.get_mut(&name).expect("a known candidate");
+                    let patch: Value = serde_json::from_str(&r.body).unwrap();
+                    if let Some(at) = patch["spec"]["pingTime"].as_str() {
+                        c.spec.ping_time = Some(MicroTime(at.parse().unwrap()));
+                    }
+                    c.metadata.resource_version = Some(rv);
+                    Answer::ok(serde_json::to_value(&*c).unwrap())
+                }
+                ("PATCH", p) if p.ends_with("/status") => {
+                    let name = p.trim_end_matches("/status").rsplit('/').next().unwrap();
+                    Answer::ok(serde_json::to_value(&state.lock().unwrap()[name]).unwrap())
+                }
+                ("GET", p) if p.contains("/configmaps/") => {
+                    Answer::status(404, "NotFound", "configmaps not found")
+                }
+                ("POST", _) | ("PUT", _) => {
+                    let mut obj: Value = serde_json::from_str(&r.body).unwrap();
+                    obj["metadata"]["resourceVersion"] = json!(rv);
+                    Answer {
+                        status: if r.method == "POST" { 201 } else { 200 },
+                        body: obj.to_string(),
+                    }
+                }
+                _ => Answer::status(404, "NotFound", "not scripted"),
+            }
+        });
+        (
+            client,
+            Server {
+                candidates: known,
+                api,
+            },
+        )
+    }
+
+    /// The candidate as the server has it now (after the arbiter's pings).
+    fn candidate(&self, name: &str) -> LeaseCandidate {
+        self.candidates.lock().unwrap()[name].clone()
+    }
+
+    /// Requests whose method is `method` and whose path contains `path`.
+    fn requests(&self, method: &str, path: &str) -> Vec<Request> {
+        self.api
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == method && r.path.contains(path))
+            .collect()
+    }
+}
+
+fn key() -> LeaseKey {
+    LeaseKey {
+        namespace: "ns".into(),
+        name: "l".into(),
+    }
+}
+
+/// A worker on `feed`'s caches, talking to `client`, with `args` as its flags; and its queue.
+fn worker(client: kube::Client, feed: &Feed, args: &[&str]) -> (Worker, Queue) {
+    let settings = crate::operator::validated(args).expect("valid flags");
+    let metrics = Arc::new(Metrics::default());
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "arbiter".into(),
+            instance: None,
+        },
+    );
+    let (_, mut queues) = queue::queues(1, queue::QueueMetrics::unregistered());
+    let worker = Worker::new(client, feed.caches.clone(), recorder, settings, metrics);
+    (worker, queues.remove(0))
+}
+
+/// An agent answers the arbiter's ping: it writes its candidate again (a new `renewTime`), and
+/// the watch delivers that as it happens.
+fn answers(feed: &mut Feed, server: &Server, name: &str) {
+    let mut c = server.candidate(name);
+    c.spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+    let rv: u64 = c
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    c.metadata.resource_version = Some((rv + 1000).to_string());
+    feed.candidate(&c);
+}
+
+/// The one Lease the reconcile created.
+fn created(server: &Server) -> Lease {
+    let created = server.requests("POST", "/leases");
+    assert_eq!(created.len(), 1, "one Lease created");
+    serde_json::from_str(&created[0].body).unwrap()
+}
+
+#[tokio::test]
+async fn candidates_seen_registering_elect_the_oldest_at_once_its_term_reserved_first() {
+    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
+    let mut feed = Feed::new();
+    feed.candidate(&new);
+    feed.candidate(&old);
+    let (client, server) = Server::start(&[&old, &new]);
+    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+
+    let done = worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(!done.electing, "elected");
+    assert!(
+        server.requests("PATCH", "/leasecandidates/").len() == 2,
+        "no pings, the two statuses: {:?}",
+        server.api.requests()
+    );
+    let lease = created(&server);
+    assert_eq!(crate::lease::holder(&lease), Some("old"));
+    assert_eq!(crate::lease::term(&lease), 1);
+    assert!(crate::lease::managed(&lease), "labelled as arbiter's");
+    let order: Vec<String> = server
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| r.path.clone())
+        .collect();
+    let mark = order.iter().position(|p| p.contains("/configmaps"));
+    let write = order.iter().position(|p| p.contains("/leases"));
+    assert!(
+        mark.is_some() && mark < write,
+        "the term is reserved before the Lease names it: {order:?}"
+    );
+}
+
+#[tokio::test]
+async fn candidates_known_only_from_a_list_are_pinged_and_elected_once_they_answer() {
+    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
+    let mut feed = Feed::new();
+    feed.listed(&[&new, &old]);
+    let (client, server) = Server::start(&[&old, &new]);
+    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+
+    // Nothing heard from either: only the one that could win is pinged, and nothing else is
+    // written (a first election's statuses wait for its outcome).
+    let first = worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(first.electing, "the election is under way");
+    let pinged: Vec<String> = server
+        .requests("PATCH", "/leasecandidates/")
+        .iter()
+        .map(|r| r.path.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(pinged, ["old"], "{:?}", server.api.requests());
+    assert!(
+        server.requests("POST", "/leases").is_empty(),
+        "no Lease yet"
+    );
+
+    // `new` writes its candidate: that answers nothing, and it is not elected while `old`,
+    // pinged, may still answer.
+    answers(&mut feed, &server, "new");
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(
+        server.requests("POST", "/leases").is_empty(),
+        "waits for old"
+    );
+
+    // `old` answers: the oldest version gets the lease.
+    answers(&mut feed, &server, "old");
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert_eq!(crate::lease::holder(&created(&server)), Some("old"));
+}
+
+/// The arbiter's Lease `l`, held by `holder` at `term`, renewed just now.
+fn held_by(holder: &str, term: i32) -> Lease {
+    let now = MicroTime(jiff::Timestamp::now());
+    let mut l = Lease::default();
+    l.metadata.name = Some("l".into());
+    l.metadata.namespace = Some("ns".into());
+    l.metadata.resource_version = Some("50".into());
+    l.metadata.labels = Some(BTreeMap::from([(
+        crate::lease::MANAGED_LABEL.to_string(),
+        "true".to_string(),
+    )]));
+    l.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+        holder_identity: Some(holder.into()),
+        lease_duration_seconds: Some(15),
+        lease_transitions: Some(term),
+        acquire_time: Some(now.clone()),
+        renew_time: Some(now),
+        strategy: Some(crate::api::OLDEST_EMULATION_VERSION.into()),
+        ..Default::default()
+    });
+    l
+}
+
+/// The Leases the reconcile wrote over the existing one.
+fn replaced(server: &Server) -> Vec<Lease> {
+    server
+        .requests("PUT", "/leases/l")
+        .iter()
+        .map(|r| serde_json::from_str(&r.body).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_older_version_registering_beside_a_live_holder_asks_it_to_hand_over() {
+    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
+    let mut feed = Feed::new();
+    feed.candidate(&new);
+    feed.lease(&held_by("new", 3));
+    feed.candidate(&old);
+    let (client, server) = Server::start(&[&old, &new]);
+    let (mut worker, mut queue) = worker(client, &feed, &[]);
+
+    // A live holder is stopped only for a candidate that answered a ping of this term.
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let pinged: Vec<String> = server
+        .requests("PATCH", "/leasecandidates/")
+        .iter()
+        .filter(|r| !r.path.ends_with("/status"))
+        .map(|r| r.path.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(pinged, ["old"]);
+    assert!(
+        replaced(&server).is_empty(),
+        "no handover before the answer"
+    );
+
+    answers(&mut feed, &server, "old");
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let written = replaced(&server);
+    assert_eq!(written.len(), 1, "{:?}", server.api.requests());
+    assert_eq!(
+        crate::lease::preferred_holder(&written[0]),
+        Some("old"),
+        "the holder is asked to hand over"
+    );
+    assert_eq!(
+        crate::lease::holder(&written[0]),
+        Some("new"),
+        "and keeps its term"
+    );
+    assert_eq!(crate::lease::term(&written[0]), 3);
+    assert!(server.requests("POST", "/leases").is_empty());
+}
+
+#[tokio::test]
+async fn a_live_holder_of_the_oldest_version_is_left_alone() {
+    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
+    let mut feed = Feed::new();
+    feed.candidate(&old);
+    feed.lease(&held_by("old", 3));
+    feed.candidate(&new);
+    let (client, server) = Server::start(&[&old, &new]);
+    let (mut worker, mut queue) = worker(client, &feed, &[]);
+
+    let done = worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(!done.electing);
+    assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
+    assert!(server.requests("POST", "/leases").is_empty());
+    assert!(
+        server
+            .requests("PATCH", "/leasecandidates/")
+            .iter()
+            .all(|r| r.path.ends_with("/status")),
+        "nobody pinged"
+    );
+}
