@@ -100,7 +100,8 @@ fn paths_used(source: &str, module: &[String]) -> Vec<Vec<String>> {
 fn graph() -> Graph {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut graph = Graph::new();
-    for path in files(&src) {
+    let test_only = test_only(&files(&src));
+    for path in files(&src).into_iter().filter(|p| !test_only.contains(p)) {
         let relative = path.strip_prefix(&src).expect("below src/");
         let module = module_of(relative);
         if module.is_empty() || module[0] == "main" || module[0] == "layers" {
@@ -119,6 +120,36 @@ fn graph() -> Graph {
         }
     }
     graph
+}
+
+/// The files of modules declared `#[cfg(test)]` (test helpers, a folder's `tests.rs`).
+fn test_only(all: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for path in all {
+        let source = std::fs::read_to_string(path).expect("a readable source file");
+        // The folder a file's child modules live in: its own for `mod.rs` and `lib.rs`.
+        let stem = path.file_stem().unwrap_or_default();
+        let dir = match stem.to_str() {
+            Some("mod" | "lib") => path.parent().expect("a folder").to_path_buf(),
+            _ => path.with_extension(""),
+        };
+        let mut lines = source.lines().map(str::trim);
+        while let Some(line) = lines.next() {
+            if line != "#[cfg(test)]" {
+                continue;
+            }
+            let Some(next) = lines.next() else { break };
+            let name = next
+                .trim_start_matches("pub(crate) ")
+                .strip_prefix("mod ")
+                .and_then(|rest| rest.strip_suffix(';'));
+            if let Some(name) = name {
+                out.insert(dir.join(format!("{name}.rs")));
+                out.insert(dir.join(name).join("mod.rs"));
+            }
+        }
+    }
+    out
 }
 
 /// The unit a module belongs to: the operator's folders and files each count alone.
