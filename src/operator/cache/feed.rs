@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 
@@ -78,6 +79,14 @@ impl Feed {
             .apply_watcher_event(&watcher::Event::InitDone);
     }
 
+    /// `pod` created or changed, as the pod watch delivers it (slimmed, and proof of a stop
+    /// if it is in a terminal phase).
+    pub fn pod(&mut self, pod: &Pod) {
+        if let Some((pod, deleted)) = self.caches.pods.observe(watcher::Event::Apply(pod.clone())) {
+            self.caches.stopped_pods.observe(&pod, deleted);
+        }
+    }
+
     /// `l` created or changed, as the Lease watch delivers it as it happens.
     pub fn lease(&mut self, l: &Lease) {
         let ev = watcher::Event::Apply(l.clone());
@@ -85,5 +94,14 @@ impl Feed {
         self.caches
             .records
             .on_event(&self.caches.held, &ev, |_| true);
+    }
+
+    /// `l` deleted, as the Lease watch delivers it.
+    pub fn lease_deleted(&mut self, l: &Lease) {
+        let ev = watcher::Event::Delete(l.clone());
+        self.leases.apply_watcher_event(&ev);
+        self.caches
+            .records
+            .on_event(&self.caches.held, &ev, |_| false);
     }
 }

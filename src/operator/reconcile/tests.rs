@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::ResourceExt;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 
@@ -41,6 +43,8 @@ fn candidate(name: &str, version: &str, rv: u64) -> LeaseCandidate {
 /// is created or written comes back as sent, with a resource version.
 struct Server {
     candidates: Arc<Mutex<BTreeMap<String, LeaseCandidate>>>,
+    /// The last Lease created or written, as the server answered it.
+    lease: Arc<Mutex<Option<Lease>>>,
     api: FakeApi,
 }
 
@@ -52,7 +56,8 @@ impl Server {
             .collect();
         let known = Arc::new(Mutex::new(known));
         let version = Arc::new(Mutex::new(100u64));
-        let (state, next) = (known.clone(), version.clone());
+        let lease = Arc::new(Mutex::new(None));
+        let (state, next, last) = (known.clone(), version.clone(), lease.clone());
         let (client, api) = FakeApi::new(move |r: &Request| {
             let mut next = next.lock().unwrap();
             *next += 1;
@@ -79,6 +84,9 @@ impl Server {
                 ("POST", _) | ("PUT", _) => {
                     let mut obj: Value = serde_json::from_str(&r.body).unwrap();
                     obj["metadata"]["resourceVersion"] = json!(rv);
+                    if r.path.contains("/leases") {
+                        *last.lock().unwrap() = serde_json::from_value(obj.clone()).ok();
+                    }
                     Answer {
                         status: if r.method == "POST" { 201 } else { 200 },
                         body: obj.to_string(),
@@ -91,6 +99,7 @@ impl Server {
             client,
             Server {
                 candidates: known,
+                lease,
                 api,
             },
         )
@@ -99,6 +108,15 @@ impl Server {
     /// The candidate as the server has it now (after the arbiter's pings).
     fn candidate(&self, name: &str) -> LeaseCandidate {
         self.candidates.lock().unwrap()[name].clone()
+    }
+
+    /// The Lease as the server last answered a write of it.
+    fn lease(&self) -> Lease {
+        self.lease
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("a Lease was written")
     }
 
     /// Requests whose method is `method` and whose path contains `path`.
@@ -324,5 +342,97 @@ async fn a_live_holder_of_the_oldest_version_is_left_alone() {
             .iter()
             .all(|r| r.path.ends_with("/status")),
         "nobody pinged"
+    );
+}
+
+/// Pod `name` (uid `uid`) running `arbiter run --lease l --identity {candidate}`, in `phase`.
+fn agent_pod(name: &str, uid: &str, candidate: &str, phase: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "1"},
+        "spec": {"containers": [{
+            "name": "app", "image": "app:1",
+            "command": ["arbiter", "run", "--lease", "l", "--identity", candidate, "--", "app"],
+        }]},
+        "status": {"phase": phase},
+    }))
+    .unwrap()
+}
+
+/// `c` registered from pod `pod` (its owner).
+fn in_pod(mut c: LeaseCandidate, pod: &Pod) -> LeaseCandidate {
+    c.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: pod.metadata.name.clone().unwrap(),
+            uid: pod.metadata.uid.clone().unwrap(),
+            ..Default::default()
+        },
+    ]);
+    c
+}
+
+#[tokio::test]
+async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
+    let pod = agent_pod("old-0", "pod-old", "old", "Running");
+    let old = in_pod(candidate("old", "1.30.0", 1), &pod);
+    let new = candidate("new", "1.31.0", 2);
+    let mut feed = Feed::new();
+    feed.pod(&pod);
+    feed.candidate(&old);
+    feed.candidate(&new);
+    let (client, server) = Server::start(&[&old, &new]);
+    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let lease = created(&server);
+    assert_eq!(crate::lease::holder(&lease), Some("old"));
+    assert_eq!(
+        lease.annotations().get(crate::lease::HOLDER_POD_ANNOTATION),
+        Some(&"pod-old".to_string()),
+        "the term is recorded with the pod it was assigned in"
+    );
+    feed.lease(&server.lease());
+
+    // Its holder's term runs while its pod does.
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
+
+    // The kubelet reports the pod failed: the term is over, the next candidate elected.
+    feed.pod(&agent_pod("old-0", "pod-old", "old", "Failed"));
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let written = replaced(&server);
+    assert_eq!(written.len(), 1, "{:?}", server.api.requests());
+    assert_eq!(crate::lease::holder(&written[0]), Some("new"));
+    assert_eq!(crate::lease::term(&written[0]), 2);
+}
+
+#[tokio::test]
+async fn a_lease_deleted_by_hand_is_not_given_away_while_its_term_may_run() {
+    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
+    let mut feed = Feed::new();
+    feed.candidate(&old);
+    feed.candidate(&new);
+    let (client, server) = Server::start(&[&old, &new]);
+    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let lease = server.lease();
+    feed.lease(&lease);
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+
+    // Someone deletes the Lease: the term remembered runs its course, nobody else is named.
+    feed.lease_deleted(&lease);
+    let waiting = worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert_eq!(
+        server.requests("POST", "/leases").len(),
+        1,
+        "no new Lease yet"
+    );
+    assert!(waiting.electing, "waiting for the term");
+    let again = waiting.after.expect("looked at again");
+    assert!(
+        again > std::time::Duration::from_secs(14)
+            && again <= std::time::Duration::from_millis(15_200),
+        "at the end of the term (15 s from its last record): {again:?}"
     );
 }
