@@ -436,3 +436,49 @@ async fn a_lease_deleted_by_hand_is_not_given_away_while_its_term_may_run() {
         "at the end of the term (15 s from its last record): {again:?}"
     );
 }
+
+#[tokio::test]
+async fn the_end_of_the_process_that_took_a_term_ends_it_at_once() {
+    let pod = agent_pod("old-0", "pod-old", "old", "Running");
+    let old = in_pod(candidate("old", "1.30.0", 1), &pod);
+    let new = candidate("new", "1.31.0", 2);
+    let mut feed = Feed::new();
+    feed.pod(&pod);
+    feed.candidate(&old);
+    feed.candidate(&new);
+    let (client, server) = Server::start(&[&old, &new]);
+    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    feed.lease(&server.lease());
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+
+    // The agent renews, stamping its incarnation (as arbiter's field manager writes it).
+    let mut renewed: Value = serde_json::to_value(server.lease()).unwrap();
+    renewed["metadata"]["resourceVersion"] = json!("900");
+    renewed["metadata"]["annotations"][INCARNATION_ANNOTATION] = json!("old-1");
+    renewed["metadata"]["managedFields"] = json!([{
+        "manager": crate::api::FIELD_MANAGER, "operation": "Update",
+        "apiVersion": "coordination.k8s.io/v1", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{INCARNATION_ANNOTATION}"): {}}}},
+    }]);
+    feed.lease(&serde_json::from_value(renewed).unwrap());
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
+
+    // Its container restarts; the kubelet reports the end with that process's message.
+    let mut restarted: Value = serde_json::to_value(&pod).unwrap();
+    restarted["metadata"]["resourceVersion"] = json!("2");
+    restarted["status"]["containerStatuses"] = json!([{
+        "name": "app", "image": "app:1", "imageID": "", "ready": false, "restartCount": 1,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {
+            "exitCode": 137,
+            "message": crate::lease::termination_message("old-1"),
+        }},
+    }]);
+    feed.pod(&serde_json::from_value(restarted).unwrap());
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let written = replaced(&server);
+    assert_eq!(written.len(), 1, "{:?}", server.api.requests());
+    assert_eq!(crate::lease::holder(&written[0]), Some("new"));
+}
