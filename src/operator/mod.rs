@@ -5,14 +5,14 @@
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
 pub mod cache;
-pub mod force;
-pub mod ha;
-pub mod key;
-pub mod metrics;
-pub mod queue;
-pub mod reconcile;
-pub mod report;
-pub mod single_active;
+pub(crate) mod force;
+pub(crate) mod ha;
+pub(crate) mod key;
+pub(crate) mod metrics;
+pub(crate) mod queue;
+pub(crate) mod reconcile;
+pub(crate) mod report;
+pub(crate) mod single_active;
 pub mod term;
 
 use std::net::SocketAddr;

@@ -4,18 +4,18 @@
 //! StatefulSets. Every change enqueues the leases it may affect. Every replica keeps these
 //! warm, leader or not.
 
-pub mod candidate_index;
-pub mod declared;
+pub(crate) mod candidate_index;
+pub(crate) mod declared;
 #[cfg(test)]
 pub(crate) mod feed;
-pub mod incarnations;
-pub mod lease_records;
-pub mod liveness;
-pub mod pods;
-pub mod slim;
+pub(crate) mod incarnations;
+pub(crate) mod lease_records;
+pub(crate) mod liveness;
+pub(crate) mod pods;
+pub(crate) mod slim;
 pub mod stopped;
-pub mod workloads;
-pub mod written;
+pub(crate) mod workloads;
+pub(crate) mod written;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
