@@ -632,7 +632,7 @@ async fn registered_by_running_container(env: &TestEnv, name: &str) {
                 .annotations()
                 .get(arbiter::lease::INCARNATION_ANNOTATION)?;
             let ended =
-                arbiter::operator::cache::stopped::registered_process_exited(&candidate, &pod);
+                arbiter::operator::cache::pod_facts::registered_process_exited(&candidate, &pod);
             let running = pod
                 .status
                 .as_ref()?

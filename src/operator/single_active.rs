@@ -248,7 +248,7 @@ impl Plan {
             &name,
             &name,
             &assigned_to,
-            crate::operator::force::targets::restarts(pod),
+            crate::operator::cache::pod_facts::restarts(pod),
         ))
     }
 

@@ -11,9 +11,10 @@ pub(crate) mod feed;
 pub(crate) mod incarnations;
 pub(crate) mod lease_records;
 pub(crate) mod liveness;
+pub mod pod_facts;
 pub(crate) mod pods;
 pub(crate) mod slim;
-pub mod stopped;
+pub(crate) mod stopped;
 pub(crate) mod workloads;
 pub(crate) mod written;
 
@@ -31,7 +32,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::api::LeaseCandidate;
-use crate::election::decide::PodState;
 use crate::lease::MANAGED_LABEL;
 use crate::operator::cache::candidate_index::{CandidateIndex, key_of, owner_pod};
 use crate::operator::cache::incarnations::IncarnationLog;
@@ -443,31 +443,5 @@ fn touched<K>(ev: watcher::Event<K>) -> Vec<K> {
             vec![o]
         }
         watcher::Event::Init | watcher::Event::InitDone => vec![],
-    }
-}
-
-/// The arbiter's view of a candidate's pod.
-pub(in crate::operator) fn pod_state(c: &LeaseCandidate, caches: &Caches) -> PodState {
-    let Some((name, uid)) = owner_pod(c) else {
-        return PodState::NoPod;
-    };
-    let ns = c.namespace().unwrap_or_default();
-    match caches.pods.get(&ns, &name) {
-        Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            match phase {
-                _ if crate::operator::cache::stopped::terminal(&pod) => PodState::Stopped,
-                _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
-                Some("Running")
-                    if crate::operator::cache::stopped::registered_process_exited(c, &pod) =>
-                {
-                    PodState::ProcessExited
-                }
-                Some("Running") => PodState::Running,
-                _ => PodState::NotRunning,
-            }
-        }
-        _ if caches.stopped_pods.contains(&ns, &uid) => PodState::Stopped,
-        _ => PodState::Missing,
     }
 }

@@ -134,10 +134,14 @@ mod tests {
         let full = full_pod();
         let mut slim = full.clone();
         keep_what_is_read(&mut slim);
-        use crate::operator::cache::stopped;
-        assert_eq!(stopped::terminal(&slim), stopped::terminal(&full));
-        assert!(stopped::incarnation_ended(&slim, "a1"));
-        assert_eq!(crate::operator::force::targets::restarts(&slim), 1);
+        assert_eq!(
+            crate::operator::cache::pod_facts::terminal(&slim),
+            crate::operator::cache::pod_facts::terminal(&full)
+        );
+        assert!(crate::operator::cache::pod_facts::incarnation_ended(
+            &slim, "a1"
+        ));
+        assert_eq!(crate::operator::cache::pod_facts::restarts(&slim), 1);
         assert!(crate::workloads::pod_ready(&slim));
         assert_eq!(
             crate::workloads::pod_version(&slim),

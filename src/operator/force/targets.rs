@@ -33,20 +33,11 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::{Client, ResourceExt};
 
+use crate::operator::cache::pod_facts::restarts;
 use crate::operator::key::LeaseKey;
 
 use crate::api::OnDepose;
 use crate::lease::PENDING_ANNOTATION;
-
-/// Total container restarts of a pod.
-pub fn restarts(pod: &Pod) -> i64 {
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_deref())
-        .unwrap_or_default();
-    statuses.iter().map(|s| i64::from(s.restart_count)).sum()
-}
 
 /// A deposed holder's pod to force out.
 #[derive(Clone, Debug)]
@@ -439,21 +430,21 @@ mod tests {
                 .collect::<Vec<_>>()}}))
             .unwrap()
         };
-        assert!(crate::operator::cache::stopped::nothing_runs(&pod(&[
+        assert!(crate::operator::cache::pod_facts::nothing_runs(&pod(&[
             "waiting"
         ])));
-        assert!(crate::operator::cache::stopped::nothing_runs(&pod(&[
+        assert!(crate::operator::cache::pod_facts::nothing_runs(&pod(&[
             "terminated",
             "waiting"
         ])));
-        assert!(!crate::operator::cache::stopped::nothing_runs(&pod(&[
+        assert!(!crate::operator::cache::pod_facts::nothing_runs(&pod(&[
             "running"
         ])));
-        assert!(!crate::operator::cache::stopped::nothing_runs(&pod(&[
+        assert!(!crate::operator::cache::pod_facts::nothing_runs(&pod(&[
             "waiting", "running"
         ])));
         // No statuses reported: nothing is known, so it may run.
-        assert!(!crate::operator::cache::stopped::nothing_runs(&pod(&[])));
+        assert!(!crate::operator::cache::pod_facts::nothing_runs(&pod(&[])));
     }
 
     #[tokio::test]

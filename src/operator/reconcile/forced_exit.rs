@@ -65,15 +65,22 @@ impl Worker {
             .get(RESTARTS_ANNOTATION)
             .filter(|_| by_arbiter(RESTARTS_ANNOTATION))
             .and_then(|v| v.parse::<i64>().ok());
-        tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = targets::restarts(&pod), "lapsed holder's pod still exists");
+        tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = crate::operator::cache::pod_facts::restarts(&pod), "lapsed holder's pod still exists");
         // The pod the term was assigned in (as recorded then: a term assigned without a pod
         // has none to force out), with the same containers, and not all of them reported
         // ended (one in crash-loop back-off after its process exited runs nothing). Whether
         // the pod declares the lease is checked before anything is done to it.
         (assigned_in.is_some_and(|a| a == uid)
-            && recorded == Some(targets::restarts(&pod))
-            && !crate::operator::cache::stopped::nothing_runs(&pod))
-        .then(|| Target::new(h, &pod.name_any(), &uid, targets::restarts(&pod)))
+            && recorded == Some(crate::operator::cache::pod_facts::restarts(&pod))
+            && !crate::operator::cache::pod_facts::nothing_runs(&pod))
+        .then(|| {
+            Target::new(
+                h,
+                &pod.name_any(),
+                &uid,
+                crate::operator::cache::pod_facts::restarts(&pod),
+            )
+        })
     }
 
     /// Forces out what was deposed and carries on pending forced exits (recorded on the Lease,

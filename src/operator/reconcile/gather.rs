@@ -16,7 +16,7 @@ use super::{Reconciled, Worker};
 use crate::api::{LeaseCandidate, OnDepose};
 use crate::election::decide::{self, Rules};
 use crate::lease;
-use crate::operator::cache::pod_state;
+use crate::operator::cache::pod_facts;
 use crate::operator::key::LeaseKey;
 use crate::operator::report::publish;
 use crate::operator::single_active::{self, Plan, Prepared};
@@ -151,7 +151,7 @@ impl Worker {
                     .unwrap_or_else(jiff::Timestamp::now),
                 ping: heard[i].ping,
                 renewed_lately: heard[i].renewed_lately,
-                pod: pod_state(c, &self.caches),
+                pod: pod_facts::state(c, &self.caches),
                 withdrawn: crate::api::withdrawn_incarnation(c).is_some(),
                 registered: heard[i].registered,
             })

@@ -46,9 +46,8 @@ pub use self::workers::run;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Decision};
 use crate::operator::Settings;
-use crate::operator::cache::candidate_index::owner_pod;
 use crate::operator::cache::written::{LeaseVersion, Written};
-use crate::operator::cache::{Caches, pod_state};
+use crate::operator::cache::{Caches, pod_facts};
 use crate::operator::force::targets::Deposer;
 use crate::operator::key::LeaseKey;
 use crate::operator::metrics::Metrics;
@@ -102,15 +101,13 @@ pub(in crate::operator) struct Worker {
 
 impl Worker {
     pub(in crate::operator) fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
-        let (name, uid) = owner_pod(candidate)?;
-        let pod = self.caches.pods.get(&candidate.namespace()?, &name)?;
-        (pod.uid().as_deref() == Some(uid.as_str())).then_some(pod)
+        pod_facts::pod_of(candidate, &self.caches)
     }
 
     /// Whether `candidate`'s pod, as the caches stand now, can still take a term: running (and,
     /// for a single-active workload's pod, ready), or no pod at all.
     fn still_electable(&self, candidate: &LeaseCandidate) -> bool {
-        match pod_state(candidate, &self.caches) {
+        match pod_facts::state(candidate, &self.caches) {
             decide::PodState::NoPod => true,
             decide::PodState::Running if crate::workloads::sync::managed(candidate) => self
                 .pod_of(candidate)

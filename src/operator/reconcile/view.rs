@@ -304,7 +304,7 @@ impl Worker {
         let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
         (h == holder
             && pod.uid() == recorded
-            && crate::operator::cache::stopped::incarnation_ended(&pod, &incarnation))
+            && crate::operator::cache::pod_facts::incarnation_ended(&pod, &incarnation))
         .then_some(incarnation)
     }
 

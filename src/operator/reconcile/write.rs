@@ -208,7 +208,10 @@ impl Worker {
                 if crate::operator::cache::declared::declares_holder(&p, &key.name, holder)
                     || self.caches.workloads.selecting(&p).contains(key) =>
             {
-                Ok(Some((targets::restarts(&p), p.uid().unwrap_or_default())))
+                Ok(Some((
+                    crate::operator::cache::pod_facts::restarts(&p),
+                    p.uid().unwrap_or_default(),
+                )))
             }
             Some(p) => {
                 tracing::debug!(lease = %key, %holder, pod = %p.name_any(), "the candidate's pod does not declare it: its term is recorded without a pod");
