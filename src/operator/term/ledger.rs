@@ -208,6 +208,26 @@ impl TermLedger {
         current: Option<i32>,
         new_leases: impl FnOnce() -> Vec<String>,
     ) -> Result<i32, TermError> {
+        if let Some(next) = self.from_block(namespace, lease, current).await? {
+            return Ok(next);
+        }
+        // The block is used up or cannot serve: forget it now, so that a mark write whose
+        // outcome is unknown (applied, answer lost) leaves no block behind to draw from.
+        self.blocks
+            .remove(&(namespace.to_string(), lease.to_string()));
+        self.reserve(namespace, lease, current.unwrap_or(0), new_leases())
+            .await
+    }
+
+    /// The next term from the block this ledger reserved for `lease`, if it can serve: the
+    /// term after `current`, or the block's first for a lease with no term yet, unless someone
+    /// else wrote the shard since (its blocks reserved ahead are then forgotten).
+    async fn from_block(
+        &mut self,
+        namespace: &str,
+        lease: &str,
+        current: Option<i32>,
+    ) -> Result<Option<i32>, TermError> {
         let lease_key = (namespace.to_string(), lease.to_string());
         let shard = shard_of(lease);
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
@@ -227,7 +247,7 @@ impl TermLedger {
                             ..block
                         },
                     );
-                    return Ok(next);
+                    return Ok(Some(next));
                 }
             }
             (None, Some(block)) => {
@@ -245,7 +265,7 @@ impl TermLedger {
                                 ..block
                             },
                         );
-                        return Ok(first);
+                        return Ok(Some(first));
                     }
                     // Written by someone else: a mark write, from the shard as it is now.
                     forget_ahead(&mut self.blocks, namespace, &shard);
@@ -257,11 +277,27 @@ impl TermLedger {
             }
             (_, None) => {}
         }
-        // The block is used up or cannot serve: forget it now, so that a mark write whose
-        // outcome is unknown (applied, answer lost) leaves no block behind to draw from.
-        self.blocks.remove(&lease_key);
-        let current = current.unwrap_or(0);
-        let new_leases = new_leases();
+        Ok(None)
+    }
+
+    /// Reserves a new block for `lease` above `current` and the recorded mark by
+    /// compare-and-swap on its shard, with the first terms of `new_leases` of the same shard
+    /// reserved ahead by the same write; retried on conflicts a few times.
+    async fn reserve(
+        &mut self,
+        namespace: &str,
+        lease: &str,
+        current: i32,
+        new_leases: Vec<String>,
+    ) -> Result<i32, TermError> {
+        let lease_key = (namespace.to_string(), lease.to_string());
+        let shard = shard_of(lease);
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let key = (namespace.to_string(), shard.clone());
+        let api_err = |source| TermError::Api {
+            lease: lease.to_string(),
+            source,
+        };
         for _ in 0..ATTEMPTS {
             let cached = self.shards.remove(&key);
             let read = match cached {
