@@ -208,7 +208,7 @@ impl TermLedger {
         current: Option<i32>,
         new_leases: impl FnOnce() -> Vec<String>,
     ) -> Result<i32, TermError> {
-        if let Some(next) = self.from_block(namespace, lease, current).await? {
+        if let Some(next) = self.draw_from_block(namespace, lease, current).await? {
             return Ok(next);
         }
         // The block is used up or cannot serve: forget it now, so that a mark write whose
@@ -222,7 +222,7 @@ impl TermLedger {
     /// The next term from the block this ledger reserved for `lease`, if it can serve: the
     /// term after `current`, or the block's first for a lease with no term yet, unless someone
     /// else wrote the shard since (its blocks reserved ahead are then forgotten).
-    async fn from_block(
+    async fn draw_from_block(
         &mut self,
         namespace: &str,
         lease: &str,
