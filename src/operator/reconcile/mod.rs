@@ -22,6 +22,7 @@ mod expire;
 mod forced_exit;
 mod gather;
 mod outcome;
+mod sighting;
 mod view;
 mod workers;
 mod workload;
@@ -41,7 +42,7 @@ use kube::{Client, ResourceExt};
 
 use self::gather::{Gathered, Pass};
 use self::outcome::requeue;
-use self::view::Seen;
+use self::sighting::Sighting;
 pub use self::workers::run;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Decision};
@@ -84,7 +85,7 @@ pub(in crate::operator) struct Worker {
     pub(in crate::operator) settings: Settings,
     pub(in crate::operator) metrics: Arc<Metrics>,
     /// Per lease: the record last seen, when this process first saw it, and its holder.
-    pub(in crate::operator) seen: HashMap<LeaseKey, Seen>,
+    pub(in crate::operator) seen: HashMap<LeaseKey, Sighting>,
     pub(in crate::operator) terms: TermLedger,
     pub(in crate::operator) deposer: Deposer,
     pub(in crate::operator) timers: HashMap<LeaseKey, Timers>,
