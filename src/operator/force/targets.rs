@@ -51,6 +51,12 @@ pub struct Target {
 }
 
 impl Target {
+    /// Tries again later: 2, 4, 8 ... 64 s after each failed attempt.
+    fn back_off(&mut self) {
+        self.attempts += 1;
+        self.next = Instant::now() + Duration::from_secs(1 << self.attempts.min(6));
+    }
+
     pub fn new(candidate: &str, pod: &str, uid: &str, restarts: i64) -> Target {
         Target {
             candidate: candidate.into(),
@@ -174,23 +180,13 @@ impl Deposer {
                     Err(e) => {
                         // Nothing was tried on the pod: no outcome (no Event), a retry.
                         tracing::debug!(lease = %key, pod = %t.pod, error = %e, "looking up a pod to force out failed (retried)");
-                        t.attempts += 1;
-                        t.next = Instant::now() + Duration::from_secs(1 << t.attempts.min(6));
+                        t.back_off();
                         keep.push(t);
                         continue;
                     }
                 },
             };
-            let still_running = pod.as_ref().is_some_and(|p| {
-                p.uid().as_deref() == Some(t.uid.as_str())
-                    && p.metadata.deletion_timestamp.is_none()
-                    && restarts(p) == t.restarts
-                    && !matches!(
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some("Succeeded" | "Failed")
-                    )
-            });
-            if !still_running {
+            if !still_running(pod.as_ref(), &t) {
                 outcomes.push((t, Outcome::Stopped));
                 continue;
             }
@@ -198,25 +194,7 @@ impl Deposer {
                 outcomes.push((t, Outcome::Refused));
                 continue;
             }
-            // Only the pod that held the lease: a new pod with the same name (a StatefulSet's
-            // replacement) fails the uid precondition and is never hit.
-            let only_this = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(t.uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            let result = match policy {
-                OnDepose::None => Ok(Outcome::Reported),
-                OnDepose::Evict => evict(&pods, &t.pod, &key.namespace, &t.uid)
-                    .await
-                    .map(|_| Outcome::Forced(policy)),
-                OnDepose::Delete => pods
-                    .delete(&t.pod, &only_this)
-                    .await
-                    .map(|_| Outcome::Forced(policy)),
-            };
+            let result = force(&pods, &key.namespace, &t, policy).await;
             match result {
                 Ok(outcome) => outcomes.push((t, outcome)),
                 // Gone, or replaced by a pod of the same name (the uid precondition failed).
@@ -227,8 +205,7 @@ impl Deposer {
                 }
                 Err(e) => {
                     let blocked = matches!(&e, kube::Error::Api(s) if s.code == 429);
-                    t.attempts += 1;
-                    t.next = Instant::now() + Duration::from_secs(1 << t.attempts.min(6));
+                    t.back_off();
                     let outcome = if blocked {
                         Outcome::Blocked(e.to_string())
                     } else {
@@ -382,6 +359,48 @@ impl Outcome {
                 ),
             )),
         }
+    }
+}
+
+/// Whether `pod` is still the target's pod (its uid), running the same containers (its restart
+/// count), not being deleted and not in a terminal phase.
+fn still_running(pod: Option<&Pod>, t: &Target) -> bool {
+    pod.is_some_and(|p| {
+        p.uid().as_deref() == Some(t.uid.as_str())
+            && p.metadata.deletion_timestamp.is_none()
+            && restarts(p) == t.restarts
+            && !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+    })
+}
+
+/// Forces the target's pod out per `policy`: evicted or deleted with its uid as precondition,
+/// so only the pod that held the lease is hit (a new pod with the same name, a StatefulSet's
+/// replacement, fails the precondition), or only reported.
+async fn force(
+    pods: &Api<Pod>,
+    namespace: &str,
+    t: &Target,
+    policy: OnDepose,
+) -> Result<Outcome, kube::Error> {
+    let only_this = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(t.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match policy {
+        OnDepose::None => Ok(Outcome::Reported),
+        OnDepose::Evict => evict(pods, &t.pod, namespace, &t.uid)
+            .await
+            .map(|_| Outcome::Forced(policy)),
+        OnDepose::Delete => pods
+            .delete(&t.pod, &only_this)
+            .await
+            .map(|_| Outcome::Forced(policy)),
     }
 }
 
