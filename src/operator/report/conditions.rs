@@ -40,7 +40,19 @@ fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
 
 /// The conditions `candidate` should carry.
 pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> Vec<Condition> {
-    let leader = match (facts.holder, &decision.action) {
+    vec![
+        leader(candidate, decision, facts),
+        eligible(candidate, decision),
+        conflict(candidate, decision),
+        skew(candidate, decision),
+        duplicate(candidate, facts),
+        double_holder(candidate, facts),
+    ]
+}
+
+/// The `Leader` condition.
+fn leader(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> Condition {
+    match (facts.holder, &decision.action) {
         (Some(h), _) if h == candidate => cond(
             LEADER,
             true,
@@ -64,8 +76,12 @@ pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> V
             "NotHolder",
             format!("does not hold lease {}", facts.lease),
         ),
-    };
-    let eligible = match decision.standings.get(candidate) {
+    }
+}
+
+/// The `Eligible` condition: the candidate's standing, not its liveness.
+fn eligible(candidate: &str, decision: &Decision) -> Condition {
+    match decision.standings.get(candidate) {
         // Not the candidate's liveness, which changes with every ping: the condition would be
         // rewritten several times per election for no one's benefit.
         Some(Standing::Eligible(_)) => cond(ELIGIBLE, true, "Eligible", "can be elected".into()),
@@ -105,8 +121,12 @@ pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> V
             cond(ELIGIBLE, false, r, msg)
         }
         None => cond(ELIGIBLE, false, "Unknown", "not considered".into()),
-    };
-    let conflict = match &decision.strategy {
+    }
+}
+
+/// The `StrategyConflict` condition.
+fn conflict(candidate: &str, decision: &Decision) -> Condition {
+    match &decision.strategy {
         Resolution::Conflict {
             version,
             strategies,
@@ -126,8 +146,12 @@ pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> V
             "NoConflict",
             "strategies agree".into(),
         ),
-    };
-    let skew = match decision
+    }
+}
+
+/// The `SkewViolation` condition.
+fn skew(candidate: &str, decision: &Decision) -> Condition {
+    match decision
         .skew_violations
         .iter()
         .find(|v| v.candidate == candidate)
@@ -147,8 +171,12 @@ pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> V
             "WithinSkew",
             "within the allowed version skew".into(),
         ),
-    };
-    let duplicate = match facts.duplicates.iter().find(|(n, _)| n == candidate) {
+    }
+}
+
+/// The `DuplicateIdentity` condition.
+fn duplicate(candidate: &str, facts: &LeaseFacts) -> Condition {
+    match facts.duplicates.iter().find(|(n, _)| n == candidate) {
         Some((_, incarnations)) => cond(
             DUPLICATE_IDENTITY,
             true,
@@ -164,8 +192,12 @@ pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> V
             "UniqueIdentity",
             "one process uses this identity".into(),
         ),
-    };
-    let double = match facts.overruns.iter().find(|(n, _)| n == candidate) {
+    }
+}
+
+/// The `DoubleHolder` condition.
+fn double_holder(candidate: &str, facts: &LeaseFacts) -> Condition {
+    match facts.overruns.iter().find(|(n, _)| n == candidate) {
         Some((_, t)) => cond(
             DOUBLE_HOLDER,
             true,
@@ -181,8 +213,7 @@ pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> V
             "NoOverrun",
             "no workload of this candidate is known to have outlived its term".into(),
         ),
-    };
-    vec![leader, eligible, conflict, skew, duplicate, double]
+    }
 }
 
 /// `desired` with the transition times of unchanged conditions carried over from `current`;
