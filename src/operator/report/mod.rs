@@ -128,36 +128,33 @@ pub(in crate::operator) async fn report(
             .as_ref()
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default();
-        let uid = c.uid().unwrap_or_default();
         let current = &current_of(c);
         if first_election_settling && current.is_empty() {
             continue;
         }
-        let desired = conditions::conditions(&name, decision, &facts);
-        let Some(conditions) = conditions::merge(current, desired) else {
-            continue;
+        let status = match status_of(&name, current, decision, &facts, may_wait, holder_term) {
+            Status::Unchanged => continue,
+            Status::Waits => {
+                waiting = true;
+                continue;
+            }
+            Status::Write(status) => status,
         };
-        if may_wait.first && conditions::can_wait(current, &conditions) {
-            waiting = true;
-            continue;
-        }
-        let may_wait_deposed = may_wait.deposed
-            && holder_term
-                .is_some_and(|t| conditions::leader_term(current).is_some_and(|was| was < t))
-            && conditions::deposed_can_wait(current, &conditions);
-        let is_holder = holder == Some(name.as_str());
-        // A holder the arbiter elects again at a new term (its lease lapsed, or it was deposed
-        // while its status waited) is elected again; a term raised by hand elects nobody.
-        let elected_again = is_holder
-            && decision.action.elects().is_some()
-            && conditions::leader_term(current).is_some_and(|was| was < term)
-            && conditions::leader_term(&conditions) == Some(term);
-        let events = transitions(current, &conditions, elected_again, &key.name, term);
-        count(metrics, key, &name, &events);
-        let read = cached.to_vec();
-        let update = write_status(&api, recorder, c, uid, read, conditions, events, is_holder);
+        count(metrics, key, &name, &status.events);
+        let (uid, read) = (c.uid().unwrap_or_default(), cached.to_vec());
+        let is_holder = status.is_holder;
+        let update = write_status(
+            &api,
+            recorder,
+            c,
+            uid,
+            read,
+            status.conditions,
+            status.events,
+            is_holder,
+        );
         holder_shown &= !is_holder;
-        if may_wait_deposed {
+        if status.after_holder {
             deposed.push(update);
         } else {
             updates.push(update);
@@ -190,6 +187,60 @@ pub(in crate::operator) async fn report(
     }
     decision_events(recorder, metrics, key, candidates, decision, holder);
     Reported { complete, waiting }
+}
+
+/// What becomes of a candidate's status.
+enum Status {
+    /// Nothing changes.
+    Unchanged,
+    /// It changes, but may wait until the worker has nothing else due.
+    Waits,
+    /// Written now (or right after the holder's).
+    Write(NewStatus),
+}
+
+/// A status to write, and the Events of its transitions.
+struct NewStatus {
+    conditions: Vec<Condition>,
+    events: Vec<(EventType, &'static str, String)>,
+    is_holder: bool,
+    /// A deposed holder's `Leader=False` that may wait behind the holder's `Leader=True`.
+    after_holder: bool,
+}
+
+/// The status candidate `name` should have, against `current`: pure.
+fn status_of(
+    name: &str,
+    current: &[Condition],
+    decision: &Decision,
+    facts: &conditions::LeaseFacts,
+    may_wait: MayWait,
+    holder_term: Option<i32>,
+) -> Status {
+    let desired = conditions::conditions(name, decision, facts);
+    let Some(conditions) = conditions::merge(current, desired) else {
+        return Status::Unchanged;
+    };
+    if may_wait.first && conditions::can_wait(current, &conditions) {
+        return Status::Waits;
+    }
+    let after_holder = may_wait.deposed
+        && holder_term.is_some_and(|t| conditions::leader_term(current).is_some_and(|was| was < t))
+        && conditions::deposed_can_wait(current, &conditions);
+    let (term, is_holder) = (facts.term, facts.holder == Some(name));
+    // A holder the arbiter elects again at a new term (its lease lapsed, or it was deposed
+    // while its status waited) is elected again; a term raised by hand elects nobody.
+    let elected_again = is_holder
+        && decision.action.elects().is_some()
+        && conditions::leader_term(current).is_some_and(|was| was < term)
+        && conditions::leader_term(&conditions) == Some(term);
+    let events = transitions(current, &conditions, elected_again, facts.lease, term);
+    Status::Write(NewStatus {
+        conditions,
+        events,
+        is_holder,
+        after_holder,
+    })
 }
 
 /// Counts the transitions the metrics follow.
