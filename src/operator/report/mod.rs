@@ -160,33 +160,47 @@ pub(in crate::operator) async fn report(
             updates.push(update);
         }
     }
-    // Candidates' statuses are independent of each other: written side by side.
-    let mut done = futures::stream::iter(updates)
-        .buffer_unordered(crate::operator::CONCURRENT_WRITES)
-        .collect::<Vec<_>>()
-        .await;
-    // The holder's `Leader=True` is on the server (unchanged, or written just now): the deposed
-    // holders' statuses may wait. Else they are written now: a replica taking over would
-    // remember a deposed holder's `Leader=True` for want of the holder's.
-    holder_shown |= done.iter().any(|(h, d)| *h && d.is_some());
-    if !deposed.is_empty() {
-        if holder_shown {
-            waiting = true;
-        } else {
-            done.extend(
-                futures::stream::iter(deposed)
-                    .buffer_unordered(crate::operator::CONCURRENT_WRITES)
-                    .collect::<Vec<_>>()
-                    .await,
-            );
-        }
-    }
+    let (done, deposed_wait) = write_all(updates, deposed, holder_shown).await;
+    waiting |= deposed_wait;
     let complete = done.iter().all(|(_, d)| d.is_some());
     for (uid, read, wrote) in done.into_iter().filter_map(|(_, d)| d) {
         written.record(&uid, read, wrote, now);
     }
     decision_events(recorder, metrics, key, candidates, decision, holder);
     Reported { complete, waiting }
+}
+
+/// Writes `updates` side by side (candidates' statuses are independent of each other), then
+/// `deposed`, the deposed holders' statuses, unless the holder's `Leader=True` is on the
+/// server (`holder_shown`, or written just now): then they wait (`true`). Else they are written
+/// now: a replica taking over would remember a deposed holder's `Leader=True` for want of the
+/// holder's.
+async fn write_all<F, T>(
+    updates: Vec<F>,
+    deposed: Vec<F>,
+    holder_shown: bool,
+) -> (Vec<(bool, Option<T>)>, bool)
+where
+    F: std::future::Future<Output = (bool, Option<T>)>,
+{
+    let mut done = futures::stream::iter(updates)
+        .buffer_unordered(crate::operator::CONCURRENT_WRITES)
+        .collect::<Vec<_>>()
+        .await;
+    let holder_shown = holder_shown || done.iter().any(|(h, d)| *h && d.is_some());
+    if deposed.is_empty() {
+        return (done, false);
+    }
+    if holder_shown {
+        return (done, true);
+    }
+    done.extend(
+        futures::stream::iter(deposed)
+            .buffer_unordered(crate::operator::CONCURRENT_WRITES)
+            .collect::<Vec<_>>()
+            .await,
+    );
+    (done, false)
 }
 
 /// What becomes of a candidate's status.
