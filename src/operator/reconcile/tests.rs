@@ -372,8 +372,9 @@ fn in_pod(mut c: LeaseCandidate, pod: &Pod) -> LeaseCandidate {
     c
 }
 
-#[tokio::test]
-async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
+/// `old` (1.30.0) registered from its pod `old-0`, running, and `new` (1.31.0) without one,
+/// both seen registering; a worker on them that settles for no time.
+fn old_in_a_pod_and_new() -> (Pod, Feed, Server, Worker, Queue) {
     let pod = agent_pod("old-0", "pod-old", "old", "Running");
     let old = in_pod(candidate("old", "1.30.0", 1), &pod);
     let new = candidate("new", "1.31.0", 2);
@@ -383,6 +384,12 @@ async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
     feed.candidate(&new);
     let (client, server) = Server::start(&[&old, &new]);
     let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    (pod, feed, server, worker, queue)
+}
+
+#[tokio::test]
+async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
+    let (_, mut feed, server, mut worker, mut queue) = old_in_a_pod_and_new();
 
     worker.reconcile(&key(), &mut queue).await.unwrap();
     let lease = created(&server);
@@ -439,15 +446,7 @@ async fn a_lease_deleted_by_hand_is_not_given_away_while_its_term_may_run() {
 
 #[tokio::test]
 async fn the_end_of_the_process_that_took_a_term_ends_it_at_once() {
-    let pod = agent_pod("old-0", "pod-old", "old", "Running");
-    let old = in_pod(candidate("old", "1.30.0", 1), &pod);
-    let new = candidate("new", "1.31.0", 2);
-    let mut feed = Feed::new();
-    feed.pod(&pod);
-    feed.candidate(&old);
-    feed.candidate(&new);
-    let (client, server) = Server::start(&[&old, &new]);
-    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    let (pod, mut feed, server, mut worker, mut queue) = old_in_a_pod_and_new();
     worker.reconcile(&key(), &mut queue).await.unwrap();
     feed.lease(&server.lease());
     worker.reconcile(&key(), &mut queue).await.unwrap();

@@ -228,14 +228,13 @@ impl TermLedger {
         lease: &str,
         current: Option<i32>,
     ) -> Result<Option<i32>, TermError> {
-        let lease_key = (namespace.to_string(), lease.to_string());
-        let shard = shard_of(lease);
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-        let key = (namespace.to_string(), shard.clone());
-        let api_err = |source| TermError::Api {
-            lease: lease.to_string(),
-            source,
-        };
+        let Place {
+            lease_key,
+            shard,
+            key,
+            api,
+        } = Place::of(&self.client, namespace, lease);
+        let api_err = api_error(lease);
         let block = self.blocks.get(&lease_key).copied();
         match (current, block) {
             (Some(current), Some(block)) => {
@@ -290,14 +289,13 @@ impl TermLedger {
         current: i32,
         new_leases: Vec<String>,
     ) -> Result<i32, TermError> {
-        let lease_key = (namespace.to_string(), lease.to_string());
-        let shard = shard_of(lease);
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-        let key = (namespace.to_string(), shard.clone());
-        let api_err = |source| TermError::Api {
-            lease: lease.to_string(),
-            source,
-        };
+        let Place {
+            lease_key,
+            shard,
+            key,
+            api,
+        } = Place::of(&self.client, namespace, lease);
+        let api_err = api_error(lease);
         for _ in 0..ATTEMPTS {
             let cached = self.shards.remove(&key);
             let read = match cached {
@@ -402,6 +400,35 @@ fn empty_shard(name: &str) -> ConfigMap {
         "true".into(),
     )]));
     cm
+}
+
+/// Where a lease's mark lives: the lease's key in the ledger's blocks, its shard's name and key
+/// in the ledger's copies, and the API of the namespace's shards.
+struct Place {
+    lease_key: (String, String),
+    shard: String,
+    key: (String, String),
+    api: Api<ConfigMap>,
+}
+
+impl Place {
+    fn of(client: &Client, namespace: &str, lease: &str) -> Place {
+        let shard = shard_of(lease);
+        Place {
+            lease_key: (namespace.to_string(), lease.to_string()),
+            key: (namespace.to_string(), shard.clone()),
+            shard,
+            api: Api::namespaced(client.clone(), namespace),
+        }
+    }
+}
+
+/// An API error while recording `lease`'s term.
+fn api_error(lease: &str) -> impl Fn(kube::Error) -> TermError + Copy + '_ {
+    move |source| TermError::Api {
+        lease: lease.to_string(),
+        source,
+    }
 }
 
 #[cfg(test)]
