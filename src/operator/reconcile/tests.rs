@@ -383,7 +383,7 @@ fn old_in_a_pod_and_new() -> (Pod, Feed, Server, Worker, Queue) {
     feed.candidate(&old);
     feed.candidate(&new);
     let (client, server) = Server::start(&[&old, &new]);
-    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    let (worker, queue) = worker(client, &feed, &["--settle=0s"]);
     (pod, feed, server, worker, queue)
 }
 
