@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, store::Writer};
@@ -12,18 +13,21 @@ use super::candidate_index::CandidateIndex;
 use super::incarnations::IncarnationLog;
 use super::lease_records::Records;
 use super::liveness::Liveness;
-use super::pods::FollowedPods;
+use super::pods::{Fetch, FollowedPods};
 use super::stopped::StoppedPods;
 use super::workloads::AnnotatedWorkloads;
 use super::{Caches, NamespaceLocks};
 use crate::api::LeaseCandidate;
 use crate::operator::term::held::Held;
+use crate::workloads::Workload;
 
 /// Empty caches, and the writers that fill them.
 pub(crate) struct Feed {
     pub caches: Caches,
     candidates: Writer<LeaseCandidate>,
     leases: Writer<Lease>,
+    /// The pod fetches the caches asked for (a workload's pods, listed once).
+    fetches: tokio::sync::mpsc::UnboundedReceiver<Fetch>,
 }
 
 impl Feed {
@@ -32,7 +36,7 @@ impl Feed {
         let (leases, lease_writer) = reflector::store();
         let (deployments, _) = reflector::store();
         let (stateful_sets, _) = reflector::store();
-        let (pods, _fetches) = FollowedPods::new(Arc::new(|_| true), Default::default());
+        let (pods, fetches) = FollowedPods::new(Arc::new(|_| true), Default::default());
         let caches = Caches {
             candidates,
             leases,
@@ -52,6 +56,7 @@ impl Feed {
             caches,
             candidates: candidate_writer,
             leases: lease_writer,
+            fetches,
         }
     }
 
@@ -103,5 +108,23 @@ impl Feed {
         self.caches
             .records
             .on_event(&self.caches.held, &ev, |_| false);
+    }
+
+    /// `deployment` created or changed, as the Deployment watch delivers it.
+    pub fn deployment(&mut self, deployment: &Deployment) {
+        self.caches.workloads.observe(
+            deployment,
+            "Deployment",
+            Workload::from_deployment(deployment),
+            false,
+        );
+    }
+
+    /// Answers the pod lists the caches asked for with `pods` (what the API server would
+    /// list for the selector).
+    pub fn list_pods(&mut self, pods: &[Pod]) {
+        while let Ok(fetch) = self.fetches.try_recv() {
+            self.caches.pods.done(&fetch, pods.to_vec());
+        }
     }
 }

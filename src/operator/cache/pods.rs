@@ -341,7 +341,7 @@ impl FollowedPods {
 
     /// Records a fetch done: its pods (slimmed) are taken in, and a candidate's pod
     /// that was not found is remembered as gone. Returns the pods kept.
-    fn done(&self, fetch: &Fetch, result: Vec<Pod>) -> Vec<Pod> {
+    pub(crate) fn done(&self, fetch: &Fetch, result: Vec<Pod>) -> Vec<Pod> {
         let found = |uid: &str| result.iter().any(|p| p.uid().as_deref() == Some(uid));
         let not_found = match fetch {
             Fetch::Pod { uid, .. } => !found(uid),

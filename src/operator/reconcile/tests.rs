@@ -45,6 +45,8 @@ struct Server {
     candidates: Arc<Mutex<BTreeMap<String, LeaseCandidate>>>,
     /// The last Lease created or written, as the server answered it.
     lease: Arc<Mutex<Option<Lease>>>,
+    /// The pods a list returns.
+    pods: Arc<Mutex<Vec<Pod>>>,
     api: FakeApi,
 }
 
@@ -57,7 +59,9 @@ impl Server {
         let known = Arc::new(Mutex::new(known));
         let version = Arc::new(Mutex::new(100u64));
         let lease = Arc::new(Mutex::new(None));
-        let (state, next, last) = (known.clone(), version.clone(), lease.clone());
+        let pods: Arc<Mutex<Vec<Pod>>> = Arc::default();
+        let (state, next, last, listed) =
+            (known.clone(), version.clone(), lease.clone(), pods.clone());
         let (client, api) = FakeApi::new(move |r: &Request| {
             let mut next = next.lock().unwrap();
             *next += 1;
@@ -87,11 +91,25 @@ impl Server {
                     if r.path.contains("/leases") {
                         *last.lock().unwrap() = serde_json::from_value(obj.clone()).ok();
                     }
+                    if let Ok(c) = serde_json::from_value::<LeaseCandidate>(obj.clone())
+                        && r.path.contains("/leasecandidates")
+                    {
+                        state
+                            .lock()
+                            .unwrap()
+                            .insert(c.metadata.name.clone().unwrap(), c);
+                    }
                     Answer {
                         status: if r.method == "POST" { 201 } else { 200 },
                         body: obj.to_string(),
                     }
                 }
+                ("GET", p) if p.ends_with("/pods") => Answer::ok(json!({
+                    "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": rv},
+                    "items": *listed.lock().unwrap(),
+                })),
+                // A label on a pod: the pod as patched.
+                ("PATCH", p) if p.contains("/pods/") => Answer::echo(r, 200),
                 _ => Answer::status(404, "NotFound", "not scripted"),
             }
         });
@@ -100,6 +118,7 @@ impl Server {
             Server {
                 candidates: known,
                 lease,
+                pods,
                 api,
             },
         )
@@ -480,4 +499,101 @@ async fn the_end_of_the_process_that_took_a_term_ends_it_at_once() {
     let written = replaced(&server);
     assert_eq!(written.len(), 1, "{:?}", server.api.requests());
     assert_eq!(crate::lease::holder(&written[0]), Some("new"));
+}
+
+/// Deployment `kv`, annotated single-active for lease `l`, selecting `app=kv`.
+fn single_active_deployment() -> k8s_openapi::api::apps::v1::Deployment {
+    serde_json::from_value(json!({
+        "metadata": {"name": "kv", "namespace": "ns", "uid": "uid-kv",
+            "annotations": {
+                crate::workloads::SINGLE_ACTIVE_ANNOTATION: "true",
+                crate::workloads::LEASE_NAME_ANNOTATION: "l",
+            }},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "kv"}},
+            "template": {"metadata": {"labels": {"app": "kv"}},
+                "spec": {"containers": [{"name": "kv", "image": "kv:1.0.0"}]}},
+        },
+    }))
+    .unwrap()
+}
+
+/// A ready pod of `kv` running `image`.
+fn kv_pod(name: &str, image: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+            "resourceVersion": "1", "labels": {"app": "kv"}},
+        "spec": {"containers": [{"name": "kv", "image": image}]},
+        "status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}]},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_written() {
+    let (a, b) = (kv_pod("kv-a", "kv:1.31.0"), kv_pod("kv-b", "kv:1.30.0"));
+    let mut feed = Feed::new();
+    feed.deployment(&single_active_deployment());
+    let (client, server) = Server::start(&[]);
+    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+
+    // Nothing before the workload's pods are listed: a partial list could miss the active one.
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(
+        server.api.requests().is_empty(),
+        "{:?}",
+        server.api.requests()
+    );
+
+    // Listed: the operator makes each pod a candidate (it is their agent).
+    feed.list_pods(&[a.clone(), b.clone()]);
+    *server.pods.lock().unwrap() = vec![a.clone(), b.clone()];
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let made: Vec<LeaseCandidate> = server
+        .requests("POST", "/leasecandidates")
+        .iter()
+        .map(|r| serde_json::from_str(&r.body).unwrap())
+        .collect();
+    assert_eq!(made.len(), 2, "{:?}", server.api.requests());
+    assert!(server.requests("POST", "/leases").is_empty());
+
+    // Its candidates arrive: the oldest version's pod gets the lease, owned by the workload,
+    // and only then is it labelled active (the other standby).
+    for (i, c) in made.iter().enumerate() {
+        let mut c = c.clone();
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.uid = Some(format!("uid-c{i}"));
+        c.metadata.resource_version = Some(format!("{}", 10 + i));
+        c.metadata.creation_timestamp = Some(Time(jiff::Timestamp::now()));
+        feed.candidate(&c);
+    }
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let lease = created(&server);
+    assert_eq!(crate::lease::holder(&lease), Some("kv-b"));
+    assert_eq!(
+        lease.owner_references().first().map(|o| o.name.as_str()),
+        Some("kv")
+    );
+    let requests = server.api.requests();
+    let written = requests
+        .iter()
+        .position(|r| r.method == "POST" && r.path.contains("/leases"))
+        .unwrap();
+    let active = requests.iter().position(|r| {
+        r.method == "PATCH"
+            && r.path.ends_with("/pods/kv-b")
+            && r.body.contains(crate::workloads::ACTIVE)
+    });
+    assert!(
+        active.is_some_and(|p| p > written),
+        "kv-b labelled active after its term was written: {requests:?}"
+    );
+    assert!(
+        !requests.iter().any(|r| r.path.ends_with("/pods/kv-a")
+            && r.body
+                .contains(&format!("\"{}\"", crate::workloads::ACTIVE))),
+        "kv-a never labelled active"
+    );
 }
