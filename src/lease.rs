@@ -261,6 +261,25 @@ pub fn released_by(lease: &Lease) -> Option<&str> {
     written_by_arbiter(&lease.metadata, RELEASED_BY_ANNOTATION).then_some(by)
 }
 
+/// The incarnation of the agent that took the Lease's current term, only as an agent wrote it
+/// (arbiter's field manager), not a hand edit.
+pub fn agent_incarnation(lease: &Lease) -> Option<&str> {
+    lease
+        .annotations()
+        .get(INCARNATION_ANNOTATION)
+        .map(String::as_str)
+        .filter(|i| !i.is_empty() && written_by_arbiter(&lease.metadata, INCARNATION_ANNOTATION))
+}
+
+/// Whether any incarnation is stamped on the Lease, whoever wrote it: the operator never acts
+/// as the agent of a term that may be an agent's.
+pub fn incarnation_stamped(lease: &Lease) -> bool {
+    lease
+        .annotations()
+        .get(INCARNATION_ANNOTATION)
+        .is_some_and(|i| !i.is_empty())
+}
+
 /// `leaseDurationSeconds` for a duration checked by [`crate::flags::lease_duration`] (whole
 /// seconds).
 pub fn seconds(d: Duration) -> i32 {
@@ -303,6 +322,35 @@ pub fn set_annotation(lease: &mut Lease, key: &str, value: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agents_incarnation_counts_only_as_an_agent_wrote_it() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let owned_by = |manager: &str| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            fields_v1: Some(FieldsV1(serde_json::json!({
+                "f:metadata": { "f:annotations": { format!("f:{INCARNATION_ANNOTATION}"): {} } },
+            }))),
+            ..ManagedFieldsEntry::default()
+        };
+        let mut lease = Lease::default();
+        assert!(!incarnation_stamped(&lease));
+        set_annotation(&mut lease, INCARNATION_ANNOTATION, Some("p1"));
+        assert!(incarnation_stamped(&lease), "stamped, whoever wrote it");
+        assert_eq!(
+            agent_incarnation(&lease),
+            None,
+            "no managed fields: not trusted"
+        );
+        lease.metadata.managed_fields = Some(vec![owned_by("kubectl-edit")]);
+        assert_eq!(agent_incarnation(&lease), None, "set by hand");
+        lease.metadata.managed_fields = Some(vec![owned_by(FIELD_MANAGER)]);
+        assert_eq!(agent_incarnation(&lease), Some("p1"));
+        set_annotation(&mut lease, INCARNATION_ANNOTATION, Some(""));
+        assert_eq!(agent_incarnation(&lease), None, "an empty stamp is none");
+        assert!(!incarnation_stamped(&lease));
+    }
 
     #[test]
     fn only_a_release_arbiter_wrote_counts() {

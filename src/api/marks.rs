@@ -12,6 +12,15 @@ pub const FIELD_MANAGER: &str = "arbiter";
 /// id per start).
 pub const INCARNATION_ANNOTATION: &str = "arbiter.dev/holder-incarnation";
 
+/// The process incarnation a candidate's agent last stamped on it (as written: by its agent,
+/// or by anyone who may write candidates).
+pub fn incarnation(c: &LeaseCandidate) -> Option<&str> {
+    use kube::ResourceExt;
+    c.annotations()
+        .get(INCARNATION_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// On a candidate: the term whose workload ran past the term's end, because the whole
 /// candidate (agent, guard and workload) was paused. A successor may have run beside it; only a
 /// resource that checks the fencing token was protected. Set by the agent, cleared when a new
@@ -30,7 +39,7 @@ pub const WITHDRAWN_ANNOTATION: &str = "arbiter.dev/withdrawn";
 pub fn withdrawn_incarnation(c: &LeaseCandidate) -> Option<&str> {
     use kube::ResourceExt;
     let mark = c.annotations().get(WITHDRAWN_ANNOTATION)?;
-    let current = c.annotations().get(INCARNATION_ANNOTATION)?;
+    let current = incarnation(c)?;
     (!mark.is_empty() && mark == current && written_by_arbiter(&c.metadata, WITHDRAWN_ANNOTATION))
         .then_some(mark.as_str())
 }

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use kube::ResourceExt;
 
 use crate::api::LeaseCandidate;
-use crate::lease::INCARNATION_ANNOTATION;
 use crate::operator::cache::candidate_index::PerCandidate;
 
 const WINDOW: Duration = Duration::from_secs(120);
@@ -29,7 +28,7 @@ pub struct IncarnationLog(PerCandidate<Stamps>);
 impl IncarnationLog {
     /// Records the stamp on `c` (from a watch event).
     pub fn record(&self, c: &LeaseCandidate) {
-        let Some(inc) = c.annotations().get(INCARNATION_ANNOTATION) else {
+        let Some(inc) = crate::api::incarnation(c) else {
             return;
         };
         self.record_at(

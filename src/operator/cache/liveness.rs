@@ -12,7 +12,6 @@ use kube::ResourceExt;
 
 use crate::api::LeaseCandidate;
 use crate::election::heard::{Heard, Judged, Version};
-use crate::lease::INCARNATION_ANNOTATION;
 use crate::operator::cache::candidate_index::PerCandidate;
 
 /// What was heard from every candidate, by (namespace, name), with its uid and the process
@@ -43,7 +42,7 @@ impl Liveness {
     fn with(&self, c: &LeaseCandidate, f: impl FnOnce(&mut Heard)) -> bool {
         let key = (c.namespace().unwrap_or_default(), c.name_any());
         let uid = c.uid().unwrap_or_default();
-        let incarnation = c.annotations().get(INCARNATION_ANNOTATION).cloned();
+        let incarnation = crate::api::incarnation(c).map(str::to_string);
         let mut all = self.0.lock();
         let mut new = false;
         let entry = all.entry(key).or_insert_with(|| {
@@ -113,6 +112,7 @@ impl Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::INCARNATION_ANNOTATION;
 
     fn candidate(uid: &str, incarnation: &str, rv: &str) -> LeaseCandidate {
         let mut c = crate::api::test_candidate("c", "l");

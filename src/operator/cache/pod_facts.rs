@@ -114,11 +114,7 @@ pub fn incarnation_ended(pod: &Pod, incarnation: &str) -> bool {
 /// (Not "no container runs": a new process may register before the kubelet reports its
 /// container running, and would be passed over for a moment.)
 pub fn registered_process_exited(candidate: &crate::api::LeaseCandidate, pod: &Pod) -> bool {
-    let incarnation = candidate
-        .annotations()
-        .get(crate::lease::INCARNATION_ANNOTATION)
-        .map(String::as_str)
-        .unwrap_or_default();
+    let incarnation = crate::api::incarnation(candidate).unwrap_or_default();
     incarnation_ended(pod, incarnation)
 }
 

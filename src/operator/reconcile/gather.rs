@@ -184,11 +184,7 @@ impl Worker {
             })
             .collect();
         let mut rules = self.settings.rules.clone();
-        let agent_took = lease.as_deref().is_some_and(|l| {
-            l.annotations()
-                .get(lease::INCARNATION_ANNOTATION)
-                .is_some_and(|i| !i.is_empty())
-        });
+        let agent_took = lease.as_deref().is_some_and(lease::incarnation_stamped);
         if let Some(p) = plan {
             self.as_pods_agent(p, key, candidates, agent_took, &mut inputs, &mut lease_view);
             rules.max_skew = p.workload.max_skew.or(rules.max_skew);

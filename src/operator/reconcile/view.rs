@@ -10,7 +10,7 @@ use kube::ResourceExt;
 
 use crate::api::LeaseCandidate;
 use crate::election::decide;
-use crate::lease::{self, HOLDER_POD_ANNOTATION, INCARNATION_ANNOTATION};
+use crate::lease::{self, HOLDER_POD_ANNOTATION};
 use crate::operator::cache::lease_records;
 use crate::operator::key::LeaseKey;
 use crate::operator::reconcile::sighting::Sighting;
@@ -114,10 +114,7 @@ impl Worker {
         // Its candidate is not elected again until a new process of it registers (the last
         // acknowledgements came from the dead one).
         if let (Some(dead), Some(c)) = (&ended, holder_candidate)
-            && c.annotations()
-                .get(INCARNATION_ANNOTATION)
-                .map(String::as_str)
-                == Some(dead.as_str())
+            && crate::api::incarnation(c) == Some(dead.as_str())
             && let Some(i) = candidates.iter().position(|x| x.name_any() == c.name_any())
         {
             inputs[i].pod = decide::PodState::Stopped;
@@ -173,15 +170,7 @@ impl Worker {
                 .map(String::as_str)
                 .filter(|_| crate::api::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION)),
             released_by: lease::released_by(l),
-            // Only as an agent wrote it (arbiter's field manager), not a hand edit.
-            incarnation: l
-                .annotations()
-                .get(INCARNATION_ANNOTATION)
-                .map(String::as_str)
-                .filter(|i| {
-                    !i.is_empty()
-                        && crate::api::written_by_arbiter(&l.metadata, INCARNATION_ANNOTATION)
-                }),
+            incarnation: lease::agent_incarnation(l),
             term: lease::term(l),
         }
     }
