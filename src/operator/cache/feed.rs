@@ -9,16 +9,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 
+use super::Caches;
 use super::candidate_index::CandidateIndex;
-use super::incarnations::IncarnationLog;
-use super::lease_records::Records;
-use super::liveness::Liveness;
 use super::pods::{Fetch, FollowedPods};
-use super::stopped::StoppedPods;
 use super::workloads::AnnotatedWorkloads;
-use super::{Caches, NamespaceLocks};
 use crate::api::LeaseCandidate;
-use crate::operator::term::held::Held;
 use crate::workloads::Workload;
 
 /// Empty caches, and the writers that fill them.
@@ -37,21 +32,15 @@ impl Feed {
         let (deployments, _) = reflector::store();
         let (stateful_sets, _) = reflector::store();
         let (pods, fetches) = FollowedPods::new(Arc::new(|_| true), Default::default());
-        let caches = Caches {
+        let caches = Caches::with(
             candidates,
             leases,
             pods,
             deployments,
             stateful_sets,
-            workloads: AnnotatedWorkloads::default(),
-            incarnations: IncarnationLog::default(),
-            liveness: Liveness::default(),
-            by_lease: CandidateIndex::default(),
-            stopped_pods: StoppedPods::default(),
-            records: Records::default(),
-            held: Held::default(),
-            single_active_locks: NamespaceLocks::default(),
-        };
+            CandidateIndex::default(),
+            AnnotatedWorkloads::default(),
+        );
         Feed {
             caches,
             candidates: candidate_writer,

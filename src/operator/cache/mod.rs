@@ -93,6 +93,74 @@ impl NamespaceLocks {
     }
 }
 
+impl Caches {
+    /// Caches on these stores, with every index and memory empty.
+    pub(crate) fn with(
+        candidates: Store<LeaseCandidate>,
+        leases: Store<Lease>,
+        pods: FollowedPods,
+        deployments: Store<Deployment>,
+        stateful_sets: Store<StatefulSet>,
+        by_lease: CandidateIndex,
+        workloads: AnnotatedWorkloads,
+    ) -> Caches {
+        Caches {
+            candidates,
+            leases,
+            pods,
+            deployments,
+            stateful_sets,
+            workloads,
+            incarnations: IncarnationLog::default(),
+            liveness: Liveness::default(),
+            by_lease,
+            stopped_pods: StoppedPods::default(),
+            records: Records::default(),
+            held: Held::default(),
+            single_active_locks: NamespaceLocks::default(),
+        }
+    }
+}
+
+/// The pods the operator follows: a pod is followed if a candidate names it, an annotated
+/// workload selects it, or it carries a role label the operator set. Also the fetches of
+/// followed pods the watch has not delivered.
+fn follow_pods(
+    by_lease: &CandidateIndex,
+    workloads: &AnnotatedWorkloads,
+    kept: prometheus_client::metrics::gauge::Gauge,
+) -> (FollowedPods, tokio::sync::mpsc::UnboundedReceiver<Fetch>) {
+    let (index, annotated) = (by_lease.clone(), workloads.clone());
+    let follows = Arc::new(move |pod: &Pod| {
+        pod.uid().is_some_and(|uid| index.has_pod(&uid))
+            || annotated.selects_any(pod)
+            || has_role(pod)
+    });
+    FollowedPods::new(follows, kept)
+}
+
+/// Ends once the candidates and workloads are listed: the pod watch starts then, so that its
+/// first list keeps every pod they name without fetching them one by one. (This is the only
+/// wait on those three stores: a kube-runtime store wakes only its last waiter.)
+fn all_listed(
+    candidates: &Store<LeaseCandidate>,
+    deployments: &Store<Deployment>,
+    stateful_sets: &Store<StatefulSet>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (c, d, s) = (
+        candidates.clone(),
+        deployments.clone(),
+        stateful_sets.clone(),
+    );
+    async move {
+        let _ = tokio::join!(
+            c.wait_until_ready(),
+            d.wait_until_ready(),
+            s.wait_until_ready()
+        );
+    }
+}
+
 /// The three watches, as one stream that ends only on error. Each event enqueues the leases it
 /// may affect.
 pub fn watch_all(
@@ -105,52 +173,19 @@ pub fn watch_all(
     let (leases, lw) = reflector::store();
     let (deployments, dw) = reflector::store();
     let (stateful_sets, sw) = reflector::store();
-    let stopped_pods = StoppedPods::default();
-    let by_lease = CandidateIndex::default();
-    let workloads = AnnotatedWorkloads::default();
-    // A pod is followed if a candidate names it, an annotated workload selects it, or it
-    // carries a role label the operator set.
-    let follows = {
-        let (index, annotated) = (by_lease.clone(), workloads.clone());
-        Arc::new(move |pod: &Pod| {
-            pod.uid().is_some_and(|uid| index.has_pod(&uid))
-                || annotated.selects_any(pod)
-                || has_role(pod)
-        })
-    };
-    let (pods, fetches) = FollowedPods::new(follows, pods_followed);
-    // The pod watch starts once the candidates and workloads are listed, so that its first
-    // list keeps every pod they name without fetching them one by one. (This is the only wait
-    // on those three stores: a kube-runtime store wakes only its last waiter.)
-    let listed = {
-        let (c, d, s) = (
-            candidates.clone(),
-            deployments.clone(),
-            stateful_sets.clone(),
-        );
-        async move {
-            let _ = tokio::join!(
-                c.wait_until_ready(),
-                d.wait_until_ready(),
-                s.wait_until_ready()
-            );
-        }
-    };
-    let caches = Caches {
+    let (by_lease, workloads) = (CandidateIndex::default(), AnnotatedWorkloads::default());
+    let (pods, fetches) = follow_pods(&by_lease, &workloads, pods_followed);
+    let listed = all_listed(&candidates, &deployments, &stateful_sets);
+    let caches = Caches::with(
         candidates,
         leases,
-        pods: pods.clone(),
+        pods,
         deployments,
         stateful_sets,
-        workloads,
-        incarnations: IncarnationLog::default(),
-        liveness: Liveness::default(),
         by_lease,
-        stopped_pods: stopped_pods.clone(),
-        records: Records::default(),
-        held: Held::default(),
-        single_active_locks: NamespaceLocks::default(),
-    };
+        workloads,
+    );
+    let stopped_pods = caches.stopped_pods.clone();
 
     let candidate_events = candidate_events(&client, namespace, cw, &caches, enqueue.clone());
     let lease_events = lease_events(&client, namespace, lw, &caches, enqueue.clone());
