@@ -166,25 +166,15 @@ impl Deposer {
                 keep.push(t);
                 continue;
             }
-            // Not in the cache (not fetched yet, say just after taking over from another
-            // replica): asked of the API server, never taken for gone.
-            let pod = match current(&t.pod) {
-                Some(p) => Some(p),
-                // Read as the cache keeps pods: what it declares noted from its spec, not
-                // from annotations it came with.
-                None => match pods.get_opt(&t.pod).await {
-                    Ok(p) => p.map(|mut p| {
-                        crate::operator::cache::slim::keep_what_is_read(&mut p);
-                        p
-                    }),
-                    Err(e) => {
-                        // Nothing was tried on the pod: no outcome (no Event), a retry.
-                        tracing::debug!(lease = %key, pod = %t.pod, error = %e, "looking up a pod to force out failed (retried)");
-                        t.back_off();
-                        keep.push(t);
-                        continue;
-                    }
-                },
+            let pod = match pod_now(&pods, &t.pod, &current).await {
+                Ok(pod) => pod,
+                Err(e) => {
+                    // Nothing was tried on the pod: no outcome (no Event), a retry.
+                    tracing::debug!(lease = %key, pod = %t.pod, error = %e, "looking up a pod to force out failed (retried)");
+                    t.back_off();
+                    keep.push(t);
+                    continue;
+                }
             };
             if !still_running(pod.as_ref(), &t) {
                 outcomes.push((t, Outcome::Stopped));
@@ -360,6 +350,24 @@ impl Outcome {
             )),
         }
     }
+}
+
+/// Pod `name` as the cache has it, else as the API server has it (not in the cache: not
+/// fetched yet, say just after taking over from another replica), never taken for gone; read
+/// as the cache keeps pods (what it declares noted from its spec, not from annotations it came
+/// with).
+async fn pod_now(
+    pods: &Api<Pod>,
+    name: &str,
+    cached: impl Fn(&str) -> Option<Pod>,
+) -> Result<Option<Pod>, kube::Error> {
+    if let Some(p) = cached(name) {
+        return Ok(Some(p));
+    }
+    Ok(pods.get_opt(name).await?.map(|mut p| {
+        crate::operator::cache::slim::keep_what_is_read(&mut p);
+        p
+    }))
 }
 
 /// Whether `pod` is still the target's pod (its uid), running the same containers (its restart

@@ -63,15 +63,7 @@ impl Worker {
             .or(waiting_for)
             .or(lease.filter(|l| lease::managed(l)).and_then(lease::holder));
         let term = written.or(lease).map(lease::term).unwrap_or(0);
-        // Agents whose workload outlived an earlier term (the whole candidate was paused).
-        let overruns: Vec<(String, i32)> = candidates
-            .iter()
-            .filter_map(|c| {
-                let t = c.annotations().get(crate::api::OVERRAN_ANNOTATION)?;
-                let t: i32 = t.parse().ok()?;
-                (t < term).then(|| (c.name_any(), t))
-            })
-            .collect();
+        let overruns = overruns(candidates, term);
         // Statuses that can wait are left for when this worker has no other lease due.
         let now_lease = written.or(lease);
         let (first, deposed) = (
@@ -152,6 +144,22 @@ impl Worker {
         self.metrics
             .lease_state(key, since, lease.map(|l| l.duration.as_secs()));
     }
+}
+
+/// The candidates whose agents say their workload outlived an earlier term than `term` (the
+/// whole candidate was paused), with that term.
+fn overruns(
+    candidates: &[std::sync::Arc<crate::api::LeaseCandidate>],
+    term: i32,
+) -> Vec<(String, i32)> {
+    candidates
+        .iter()
+        .filter_map(|c| {
+            let t = c.annotations().get(crate::api::OVERRAN_ANNOTATION)?;
+            let t: i32 = t.parse().ok()?;
+            (t < term).then(|| (c.name_any(), t))
+        })
+        .collect()
 }
 
 /// When to look at the lease again, and whether its election is under way: the earliest of

@@ -131,20 +131,7 @@ impl Worker {
             };
             self.lease_view(key, l, unchanged_for, ended, term_seen)
         });
-        // No Lease, or one naming nobody: the term remembered ended (or there was none).
-        let term_ended = observed_view
-            .as_ref()
-            .and_then(|(_, by)| *by)
-            .or_else(|| {
-                previous.as_ref().map(|p| {
-                    if p.pod_stopped {
-                        "pod_stopped"
-                    } else {
-                        "expired"
-                    }
-                })
-            })
-            .unwrap_or("new");
+        let term_ended = term_ended(observed_view.as_ref().and_then(|(_, by)| *by), &previous);
         View {
             lease: observed_view.map(|(view, _)| view),
             previous,
@@ -273,6 +260,23 @@ impl Worker {
         };
         (view, ended_by)
     }
+}
+
+/// Why the holder's term ended, for the leader-change metric: as the Lease's view says
+/// (`by_lease`), else, with no Lease or one naming nobody, the term remembered ended (or there
+/// was none: `new`).
+fn term_ended(by_lease: Option<&'static str>, previous: &Option<decide::Previous>) -> &'static str {
+    by_lease
+        .or_else(|| {
+            previous.as_ref().map(|p| {
+                if p.pod_stopped {
+                    "pod_stopped"
+                } else {
+                    "expired"
+                }
+            })
+        })
+        .unwrap_or("new")
 }
 
 /// What ended the remembered holder's term, besides its pod's stop.
