@@ -82,16 +82,7 @@ pub(in crate::operator) async fn report(
         metrics.lease_holder(key, holder, term);
     }
     let now = std::time::Instant::now();
-    // Each candidate's status as last written: the cache's, or this worker's newer write.
-    let mut current_of = |c: &LeaseCandidate| -> Vec<Condition> {
-        let cached = c
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
-        let mine = written.current(&c.uid().unwrap_or_default(), cached, now);
-        mine.map(|m| m.to_vec()).unwrap_or_else(|| cached.to_vec())
-    };
+    let mut current_of = |c: &LeaseCandidate| current_status(written, c, now);
     let holder_candidate = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h));
     // The holder's term as reported never goes down (the Lease deleted, its leaseTransitions
     // lowered by hand): a deposed holder's `Leader=True` that waits names a lower term than the
@@ -123,11 +114,6 @@ pub(in crate::operator) async fn report(
     let mut holder_shown = true;
     for c in candidates {
         let name = c.name_any();
-        let cached = c
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default();
         let current = &current_of(c);
         if first_election_settling && current.is_empty() {
             continue;
@@ -141,20 +127,10 @@ pub(in crate::operator) async fn report(
             Status::Write(status) => status,
         };
         count(metrics, key, &name, &status.events);
-        let (uid, read) = (c.uid().unwrap_or_default(), cached.to_vec());
-        let is_holder = status.is_holder;
-        let update = write_status(
-            &api,
-            recorder,
-            c,
-            uid,
-            read,
-            status.conditions,
-            status.events,
-            is_holder,
-        );
-        holder_shown &= !is_holder;
-        if status.after_holder {
+        holder_shown &= !status.is_holder;
+        let after_holder = status.after_holder;
+        let update = write_status(&api, recorder, c, status);
+        if after_holder {
             deposed.push(update);
         } else {
             updates.push(update);
@@ -201,6 +177,25 @@ where
             .await,
     );
     (done, false)
+}
+
+/// A candidate's status as the cache shows it.
+fn cached_status(c: &LeaseCandidate) -> &[Condition] {
+    c.status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default()
+}
+
+/// A candidate's status as last written: the cache's, or this worker's newer write.
+fn current_status(
+    written: &mut Written<Vec<Condition>>,
+    c: &LeaseCandidate,
+    now: std::time::Instant,
+) -> Vec<Condition> {
+    let cached = cached_status(c);
+    let mine = written.current(&c.uid().unwrap_or_default(), cached, now);
+    mine.map(|m| m.to_vec()).unwrap_or_else(|| cached.to_vec())
 }
 
 /// What becomes of a candidate's status.
@@ -281,19 +276,22 @@ fn count(
     }
 }
 
-/// Writes candidate `c`'s conditions (read as `read`), then publishes `events`. Returns whether
-/// `c` is the holder, and what was written (its uid, read, written) unless the write failed.
-#[allow(clippy::too_many_arguments)]
+/// Writes candidate `c`'s new status, then publishes its Events. Returns whether `c` is the
+/// holder, and what was written (its uid, the status read, the status written) unless the
+/// write failed.
 async fn write_status(
     api: &Api<LeaseCandidate>,
     recorder: &Recorder,
     c: &LeaseCandidate,
-    uid: String,
-    read: Vec<Condition>,
-    conditions: Vec<Condition>,
-    events: Vec<(EventType, &'static str, String)>,
-    is_holder: bool,
+    status: NewStatus,
 ) -> (bool, Option<(String, Vec<Condition>, Vec<Condition>)>) {
+    let NewStatus {
+        conditions,
+        events,
+        is_holder,
+        ..
+    } = status;
+    let (uid, read) = (c.uid().unwrap_or_default(), cached_status(c).to_vec());
     let name = c.name_any();
     // No observedGeneration (see conditions::conditions); null removes one an earlier version wrote.
     let patch = json!({ "status": { "conditions": conditions, "observedGeneration": null } });
