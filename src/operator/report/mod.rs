@@ -101,14 +101,7 @@ pub(in crate::operator) async fn report(
     // Written now; and the deposed holders' that may wait, once the holder's is written.
     let (mut updates, mut deposed) = (Vec::new(), Vec::new());
     let mut waiting = false;
-    // A lease's first election: while the arbiter waits for answers to its pings, a candidate
-    // never reported on waits for the outcome (an ack window or two): written now, the new
-    // holder's status would be written again a moment later. (Once the Lease exists, or for a
-    // candidate with a status, every decision is reported: a holder that released and is
-    // elected again shows both, and a wait that lasts, such as for a ping stamped ahead of this
-    // clock, does not hold reports back.)
-    let first_election_settling =
-        !lease_exists && matches!(decision.action, Action::Ping { .. } | Action::WaitForAcks);
+    let first_election_settling = first_election_settling(lease_exists, decision);
     // The holder's status is never left to wait: a deposed holder's may, behind it.
     let holder_term = holder_candidate.map(|_| term);
     let mut holder_shown = true;
@@ -177,6 +170,16 @@ where
             .await,
     );
     (done, false)
+}
+
+/// A lease's first election, while the arbiter waits for answers to its pings: a candidate
+/// never reported on waits for the outcome (an ack window or two), else the new holder's
+/// status would be written again a moment later. (Once the Lease exists, or for a candidate
+/// with a status, every decision is reported: a holder that released and is elected again
+/// shows both, and a wait that lasts, such as for a ping stamped ahead of this clock, does not
+/// hold reports back.)
+fn first_election_settling(lease_exists: bool, decision: &Decision) -> bool {
+    !lease_exists && matches!(decision.action, Action::Ping { .. } | Action::WaitForAcks)
 }
 
 /// A candidate's status as the cache shows it.
