@@ -113,6 +113,7 @@ impl Liveness {
 mod tests {
     use super::*;
     use crate::api::INCARNATION_ANNOTATION;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     fn candidate(uid: &str, incarnation: &str, rv: &str) -> LeaseCandidate {
         let mut c = crate::api::test_candidate("c", "l");
@@ -122,6 +123,25 @@ mod tests {
         c.metadata.annotations =
             Some([(INCARNATION_ANNOTATION.to_string(), incarnation.to_string())].into());
         c
+    }
+
+    #[test]
+    fn a_pings_own_write_delivered_before_its_answer_answers_nothing() {
+        let valid = Duration::from_secs(10);
+        let l = Liveness::default();
+        let mut listed = candidate("u", "p1", "5");
+        listed.spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        l.observe(&listed, false);
+        // The ping's write (pingTime set, renewTime as it was) is delivered by the watch before
+        // the write's answer is taken in.
+        let mut pinged = listed.clone();
+        pinged.metadata.resource_version = Some("6".into());
+        pinged.spec.ping_time = Some(MicroTime(jiff::Timestamp::now()));
+        l.observe(&pinged, true);
+        l.pinged(&pinged, Instant::now());
+        let judged = l.judge(&listed, valid);
+        assert!(!judged.renewed_lately, "{judged:?}");
+        assert!(!judged.ping.is_some_and(|p| p.answered), "{judged:?}");
     }
 
     #[test]
