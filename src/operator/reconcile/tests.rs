@@ -597,3 +597,48 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
         "kv-a never labelled active"
     );
 }
+
+#[tokio::test]
+async fn a_holder_that_stops_renewing_is_replaced_once_its_term_ran_out_on_the_arbiters_clock() {
+    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
+    let mut feed = Feed::new();
+    feed.candidate(&old);
+    feed.candidate(&new);
+    let (client, server) = Server::start(&[&old, &new]);
+    let args = ["--settle=0s", "--lease-duration=1s"];
+    let (mut worker, mut queue) = worker(client, &feed, &args);
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let lease = server.lease();
+    assert_eq!(crate::lease::holder(&lease), Some("old"));
+    feed.lease(&lease);
+
+    // The holder never renews. Its term runs, on the arbiter's clock, from the record's
+    // delivery: the worker is told to look again when it ends.
+    let waiting = worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
+    let again = waiting.after.expect("looked at again");
+    assert!(
+        again <= std::time::Duration::from_millis(1_200),
+        "at the end of the 1 s term: {again:?}"
+    );
+
+    // The arbiter's timer: the term is over. No write before the successor proves it is alive.
+    tokio::time::sleep(again).await;
+    let electing = worker.reconcile(&key(), &mut queue).await.unwrap();
+    assert!(electing.electing);
+    assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
+    let pinged: Vec<String> = server
+        .requests("PATCH", "/leasecandidates/")
+        .iter()
+        .filter(|r| !r.path.ends_with("/status"))
+        .map(|r| r.path.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(pinged, ["new"]);
+
+    answers(&mut feed, &server, "new");
+    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let written = replaced(&server);
+    assert_eq!(written.len(), 1, "{:?}", server.api.requests());
+    assert_eq!(crate::lease::holder(&written[0]), Some("new"));
+    assert_eq!(crate::lease::term(&written[0]), 2);
+}
