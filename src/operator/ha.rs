@@ -83,7 +83,7 @@ struct Silence {
 impl Silence {
     /// A read sent at `asked` answered at `answered` with `record`; returns how long the
     /// record has now been seen unchanged.
-    fn observe(
+    fn read(
         &mut self,
         record: String,
         asked: Instant,
@@ -205,7 +205,7 @@ impl Elector {
             None => "missing".to_string(),
             Some(l) => serde_json::to_string(&l.spec)?,
         };
-        let unchanged_for = observed.silence.observe(
+        let unchanged_for = observed.silence.read(
             fingerprint,
             asked,
             Instant::now(),
@@ -419,17 +419,11 @@ mod tests {
     #[test]
     fn silence_counts_from_answer_to_answer_while_reads_go_through() {
         let (t0, mut s) = (Instant::now(), Silence::default());
-        assert_eq!(s.observe("a".into(), t0, t0 + secs(1), GAP), secs(0));
+        assert_eq!(s.read("a".into(), t0, t0 + secs(1), GAP), secs(0));
+        assert_eq!(s.read("a".into(), t0 + secs(3), t0 + secs(4), GAP), secs(3));
+        assert_eq!(s.read("a".into(), t0 + secs(6), t0 + secs(7), GAP), secs(6));
         assert_eq!(
-            s.observe("a".into(), t0 + secs(3), t0 + secs(4), GAP),
-            secs(3)
-        );
-        assert_eq!(
-            s.observe("a".into(), t0 + secs(6), t0 + secs(7), GAP),
-            secs(6)
-        );
-        assert_eq!(
-            s.observe("b".into(), t0 + secs(9), t0 + secs(10), GAP),
+            s.read("b".into(), t0 + secs(9), t0 + secs(10), GAP),
             secs(0),
             "a changed record starts again"
         );
@@ -438,18 +432,15 @@ mod tests {
     #[test]
     fn a_gap_longer_than_the_renew_deadline_adds_nothing_and_takes_nothing_away() {
         let (t0, mut s) = (Instant::now(), Silence::default());
-        s.observe("a".into(), t0, t0, GAP);
-        assert_eq!(
-            s.observe("a".into(), t0 + secs(2), t0 + secs(2), GAP),
-            secs(2)
-        );
+        s.read("a".into(), t0, t0, GAP);
+        assert_eq!(s.read("a".into(), t0 + secs(2), t0 + secs(2), GAP), secs(2));
         // Unreachable for 20 s (an API server restart): the active replica may resume.
         assert_eq!(
-            s.observe("a".into(), t0 + secs(22), t0 + secs(22), GAP),
+            s.read("a".into(), t0 + secs(22), t0 + secs(22), GAP),
             secs(2)
         );
         assert_eq!(
-            s.observe("a".into(), t0 + secs(24), t0 + secs(24), GAP),
+            s.read("a".into(), t0 + secs(24), t0 + secs(24), GAP),
             secs(4)
         );
     }
@@ -457,9 +448,9 @@ mod tests {
     #[test]
     fn a_slow_answer_counts_up_to_the_answer_only() {
         let (t0, mut s) = (Instant::now(), Silence::default());
-        s.observe("a".into(), t0, t0 + secs(9), GAP);
+        s.read("a".into(), t0, t0 + secs(9), GAP);
         assert_eq!(
-            s.observe("a".into(), t0 + secs(11), t0 + secs(12), GAP),
+            s.read("a".into(), t0 + secs(11), t0 + secs(12), GAP),
             secs(3),
             "from the first answer, not from when the first read was sent"
         );
@@ -469,11 +460,11 @@ mod tests {
     fn a_standby_whose_reads_fail_now_and_then_still_gets_there() {
         let (t0, mut s) = (Instant::now(), Silence::default());
         let mut at = t0;
-        let mut quiet = s.observe("a".into(), at, at, GAP);
+        let mut quiet = s.read("a".into(), at, at, GAP);
         // Every third read times out (a 10 s timeout, then the 2 s retry period).
         for i in 0..30 {
             at += if i % 3 == 2 { secs(14) } else { secs(2) };
-            quiet = s.observe("a".into(), at, at, GAP);
+            quiet = s.read("a".into(), at, at, GAP);
         }
         assert!(quiet >= secs(15), "{quiet:?}");
     }

@@ -54,7 +54,7 @@ impl Feed {
         self.candidates
             .apply_watcher_event(&watcher::Event::Apply(c.clone()));
         self.caches.incarnations.record(c);
-        self.caches.liveness.observe(c, true);
+        self.caches.liveness.delivered(c, true);
         self.caches.by_lease.insert(c);
     }
 
@@ -66,7 +66,7 @@ impl Feed {
             self.candidates
                 .apply_watcher_event(&watcher::Event::InitApply((*c).clone()));
             self.caches.incarnations.record(c);
-            self.caches.liveness.observe(c, false);
+            self.caches.liveness.delivered(c, false);
             self.caches.by_lease.insert(c);
         }
         self.candidates
@@ -76,8 +76,12 @@ impl Feed {
     /// `pod` created or changed, as the pod watch delivers it (slimmed, and proof of a stop
     /// if it is in a terminal phase).
     pub fn pod(&mut self, pod: &Pod) {
-        if let Some((pod, deleted)) = self.caches.pods.observe(watcher::Event::Apply(pod.clone())) {
-            self.caches.stopped_pods.observe(&pod, deleted);
+        if let Some((pod, deleted)) = self
+            .caches
+            .pods
+            .apply_event(watcher::Event::Apply(pod.clone()))
+        {
+            self.caches.stopped_pods.record_event(&pod, deleted);
         }
     }
 
@@ -101,7 +105,7 @@ impl Feed {
 
     /// `deployment` created or changed, as the Deployment watch delivers it.
     pub fn deployment(&mut self, deployment: &Deployment) {
-        self.caches.workloads.observe(
+        self.caches.workloads.take_in(
             deployment,
             "Deployment",
             Workload::from_deployment(deployment),

@@ -68,7 +68,7 @@ impl Liveness {
 
     /// A candidate from the watch: `live` for an event as it happened, not for a (re)list. A
     /// new candidate, or a new process incarnation on one, seen live is a registration.
-    pub fn observe(&self, c: &LeaseCandidate, live: bool) {
+    pub fn delivered(&self, c: &LeaseCandidate, live: bool) {
         let (now, wall) = (Instant::now(), jiff::Timestamp::now());
         let new = self.with(c, |h| h.delivered(version(c), now, live, wall));
         if new && live {
@@ -131,13 +131,13 @@ mod tests {
         let l = Liveness::default();
         let mut listed = candidate("u", "p1", "5");
         listed.spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
-        l.observe(&listed, false);
+        l.delivered(&listed, false);
         // The ping's write (pingTime set, renewTime as it was) is delivered by the watch before
         // the write's answer is taken in.
         let mut pinged = listed.clone();
         pinged.metadata.resource_version = Some("6".into());
         pinged.spec.ping_time = Some(MicroTime(jiff::Timestamp::now()));
-        l.observe(&pinged, true);
+        l.delivered(&pinged, true);
         l.pinged(&pinged, Instant::now());
         let judged = l.judge(&listed, valid);
         assert!(!judged.renewed_lately, "{judged:?}");
@@ -148,26 +148,26 @@ mod tests {
     fn a_registration_is_a_new_candidate_or_process_seen_live() {
         let valid = Duration::from_secs(10);
         let l = Liveness::default();
-        l.observe(&candidate("u1", "i1", "1"), false);
+        l.delivered(&candidate("u1", "i1", "1"), false);
         assert_eq!(
             l.judge(&candidate("u1", "i1", "1"), valid).registered,
             None,
             "first seen in a list: may be old"
         );
-        l.observe(&candidate("u1", "i1", "2"), true);
+        l.delivered(&candidate("u1", "i1", "2"), true);
         assert_eq!(
             l.judge(&candidate("u1", "i1", "2"), valid).registered,
             None,
             "a change of a known process"
         );
-        l.observe(&candidate("u1", "i2", "3"), true);
+        l.delivered(&candidate("u1", "i2", "3"), true);
         assert!(
             l.judge(&candidate("u1", "i2", "3"), valid)
                 .registered
                 .is_some(),
             "a new process"
         );
-        l.observe(&candidate("u2", "i3", "4"), true);
+        l.delivered(&candidate("u2", "i3", "4"), true);
         assert!(
             l.judge(&candidate("u2", "i3", "4"), valid)
                 .registered

@@ -255,7 +255,7 @@ fn pod_events(
     let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
     // What a followed pod's event (or fetch) means: proof of a stop, leases to look at.
     let on_pod = move |pod: &Pod, deleted: bool| {
-        stopped_pods.observe(pod, deleted);
+        stopped_pods.record_event(pod, deleted);
         for key in pod_index.leases_of_pod(&pod.uid().unwrap_or_default()) {
             e.key(key);
         }
@@ -282,7 +282,7 @@ fn pod_events(
                 let listed = matches!(ev, watcher::Event::InitDone);
                 // Only what the operator reads is kept (managed fields, annotations,
                 // volumes, env and probes are most of a pod).
-                if let Some((pod, deleted)) = pods.observe(ev) {
+                if let Some((pod, deleted)) = pods.apply_event(ev) {
                     on_pod(&pod, deleted);
                 }
                 if listed {
@@ -334,7 +334,7 @@ fn candidate_events(
             match &ev {
                 watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
                     log.record(c);
-                    liveness.observe(c, matches!(ev, watcher::Event::Apply(_)));
+                    liveness.delivered(c, matches!(ev, watcher::Event::Apply(_)));
                     index.insert(c);
                     if let Some((name, uid)) = owner_pod(c) {
                         followed.need_pod(&c.namespace().unwrap_or_default(), &name, &uid);
@@ -464,7 +464,7 @@ where
                 if let Some(s) = &now {
                     pods.need_selected(&ns, s);
                 }
-                for key in annotated.observe(&obj, kind, parsed, deleted) {
+                for key in annotated.take_in(&obj, kind, parsed, deleted) {
                     e.key(key);
                 }
             }

@@ -36,7 +36,7 @@ struct Inner {
 
 impl StoppedPods {
     /// Records what a pod watch event proves: `deleted` for a Delete event.
-    pub fn observe(&self, pod: &Pod, deleted: bool) {
+    pub fn record_event(&self, pod: &Pod, deleted: bool) {
         let proof = if deleted {
             containers_stopped(pod)
         } else {
@@ -105,15 +105,15 @@ mod tests {
     #[test]
     fn records_only_proof_that_a_pod_stopped() {
         let stopped = StoppedPods::default();
-        stopped.observe(&pod("running", "Running", &[false]), false);
-        stopped.observe(&pod("terminating", "Running", &[true, false]), true);
-        stopped.observe(&pod("unknown", "Running", &[]), true);
-        stopped.observe(&pod("containers-done", "Running", &[true]), false);
-        stopped.observe(&pod("failed", "Failed", &[]), false);
+        stopped.record_event(&pod("running", "Running", &[false]), false);
+        stopped.record_event(&pod("terminating", "Running", &[true, false]), true);
+        stopped.record_event(&pod("unknown", "Running", &[]), true);
+        stopped.record_event(&pod("containers-done", "Running", &[true]), false);
+        stopped.record_event(&pod("failed", "Failed", &[]), false);
         // Failed, but a container still reported running: the phase was not the kubelet's
         // (the pod GC fails terminating pods on out-of-service nodes without a condition).
-        stopped.observe(&pod("failed-running", "Failed", &[true, false]), false);
-        stopped.observe(&pod("deleted-done", "Running", &[true, true]), true);
+        stopped.record_event(&pod("failed-running", "Failed", &[true, false]), false);
+        stopped.record_event(&pod("deleted-done", "Running", &[true, true]), true);
         for uid in [
             "running",
             "terminating",
@@ -140,8 +140,8 @@ mod tests {
             reason: Some("DeletionByPodGC".into()),
             ..PodCondition::default()
         }]);
-        stopped.observe(&gc, false);
-        stopped.observe(&gc, true);
+        stopped.record_event(&gc, false);
+        stopped.record_event(&gc, true);
         assert!(!stopped.contains("ns", "gc"));
         assert!(!terminal(&gc));
         // The kubelet's own eviction (TerminationByKubelet) is a kubelet report: proof.
@@ -149,7 +149,7 @@ mod tests {
         let mut condition = gc.status.as_ref().unwrap().conditions.clone().unwrap();
         condition[0].reason = Some("TerminationByKubelet".into());
         evicted.status.as_mut().unwrap().conditions = Some(condition);
-        stopped.observe(&evicted, false);
+        stopped.record_event(&evicted, false);
         assert!(stopped.contains("ns", "evicted"));
     }
 

@@ -47,7 +47,7 @@ impl AnnotatedWorkloads {
     /// [`Workload::from_stateful_set`] made of it; `deleted` for a Delete event). Returns the
     /// leases to reconcile: the one it governs now, and the one it governed before if that
     /// changed (its annotation was removed or its lease name changed).
-    pub fn observe<K: Resource<DynamicType = ()>>(
+    pub fn take_in<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
         kind: &'static str,
@@ -180,9 +180,9 @@ mod tests {
         d
     }
 
-    fn observe(index: &AnnotatedWorkloads, d: &Deployment, deleted: bool) -> Vec<String> {
+    fn take_in(index: &AnnotatedWorkloads, d: &Deployment, deleted: bool) -> Vec<String> {
         index
-            .observe(d, "Deployment", Workload::from_deployment(d), deleted)
+            .take_in(d, "Deployment", Workload::from_deployment(d), deleted)
             .into_iter()
             .map(|k| k.name)
             .collect()
@@ -206,8 +206,8 @@ mod tests {
     fn follows_annotation_lease_name_and_deletion() {
         let index = AnnotatedWorkloads::default();
         let on = [(SINGLE_ACTIVE_ANNOTATION, "true")];
-        assert!(observe(&index, &deployment("web", &[]), false).is_empty());
-        assert_eq!(observe(&index, &deployment("web", &on), false), ["web"]);
+        assert!(take_in(&index, &deployment("web", &[]), false).is_empty());
+        assert_eq!(take_in(&index, &deployment("web", &on), false), ["web"]);
         assert_eq!(index.selecting(&pod("web", "ns")), [key("web")]);
         assert!(index.selecting(&pod("web", "other")).is_empty());
         assert!(index.selecting(&pod("db", "ns")).is_empty());
@@ -217,21 +217,21 @@ mod tests {
             (LEASE_NAME_ANNOTATION, "web-lease"),
         ];
         assert_eq!(
-            observe(&index, &deployment("web", &renamed), false),
+            take_in(&index, &deployment("web", &renamed), false),
             ["web-lease", "web"]
         );
         assert!(index.governing(&key("web")).is_none());
         assert!(matches!(index.governing(&key("web-lease")), Some(Ok(_))));
         // The annotation removed: the lease it governed is reconciled (to clean up).
         assert_eq!(
-            observe(&index, &deployment("web", &[]), false),
+            take_in(&index, &deployment("web", &[]), false),
             ["web-lease"]
         );
         assert!(index.governing(&key("web-lease")).is_none());
         assert!(index.selecting(&pod("web", "ns")).is_empty());
         // Deleted while annotated.
-        observe(&index, &deployment("web", &on), false);
-        assert_eq!(observe(&index, &deployment("web", &on), true), ["web"]);
+        take_in(&index, &deployment("web", &on), false);
+        assert_eq!(take_in(&index, &deployment("web", &on), true), ["web"]);
         assert!(index.governing(&key("web")).is_none());
     }
 
@@ -242,7 +242,7 @@ mod tests {
             (SINGLE_ACTIVE_ANNOTATION, "true"),
             (ON_DEPOSE_ANNOTATION, "explode"),
         ];
-        assert_eq!(observe(&index, &deployment("web", &bad), false), ["web"]);
+        assert_eq!(take_in(&index, &deployment("web", &bad), false), ["web"]);
         let Some(Err(invalid)) = index.governing(&key("web")) else {
             panic!("expected the invalid workload");
         };
@@ -254,7 +254,7 @@ mod tests {
             (SINGLE_ACTIVE_ANNOTATION, "true"),
             (LEASE_NAME_ANNOTATION, "web"),
         ];
-        observe(&index, &deployment("web2", &other), false);
+        take_in(&index, &deployment("web2", &other), false);
         assert!(matches!(index.governing(&key("web")), Some(Ok(w)) if w.name == "web2"));
     }
 }

@@ -35,7 +35,7 @@ impl Sighting {
     /// The record with `fingerprint` naming `holder` at `term`, first delivered at `delivered`
     /// (if the watch stamped it): how long it has been unchanged, and the holder it had before
     /// if it just released. [`Sighting::term_since`] then says since when its term is known.
-    pub(in crate::operator) fn observe(
+    pub(in crate::operator) fn sighted(
         &mut self,
         fingerprint: String,
         holder: Option<String>,
@@ -101,13 +101,13 @@ mod tests {
         let mut seen = Sighting::first();
         let a = Some("a".to_string());
         // Delivered long before this process led (a warm standby): a full duration from now.
-        let (age, _) = seen.observe("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
+        let (age, _) = seen.sighted("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
         assert_eq!(age, Duration::ZERO);
         // A renewal, delivered at t0 + 5 s, looked at 3 s later: as old as its delivery.
-        let (age, _) = seen.observe("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 8 * S);
+        let (age, _) = seen.sighted("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 8 * S);
         assert_eq!(age, 3 * S);
         // Not yet stamped (the cache ahead of the watch's handler): from this sight.
-        let (age, _) = seen.observe("s3".into(), a.clone(), 1, None, t0 + 9 * S);
+        let (age, _) = seen.sighted("s3".into(), a.clone(), 1, None, t0 + 9 * S);
         assert_eq!(age, Duration::ZERO);
     }
 
@@ -116,12 +116,12 @@ mod tests {
         let t0 = Instant::now();
         let mut seen = Sighting::first();
         let a = Some("a".to_string());
-        seen.observe("s1".into(), a.clone(), 1, Some(t0), t0);
+        seen.sighted("s1".into(), a.clone(), 1, Some(t0), t0);
         // s2 (a renewal) was delivered and never looked at; s1 restored by hand at t0 + 20 s.
-        let (age, _) = seen.observe("s1".into(), a.clone(), 1, Some(t0 + 20 * S), t0 + 25 * S);
+        let (age, _) = seen.sighted("s1".into(), a.clone(), 1, Some(t0 + 20 * S), t0 + 25 * S);
         assert_eq!(age, 5 * S, "not 25 s: the restored record is new");
         // Delivered again with an older stamp (never happens): never older.
-        let (age, _) = seen.observe("s1".into(), a, 1, Some(t0), t0 + 26 * S);
+        let (age, _) = seen.sighted("s1".into(), a, 1, Some(t0), t0 + 26 * S);
         assert_eq!(age, 6 * S);
     }
 
@@ -132,11 +132,11 @@ mod tests {
         let a = Some("a".to_string());
         // Delivered before this process led; first seen at t0.
         let delivered = t0.checked_sub(30 * S);
-        seen.observe("s1".into(), a.clone(), 1, delivered, t0);
+        seen.sighted("s1".into(), a.clone(), 1, delivered, t0);
         // The worker renews at t0 + 5 s and looks at its own write (not delivered yet) ...
-        seen.observe("s2".into(), a.clone(), 1, None, t0 + 5 * S);
+        seen.sighted("s2".into(), a.clone(), 1, None, t0 + 5 * S);
         // ... then its memory is dropped while the cache still shows s1.
-        let (age, _) = seen.observe("s1".into(), a, 1, delivered, t0 + 8 * S);
+        let (age, _) = seen.sighted("s1".into(), a, 1, delivered, t0 + 8 * S);
         assert_eq!(age, 8 * S, "not 38 s: s1 was first seen at t0");
     }
 
@@ -145,18 +145,18 @@ mod tests {
         let t0 = Instant::now();
         let mut seen = Sighting::first();
         let a = Some("a".to_string());
-        seen.observe("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
+        seen.sighted("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
         assert_eq!(
             seen.term_since, t0,
             "first sight: from now, not from its delivery"
         );
         // Renewals of the same term do not move it.
-        seen.observe("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 6 * S);
+        seen.sighted("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 6 * S);
         assert_eq!(seen.term_since, t0);
         // A new term (even of the same holder) is known from its delivery.
-        seen.observe("s3".into(), a.clone(), 2, Some(t0 + 7 * S), t0 + 9 * S);
+        seen.sighted("s3".into(), a.clone(), 2, Some(t0 + 7 * S), t0 + 9 * S);
         assert_eq!(seen.term_since, t0 + 7 * S);
-        seen.observe("s4".into(), Some("b".into()), 2, None, t0 + 10 * S);
+        seen.sighted("s4".into(), Some("b".into()), 2, None, t0 + 10 * S);
         assert_eq!(seen.term_since, t0 + 10 * S, "another holder: another term");
     }
 
@@ -164,8 +164,8 @@ mod tests {
     fn a_record_without_a_holder_after_one_with_a_holder_is_a_release() {
         let t0 = Instant::now();
         let mut seen = Sighting::first();
-        seen.observe("s1".into(), Some("a".into()), 1, Some(t0), t0);
-        let (_, released) = seen.observe("s2".into(), None, 1, Some(t0 + S), t0 + S);
+        seen.sighted("s1".into(), Some("a".into()), 1, Some(t0), t0);
+        let (_, released) = seen.sighted("s2".into(), None, 1, Some(t0 + S), t0 + S);
         assert_eq!(released.as_deref(), Some("a"));
     }
 }

@@ -36,13 +36,17 @@ impl Worker {
     /// released.
     /// Also how long this process has known the Lease's current term (its holder and
     /// `leaseTransitions`): a lower bound of the term's age, on this process's clock.
-    fn observe(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Option<String>, Duration) {
+    fn record_age(
+        &mut self,
+        key: &LeaseKey,
+        lease: &Lease,
+    ) -> (Duration, Option<String>, Duration) {
         let fingerprint = lease_records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
         let delivered = self.caches.records.since(key, &fingerprint);
         let seen = self.seen.entry(key.clone()).or_insert_with(Sighting::first);
         let now = Instant::now();
-        let (age, released) = seen.observe(fingerprint, holder, lease::term(lease), delivered, now);
+        let (age, released) = seen.sighted(fingerprint, holder, lease::term(lease), delivered, now);
         (
             age,
             released,
@@ -73,7 +77,7 @@ impl Worker {
         let wall = jiff::Timestamp::now();
         let mut term_known_for = Duration::ZERO;
         let observed = lease.map(|l| {
-            let (unchanged_for, r, term_age) = self.observe(key, l);
+            let (unchanged_for, r, term_age) = self.record_age(key, l);
             released = r;
             term_known_for = term_age;
             (l, unchanged_for)
@@ -97,7 +101,7 @@ impl Worker {
         });
         let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
         let held = &self.caches.held;
-        held.observe(
+        held.learn(
             key,
             seen.as_ref(),
             leader.as_ref(),

@@ -53,7 +53,7 @@ pub struct Leader {
     pub declared: Duration,
 }
 
-/// The Lease as the arbiter sees it now, for [`Held::observe`].
+/// The Lease as the arbiter sees it now, for [`Held::learn`].
 pub struct Seen<'a> {
     pub holder: Option<&'a str>,
     /// When the current record was first seen.
@@ -84,7 +84,7 @@ impl Held {
 
     /// A record naming `holder` was first delivered at `since`: if the remembered term is
     /// `holder`'s, it was last seen no earlier than then. Only ever lengthens a term (what a
-    /// reconcile of that record would do, see [`Held::observe`]); learns no new term. Called by
+    /// reconcile of that record would do, see [`Held::learn`]); learns no new term. Called by
     /// the Lease watch for every record it delivers, so a renewal no worker has reconciled
     /// yet still counts if the Lease is then deleted or edited by hand.
     pub fn renewed(&self, key: &LeaseKey, holder: &str, since: Instant) {
@@ -98,7 +98,7 @@ impl Held {
     /// Learns from the Lease as seen now (`None`: the Lease does not exist). `leader` is the
     /// candidate the arbiter last reported as leader, and its pod, for when nothing else is
     /// known. `stopped` says whether a pod uid is confirmed stopped.
-    pub fn observe(
+    pub fn learn(
         &self,
         key: &LeaseKey,
         lease: Option<&Seen>,
@@ -311,7 +311,7 @@ mod tests {
             declared: Duration::from_secs(60),
             ..leader("a")
         };
-        held.observe(&key(), Some(&hand), Some(&a), D, t0, |uid| uid == "uid-b");
+        held.learn(&key(), Some(&hand), Some(&a), D, t0, |uid| uid == "uid-b");
         let p = held.previous(&key(), t0, |uid| uid == "uid-b").unwrap();
         assert_eq!(
             (p.holder.as_str(), p.duration, p.pod_stopped),
@@ -319,7 +319,7 @@ mod tests {
         );
         // The reported leader named by the Lease: the Lease's record is learned as usual.
         let same = Held::default();
-        same.observe(
+        same.learn(
             &key(),
             Some(&seen(Some("a"), t0, D)),
             Some(&leader("a")),
@@ -353,7 +353,7 @@ mod tests {
             incarnation: Some("a1"),
             ..seen(Some("a"), t0, D)
         };
-        held.observe(&key(), Some(&stale), None, D, t0, none);
+        held.learn(&key(), Some(&stale), None, D, t0, none);
         assert_eq!(held.incarnation(&key()), None);
         // The agent's renew of term 2 records its process.
         let renewed = Seen {
@@ -361,7 +361,7 @@ mod tests {
             term: 2,
             ..seen(Some("a"), t0, D)
         };
-        held.observe(&key(), Some(&renewed), None, D, t0, none);
+        held.learn(&key(), Some(&renewed), None, D, t0, none);
         assert_eq!(held.incarnation(&key()), Some(("a".into(), "a2".into())));
         // Another value later in the term is an edit: not believed.
         let edited = Seen {
@@ -369,7 +369,7 @@ mod tests {
             term: 2,
             ..seen(Some("a"), t0, D)
         };
-        held.observe(&key(), Some(&edited), None, D, t0, none);
+        held.learn(&key(), Some(&edited), None, D, t0, none);
         assert_eq!(held.incarnation(&key()), Some(("a".into(), "a2".into())));
     }
 
@@ -385,7 +385,7 @@ mod tests {
             t0 + Duration::from_secs(5),
             Duration::from_secs(20),
         );
-        held.observe(
+        held.learn(
             &key(),
             Some(&renewed),
             None,
@@ -399,7 +399,7 @@ mod tests {
             t0 + Duration::from_secs(6),
             Duration::from_secs(1),
         );
-        held.observe(
+        held.learn(
             &key(),
             Some(&lowered),
             None,
@@ -408,7 +408,7 @@ mod tests {
             none,
         );
         let hand = seen(Some("b"), t0 + Duration::from_secs(7), D);
-        held.observe(
+        held.learn(
             &key(),
             Some(&hand),
             None,
@@ -429,7 +429,7 @@ mod tests {
         // Once a's term is over on this clock, the Lease's holder is learned.
         let later = t0 + Duration::from_secs(27);
         let hand = seen(Some("b"), t0 + Duration::from_secs(7), D);
-        held.observe(&key(), Some(&hand), None, D, later, none);
+        held.learn(&key(), Some(&hand), None, D, later, none);
         assert_eq!(held.previous(&key(), later, none).unwrap().holder, "b");
     }
 
@@ -443,7 +443,7 @@ mod tests {
             ..seen(Some("a"), t0, D)
         };
         let stopped = |uid: &str| uid == "uid-dead";
-        held.observe(&key(), Some(&forged), None, D, t0, stopped);
+        held.learn(&key(), Some(&forged), None, D, t0, stopped);
         assert!(!held.previous(&key(), t0, stopped).unwrap().pod_stopped);
         assert!(
             held.previous(&key(), t0, |u| u == "uid-a")
@@ -456,7 +456,7 @@ mod tests {
     fn without_memory_a_missing_lease_waits_a_full_duration_for_the_last_reported_leader() {
         let t0 = Instant::now();
         let held = Held::default();
-        held.observe(&key(), None, Some(&leader("a")), D, t0, |_| false);
+        held.learn(&key(), None, Some(&leader("a")), D, t0, |_| false);
         let p = held
             .previous(&key(), t0 + Duration::from_secs(3), |_| false)
             .unwrap();
@@ -465,7 +465,7 @@ mod tests {
             ("a", Duration::from_secs(3), D)
         );
         // The fallback is taken once: it does not restart the wait on every look.
-        held.observe(
+        held.learn(
             &key(),
             None,
             Some(&leader("a")),
@@ -484,7 +484,7 @@ mod tests {
         let t0 = Instant::now();
         let held = Held::default();
         let cleared = seen(None, t0, Duration::from_secs(1));
-        held.observe(&key(), Some(&cleared), Some(&leader("a")), D, t0, |_| false);
+        held.learn(&key(), Some(&cleared), Some(&leader("a")), D, t0, |_| false);
         let p = held.previous(&key(), t0, |_| false).unwrap();
         assert_eq!((p.holder.as_str(), p.duration), ("a", D));
         // Released by the holder itself: nothing to wait for.
@@ -493,14 +493,14 @@ mod tests {
             released_by: Some("a"),
             ..seen(None, t0, D)
         };
-        other.observe(&key(), Some(&released), Some(&leader("a")), D, t0, |_| {
+        other.learn(&key(), Some(&released), Some(&leader("a")), D, t0, |_| {
             false
         });
         assert!(other.previous(&key(), t0, |_| false).is_none());
         // A holder first seen with a lowered duration still gets the arbiter's full one.
         let third = Held::default();
         let lowered = seen(Some("a"), t0, Duration::from_secs(1));
-        third.observe(&key(), Some(&lowered), None, D, t0, |_| false);
+        third.learn(&key(), Some(&lowered), None, D, t0, |_| false);
         assert_eq!(third.previous(&key(), t0, |_| false).unwrap().duration, D);
     }
 

@@ -156,7 +156,7 @@ impl FollowedPods {
     /// Takes in one pod watch event (slimmed: [`keep_what_is_read`]). Returns the pod if it is
     /// followed (its leases need a look) and whether it was deleted, else `None`: the pod was
     /// dropped.
-    pub fn observe(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
+    pub fn apply_event(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
         let seen = self.take_in(ev);
         if seen.is_some() {
             self.kept.set(self.count() as i64);

@@ -45,11 +45,11 @@ fn fetch_of(name: &str, uid: &str) -> Fetch {
 }
 
 fn listed(pods: &FollowedPods, items: Vec<Pod>) {
-    pods.observe(watcher::Event::Init);
+    pods.apply_event(watcher::Event::Init);
     for p in items {
-        pods.observe(watcher::Event::InitApply(p));
+        pods.apply_event(watcher::Event::InitApply(p));
     }
-    pods.observe(watcher::Event::InitDone);
+    pods.apply_event(watcher::Event::InitDone);
 }
 
 #[test]
@@ -65,17 +65,17 @@ fn only_followed_pods_are_kept_and_a_kept_pod_is_followed_to_its_end() {
     assert_eq!(pods.count(), 1);
     // An unfollowed pod's events are dropped, and say nothing.
     assert!(
-        pods.observe(watcher::Event::Apply(pod("b", "u-b", 3, "Failed")))
+        pods.apply_event(watcher::Event::Apply(pod("b", "u-b", 3, "Failed")))
             .is_none()
     );
     // Its candidate gone, the pod is still followed until it is deleted.
     followed.lock().unwrap().clear();
-    let seen = pods.observe(watcher::Event::Apply(pod("a", "u-a", 4, "Failed")));
+    let seen = pods.apply_event(watcher::Event::Apply(pod("a", "u-a", 4, "Failed")));
     assert_eq!(
         seen.map(|(p, d)| (phase(&p), d)),
         Some(("Failed".into(), false))
     );
-    let seen = pods.observe(watcher::Event::Delete(pod("a", "u-a", 5, "Failed")));
+    let seen = pods.apply_event(watcher::Event::Delete(pod("a", "u-a", 5, "Failed")));
     assert_eq!(seen.map(|(_, d)| d), Some(true));
     assert_eq!(pods.count(), 0);
 }
@@ -88,7 +88,7 @@ fn a_fetch_never_replaces_a_newer_pod_nor_brings_back_a_deleted_one() {
         .lock()
         .unwrap()
         .extend(["u-a".to_string(), "u-b".to_string()]);
-    pods.observe(watcher::Event::Apply(pod("a", "u-a", 10, "Failed")));
+    pods.apply_event(watcher::Event::Apply(pod("a", "u-a", 10, "Failed")));
     let fetch = fetch_of("a", "u-a");
     assert!(
         pods.done(&fetch, vec![pod("a", "u-a", 9, "Running")])
@@ -96,7 +96,7 @@ fn a_fetch_never_replaces_a_newer_pod_nor_brings_back_a_deleted_one() {
     );
     assert_eq!(phase(&pods.get("ns", "a").unwrap()), "Failed");
     // Deleted while a fetch that read it was on its way back.
-    pods.observe(watcher::Event::Delete(pod("b", "u-b", 11, "Running")));
+    pods.apply_event(watcher::Event::Delete(pod("b", "u-b", 11, "Running")));
     let fetch = fetch_of("b", "u-b");
     assert!(
         pods.done(&fetch, vec![pod("b", "u-b", 8, "Running")])
@@ -109,7 +109,7 @@ fn a_fetch_never_replaces_a_newer_pod_nor_brings_back_a_deleted_one() {
         &fetch_of("b", "u-b2"),
         vec![pod("b", "u-b2", 13, "Running")],
     );
-    pods.observe(watcher::Event::Delete(pod("b", "u-b1", 14, "Running")));
+    pods.apply_event(watcher::Event::Delete(pod("b", "u-b1", 14, "Running")));
     assert_eq!(
         pods.get("ns", "b").and_then(|p| p.uid()).as_deref(),
         Some("u-b2")
@@ -141,9 +141,9 @@ fn a_candidates_pod_is_fetched_once_after_the_first_list_and_not_when_gone() {
     pods.need_pod("ns", "a", "u-a");
     assert!(rx.try_recv().is_err());
     // A kept pod is not fetched.
-    pods.observe(watcher::Event::Apply(pod("c", "u-c", 3, "Running")));
+    pods.apply_event(watcher::Event::Apply(pod("c", "u-c", 3, "Running")));
     followed.lock().unwrap().insert("u-c".into());
-    pods.observe(watcher::Event::Apply(pod("c", "u-c", 4, "Running")));
+    pods.apply_event(watcher::Event::Apply(pod("c", "u-c", 4, "Running")));
     pods.need_pod("ns", "c", "u-c");
     assert!(rx.try_recv().is_err());
 }
