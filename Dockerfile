@@ -1,21 +1,26 @@
-# Static, non-root image of the `arbiter` binary (operator, agent, status, handover).
+# Static, non-root image of the `arbiter` binary (operator, agent, status, handover), for
+# linux/amd64 and linux/arm64.
 #
-# The build stage runs `make static`, the same target CI runs to check the static musl build.
-# Build it with `docker build -t arbiter:0.1.0 --build-arg VERSION=0.1.0 .` (or buildah, kaniko).
+# The build stage runs `make static-$TARGETARCH`, the targets CI builds. With an engine:
+#   docker buildx build --platform linux/amd64,linux/arm64 --build-arg VERSION=0.1.0 .
+# Without one, `make image` (this machine's platform) and `make release` (both, as an OCI image
+# index) assemble the final stage below around those builds (e2e/images/build_image.py).
 # Base images are named by tag; pin them by digest (`image@sha256:...`) in your registry mirror
-# for reproducible builds: this repository's CI has no registry to resolve digests from.
+# for reproducible builds.
 ARG RUST_IMAGE=rust:1.95-alpine
 ARG RUNTIME_IMAGE=scratch
 
 FROM ${RUST_IMAGE} AS build
+ARG TARGETARCH=amd64
 RUN apk add --no-cache musl-dev make
 WORKDIR /src
-COPY Cargo.toml Cargo.lock Makefile ./
+COPY Cargo.toml Cargo.lock Makefile build.rs ./
 COPY src ./src
 COPY crds ./crds
 COPY charts/arbiter/files ./charts/arbiter/files
 COPY e2e ./e2e
-RUN make static && cp target/x86_64-unknown-linux-musl/release/arbiter /arbiter
+RUN make static-${TARGETARCH} \
+ && cp "target/$(case ${TARGETARCH} in arm64) echo aarch64;; *) echo x86_64;; esac)-unknown-linux-musl/release/arbiter" /arbiter
 
 FROM ${RUNTIME_IMAGE}
 ARG VERSION=0.1.0

@@ -2,15 +2,18 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup promtool image images test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench
+.PHONY: setup promtool image images test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench \
+	release publish version tool-path docs helm-docs cli-docs check-links actionlint static-amd64
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
 # The arm64 build (`make static-arm64`), cross-compiled with Debian's aarch64 gcc; CI checks that
 # it compiles when the target is installed (`make setup` installs it when rustup can).
 ARM64_TARGET := aarch64-unknown-linux-musl
+ifneq ($(shell uname -m),aarch64)
 ARM64_ENV := CC_aarch64_unknown_linux_musl=aarch64-linux-gnu-gcc \
 	CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER=aarch64-linux-gnu-gcc
+endif
 
 ## setup: what the build and tests need beyond Rust and Go: the musl target and musl-tools for
 ## the static build, clippy and rustfmt, and a few Debian tools. Idempotent, and quiet when
@@ -23,16 +26,40 @@ setup:
 test: setup
 	@$(MAKE) --no-print-directory lint unit static-check arm64-check chaos-short e2e
 
-lint:
+lint: check-links actionlint
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --test demo --test chaos --test bench -- -D warnings
 	cd e2e && go vet ./lecandidate
 
-## unit: pure logic, table and property tests, the CRD drift check, doc tests
+## check-links: every relative link and anchor in the repository's Markdown resolves
+check-links:
+	python3 e2e/tools/check_links.py .
+
+## actionlint: the GitHub workflows (.github/workflows/) pass actionlint (with shellcheck's
+## checks when shellcheck is installed)
+actionlint:
+	$$(e2e/cluster.sh tool actionlint) -color=never
+
+## docs: regenerate the generated references (the CLI's help, the chart's values); unit tests
+## and `make unit` fail when they drift
+docs: cli-docs helm-docs
+
+cli-docs:
+	$(CARGO) run --quiet -- reference > docs/reference/cli.md
+
+helm-docs:
+	$$(e2e/cluster.sh tool helm-docs) --chart-search-root charts --template-files=../../docs/reference/helm-values.md.gotmpl \
+	  --output-file=../../docs/reference/helm-values.md --sort-values-order=file >/dev/null
+
+## unit: pure logic, table and property tests, the CRD and CLI reference drift checks, doc
+## tests, and the Helm values reference's drift
 unit:
 	$(CARGO) test --lib --bins
 	$(CARGO) test --doc
+	@cp docs/reference/helm-values.md target/helm-values.md.committed && $(MAKE) --no-print-directory -s helm-docs \
+	  && if ! diff -u target/helm-values.md.committed docs/reference/helm-values.md; then \
+	    echo "docs/reference/helm-values.md is stale: run make helm-docs and commit it"; exit 1; fi
 
 ## e2e: builds (or reuses) the control plane, then runs every e2e test against one shared cluster
 e2e: control-plane promtool images
@@ -61,6 +88,8 @@ static:
 	$(CARGO) build --release --locked --target $(STATIC_TARGET) --bin arbiter
 
 VERSION := $(shell awk -F'"' '/^version/ {print $$2; exit}' Cargo.toml)
+# The commit `arbiter --version` names (build.rs reads ARBITER_GIT_COMMIT when set).
+export ARBITER_GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 IMAGE := ghcr.io/arbiter-dev/arbiter:$(VERSION)
 BUILD_IMAGE := python3 e2e/images/build_image.py
 
@@ -82,7 +111,9 @@ images: image
 	  --link /bin/nc=busybox \
 	  --entrypoint '["/arbiter"]' --user 65532:65532
 
-## static-arm64: the static arm64 binary, cross-compiled
+static-amd64: static
+
+## static-arm64: the static arm64 binary (cross-compiled on other machines)
 static-arm64:
 	$(ARM64_ENV) $(CARGO) build --release --locked --target $(ARM64_TARGET) --bin arbiter
 
@@ -104,9 +135,30 @@ manifests:
 
 render-manifests:
 	@helm=$$(e2e/cluster.sh build)/helm && \
-	printf '# Rendered from charts/arbiter with default values by `make manifests`; do not edit.\n' && \
+	printf '# Rendered from charts/arbiter with default values, without its test pod, by `make manifests`; do not edit.\n' && \
 	printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: arbiter-system\n' && \
-	$$helm template arbiter charts/arbiter --namespace arbiter-system --kube-version 1.33.0
+	$$helm template arbiter charts/arbiter --namespace arbiter-system --kube-version 1.33.0 --skip-tests
+
+## version: the crate's version, which the chart, the image and the release carry
+version:
+	@echo $(VERSION)
+
+## tool-path: the path of a release tool, built from its Go module and cached (TOOL=crane,
+## helm, syft, helm-docs, actionlint)
+tool-path:
+	@if [ "$(TOOL)" = helm ]; then echo "$$(e2e/cluster.sh build)/helm"; else e2e/cluster.sh tool $(TOOL); fi
+
+## release: every file a release publishes, in dist/: the image index (linux/amd64 and
+## linux/arm64, an OCI layout), the chart, arbiter.yaml and arbiter.crds.yaml, the kubectl
+## plugin's archives and krew manifest, the SBOM, the release notes and SHA256SUMS
+## (docs/development/release.md)
+release: static static-arm64
+	VERSION=$(VERSION) release/dist.sh
+
+## publish: push dist/'s image index and chart to REGISTRY (e.g. ghcr.io/arbiter-dev;
+## PLAIN_HTTP=1 for a registry without TLS)
+publish:
+	VERSION=$(VERSION) REGISTRY=$(REGISTRY) PLAIN_HTTP=$(PLAIN_HTTP) release/publish.sh
 
 ## chaos: randomized fault trials counting violations (TRIALS=200 SEED=<clock> by default)
 TRIALS ?= 200
@@ -119,7 +171,7 @@ chaos-short: control-plane images
 	$(CARGO) test --test chaos -- --trials 3 --seed 739
 
 ## bench: handover/failover side by side with client-go leader election and upstream
-## coordinated leader election, then one operator at scale; prints tables (docs/benchmarks.md)
+## coordinated leader election, then one operator at scale; prints tables (docs/development/benchmarks.md)
 RUNS ?= 20
 LEASES ?= 1000,10000
 # Ordinary pods that are not candidates, beside the leases (and alone, for the memory they add).

@@ -14,6 +14,8 @@
 #   e2e/cluster.sh env            print the pinned versions and the cache directory
 #   e2e/cluster.sh promtool       build (or reuse) promtool, for the chart's alert tests; prints
 #                                 its path (cached by version, apart from the control plane)
+#   e2e/cluster.sh tool NAME      the same for a release or lint tool: crane, syft, helm-docs,
+#                                 actionlint (`make release`, `make publish`, `make lint`)
 #
 # `build` also builds helm (for the chart's tests), cached beside the control plane.
 #
@@ -349,6 +351,39 @@ cmd_promtool() {
   echo "$dir/promtool"
 }
 
+# Release and lint tools, each built from its Go module at a pinned version and cached in a
+# directory of its own: `e2e/cluster.sh tool NAME` prints the binary's path.
+declare -A TOOL_MODULES=(
+  [crane]=github.com/google/go-containerregistry/cmd/crane@v0.22.1
+  [syft]=github.com/anchore/syft/cmd/syft@v1.57.2
+  [helm-docs]=github.com/norwoodj/helm-docs/cmd/helm-docs@v1.14.2
+  [actionlint]=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+)
+cmd_tool() {
+  local name=${1:?tool name: ${!TOOL_MODULES[*]}}
+  local module=${TOOL_MODULES[$name]:-}
+  [[ -n $module ]] || die "unknown tool $name (one of: ${!TOOL_MODULES[*]})"
+  local dir=$CACHE_ROOT/tools/$name-${module##*@}
+  if [[ -x $dir/$name ]]; then
+    echo "$dir/$name"
+    return
+  fi
+  mkdir -p "$dir"
+  exec 9>"$dir/.lock"
+  flock 9
+  if [[ ! -x $dir/$name ]]; then
+    log "building $name ($module); once"
+    local gobin buildlog start=$SECONDS
+    gobin=$(mktemp -d)
+    buildlog=$dir/build.log
+    GOBIN=$gobin CGO_ENABLED=0 go install -trimpath "$module" >"$buildlog" 2>&1 \
+      || { tail -30 "$buildlog" >&2; die "building $name failed (full log: $buildlog)"; }
+    mv "$gobin/$name" "$dir/$name"; rmdir "$gobin"
+    log "$name built in $((SECONDS - start))s, cached in $dir"
+  fi
+  echo "$dir/$name"
+}
+
 cmd_env() {
   echo "kubernetes=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION helm=$HELM_VERSION coredns=$COREDNS_VERSION cache=$BIN_DIR"
 }
@@ -361,5 +396,6 @@ case ${1:-} in
   restart) shift; cmd_restart "$@" ;;
   env) cmd_env ;;
   promtool) cmd_promtool ;;
+  tool) shift; cmd_tool "$@" ;;
   *) echo "usage: $0 build|up [--node] [DIR]|import DIR TAR...|down [DIR]|restart DIR COMPONENT|env|promtool" >&2; exit 2 ;;
 esac

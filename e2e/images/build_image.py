@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Assemble a single-layer OCI image as a docker-archive tar, without a Docker engine.
+"""Assemble a single-layer OCI image, without a Docker engine: a docker-archive tar, or one
+platform of a multi-platform image index in an OCI image layout.
 
 The harness has no registry and no Docker: images are built here from local files and
 imported into the real node's containerd (`ctr -n k8s.io images import`). Two ways:
@@ -14,10 +15,16 @@ imported into the real node's containerd (`ctr -n k8s.io images import`). Two wa
   build_image.py --add /bin/busybox=PATH --link /bin/sh=busybox --entrypoint '["/bin/sh"]' ...
       an image from files, for the harness's own images (the sandbox, test workloads).
 
-The layer is reproducible: sorted entries, owner 0:0, mtime 0.
+  build_image.py ... --arch arm64 --oci-layout DIR --tag arbiter:0.1.0
+      instead of a tar, adds the image for linux/ARCH to the image index tagged TAG in the OCI
+      image layout DIR (made if missing; the platform's earlier image is replaced). Run once
+      per platform; `crane push DIR REF` (or `--index`) pushes the whole index.
+
+The layer is reproducible: sorted entries, owner 0:0, mtime 0 (gzip's header too).
 """
 
 import argparse
+import gzip
 import hashlib
 import io
 import json
@@ -164,10 +171,105 @@ def mapping(values, flag):
     return out
 
 
+INDEX = "application/vnd.oci.image.index.v1+json"
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def blob(layout, data):
+    """Writes DATA into LAYOUT's blobs; returns its digest."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = os.path.join(layout, "blobs", "sha256", digest)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.path.exists(path):
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    return "sha256:" + digest
+
+
+def descriptor(media_type, digest, data, **extra):
+    return {"mediaType": media_type, "digest": digest, "size": len(data), **extra}
+
+
+def canonical(value):
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def add_to_layout(layout, tag, arch, image_config, layer_tar, labels):
+    """Adds the image (IMAGE_CONFIG, LAYER_TAR) for linux/ARCH to the index tagged TAG."""
+    os.makedirs(layout, exist_ok=True)
+    with open(os.path.join(layout, "oci-layout"), "w") as f:
+        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    layer_gz = gzip.compress(layer_tar, mtime=0)
+    config_digest = blob(layout, image_config)
+    layer_digest = blob(layout, layer_gz)
+    manifest = canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "config": descriptor("application/vnd.oci.image.config.v1+json", config_digest, image_config),
+            "layers": [descriptor("application/vnd.oci.image.layer.v1.tar+gzip", layer_digest, layer_gz)],
+        }
+    )
+    manifest_digest = blob(layout, manifest)
+    top_path = os.path.join(layout, "index.json")
+    top = json.load(open(top_path)) if os.path.exists(top_path) else {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
+    ours = [d for d in top["manifests"] if d.get("annotations", {}).get(REF_NAME) == tag]
+    platforms = []
+    if ours:
+        old = json.load(open(os.path.join(layout, "blobs", "sha256", ours[0]["digest"].split(":")[1])))
+        platforms = [m for m in old["manifests"] if m["platform"]["architecture"] != arch]
+    platforms.append(descriptor(MANIFEST, manifest_digest, manifest, platform={"architecture": arch, "os": "linux"}))
+    platforms.sort(key=lambda m: m["platform"]["architecture"])
+    index = canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": platforms,
+            "annotations": {k: v for k, v in labels.items() if k.startswith("org.opencontainers.image.")},
+        }
+    )
+    index_digest = blob(layout, index)
+    top["manifests"] = [d for d in top["manifests"] if d not in ours]
+    top["manifests"].append(descriptor(INDEX, index_digest, index, annotations={REF_NAME: tag}))
+    with open(top_path + ".tmp", "w") as f:
+        json.dump(top, f, indent=2, sort_keys=True)
+    os.replace(top_path + ".tmp", top_path)
+    collect_garbage(layout, top)
+    return index_digest
+
+
+def collect_garbage(layout, top):
+    """Removes the blobs nothing in the layout's index.json refers to any more."""
+    blobs = os.path.join(layout, "blobs", "sha256")
+    kept, todo = set(), [d["digest"] for d in top["manifests"]]
+    while todo:
+        digest = todo.pop().split(":")[1]
+        if digest in kept:
+            continue
+        kept.add(digest)
+        try:
+            doc = json.load(open(os.path.join(blobs, digest)))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict):
+            todo += [m["digest"] for m in doc.get("manifests", [])]
+            todo += [l["digest"] for l in doc.get("layers", [])]
+            if "config" in doc and "digest" in doc["config"]:
+                todo.append(doc["config"]["digest"])
+    for name in os.listdir(blobs):
+        if name not in kept:
+            os.remove(os.path.join(blobs, name))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tag", required=True, help="NAME:TAG (imported as docker.io/NAME:TAG)")
-    parser.add_argument("--out", required=True, help="the docker-archive tar to write")
+    parser.add_argument("--out", help="the docker-archive tar to write")
+    parser.add_argument("--oci-layout", help="instead: the OCI image layout to add this platform's image to")
+    parser.add_argument("--arch", default="amd64" if os.uname().machine == "x86_64" else "arm64",
+                        choices=["amd64", "arm64"], help="the image's architecture (default: this machine's)")
     parser.add_argument("--dockerfile", help="build the final stage of this Dockerfile")
     parser.add_argument("--build-arg", action="append", default=[], help="NAME=VALUE, as docker build's")
     parser.add_argument("--copy", action="append", help="SRC=LOCAL: a build stage's output for COPY --from")
@@ -177,6 +279,8 @@ def main():
     parser.add_argument("--cmd", help="JSON array")
     parser.add_argument("--user", help="UID[:GID]")
     opts = parser.parse_args()
+    if bool(opts.out) == bool(opts.oci_layout):
+        fail("give one of --out and --oci-layout")
 
     files = mapping(opts.add, "--add")
     links = mapping(opts.link, "--link")
@@ -202,7 +306,7 @@ def main():
     diff_id = "sha256:" + hashlib.sha256(layer_tar).hexdigest()
     image_config = json.dumps(
         {
-            "architecture": "amd64" if os.uname().machine == "x86_64" else "arm64",
+            "architecture": opts.arch,
             "os": "linux",
             "config": config,
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
@@ -210,6 +314,10 @@ def main():
         },
         sort_keys=True,
     ).encode()
+    if opts.oci_layout:
+        digest = add_to_layout(opts.oci_layout, opts.tag, opts.arch, image_config, layer_tar, config["Labels"])
+        print(f"{opts.oci_layout}: {opts.tag} linux/{opts.arch}, index {digest}")
+        return
     config_name = hashlib.sha256(image_config).hexdigest() + ".json"
     layer_name = diff_id[len("sha256:"):] + "/layer.tar"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [opts.tag], "Layers": [layer_name]}]).encode()

@@ -28,3 +28,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
+
+{{/*
+The operator's image: [REGISTRY/]REPOSITORY, then @DIGEST if one is set, else :TAG (default:
+the chart's appVersion). global.imageRegistry wins over image.registry.
+*/}}
+{{- define "arbiter.image" -}}
+{{- $registry := (.Values.global).imageRegistry | default .Values.image.registry -}}
+{{- $name := .Values.image.repository -}}
+{{- if $registry }}{{ $name = printf "%s/%s" $registry $name }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{ $name }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ $name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end }}
