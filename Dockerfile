@@ -12,6 +12,8 @@ ARG RUNTIME_IMAGE=scratch
 
 FROM ${RUST_IMAGE} AS build
 ARG TARGETARCH=amd64
+# The commit `arbiter --version` names (e.g. --build-arg GIT_COMMIT=$(git rev-parse HEAD)).
+ARG GIT_COMMIT=unknown
 RUN apk add --no-cache musl-dev make
 WORKDIR /src
 COPY Cargo.toml Cargo.lock Makefile build.rs ./
@@ -19,7 +21,7 @@ COPY src ./src
 COPY crds ./crds
 COPY charts/arbiter/files ./charts/arbiter/files
 COPY e2e ./e2e
-RUN make static-${TARGETARCH} \
+RUN make static-${TARGETARCH} GIT_COMMIT=${GIT_COMMIT} \
  && cp "target/$(case ${TARGETARCH} in arm64) echo aarch64;; *) echo x86_64;; esac)-unknown-linux-musl/release/arbiter" /arbiter
 
 FROM ${RUNTIME_IMAGE}

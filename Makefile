@@ -21,10 +21,11 @@ endif
 setup:
 	@e2e/setup.sh
 
-## test: everything CI runs: format, lints, unit tests, CRD drift, end-to-end on a real cluster,
-## and the static build the image uses
+## test: everything CI runs: format, lints (with the docs' links and the release workflow), unit
+## tests and the drift of generated files, the static builds, chaos-short, and end-to-end on a
+## real cluster, the release (both platforms) installed from a local registry among them
 test: setup
-	@$(MAKE) --no-print-directory lint unit static-check arm64-check chaos-short e2e
+	@$(MAKE) --no-print-directory lint unit static-check chaos-short e2e
 
 lint: check-links actionlint
 	$(CARGO) fmt --check
@@ -39,7 +40,7 @@ check-links:
 ## actionlint: the GitHub workflows (.github/workflows/) pass actionlint (with shellcheck's
 ## checks when shellcheck is installed)
 actionlint:
-	$$(e2e/cluster.sh tool actionlint) -color=never
+	$$(e2e/cluster.sh tool actionlint) -no-color
 
 ## docs: regenerate the generated references (the CLI's help, the chart's values); unit tests
 ## and `make unit` fail when they drift
@@ -49,8 +50,8 @@ cli-docs:
 	$(CARGO) run --quiet -- reference > docs/reference/cli.md
 
 helm-docs:
-	$$(e2e/cluster.sh tool helm-docs) --chart-search-root charts --template-files=../../docs/reference/helm-values.md.gotmpl \
-	  --output-file=../../docs/reference/helm-values.md --sort-values-order=file >/dev/null
+	$$(e2e/cluster.sh tool helm-docs) --chart-search-root charts --template-files=$(CURDIR)/docs/reference/helm-values.md.gotmpl \
+	  --output-file=../../docs/reference/helm-values.md --sort-values-order=file --log-level=warning >/dev/null
 
 ## unit: pure logic, table and property tests, the CRD and CLI reference drift checks, doc
 ## tests, and the Helm values reference's drift
@@ -62,7 +63,7 @@ unit:
 	    echo "docs/reference/helm-values.md is stale: run make helm-docs and commit it"; exit 1; fi
 
 ## e2e: builds (or reuses) the control plane, then runs every e2e test against one shared cluster
-e2e: control-plane promtool images
+e2e: control-plane promtool images release
 	$(CARGO) test --test e2e
 
 control-plane:
@@ -78,9 +79,10 @@ crds:
 	$(CARGO) run --quiet -- crd > crds/arbiter.dev_leasecandidates.yaml
 	cp crds/arbiter.dev_leasecandidates.yaml charts/arbiter/files/leasecandidates.yaml
 
-## demo: the chart, the operator and three agents on a local control plane, through a rolling
+## demo: the chart (installed from a local registry holding `make release`), the operator and
+## three agents on a local control plane, through a rolling
 ## upgrade and a rollback; stops everything it started
-demo: setup control-plane images
+demo: setup control-plane images release
 	$(CARGO) test --quiet --test demo
 
 ## static: the fully static musl release binary (what the Dockerfile builds)
@@ -88,8 +90,10 @@ static:
 	$(CARGO) build --release --locked --target $(STATIC_TARGET) --bin arbiter
 
 VERSION := $(shell awk -F'"' '/^version/ {print $$2; exit}' Cargo.toml)
-# The commit `arbiter --version` names (build.rs reads ARBITER_GIT_COMMIT when set).
-export ARBITER_GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+# The commit `arbiter --version` names, set for the static builds only (build.rs): a commit
+# does not rebuild the debug test binaries. `-dirty` when the work tree has changes.
+GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+static static-arm64 arm64-check: export ARBITER_GIT_COMMIT = $(GIT_COMMIT)
 IMAGE := ghcr.io/arbiter-dev/arbiter:$(VERSION)
 BUILD_IMAGE := python3 e2e/images/build_image.py
 

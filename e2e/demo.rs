@@ -1,7 +1,8 @@
 //! `make demo`: arbiter on a local control plane, end to end, in about a minute.
 //!
-//! Starts the control plane with a real node (containerd and a kubelet), installs the Helm chart
-//! with the image `make image` built (the operator runs in two pods), starts three pods whose
+//! Starts the control plane with a real node (containerd and a kubelet) and an OCI registry on
+//! 127.0.0.1 holding the release `make release` built, installs the Helm chart from that
+//! registry (the operator runs in two pods, their image pulled from it), starts three pods whose
 //! entrypoint is `arbiter run` at versions 1.30.0, 1.31.0 and 1.31.0, then walks through a
 //! rolling upgrade to 1.32.0 and a rollback to 1.31.0 that replace those pods, printing
 //! `arbiter status` after each step. Everything it started is stopped when it ends.
@@ -183,13 +184,18 @@ fn main() {
 
         node::ready(&TestEnv { client: client.clone(), ns: NS.into(), kubeconfig: kubeconfig.clone() }).await;
 
-        step("helm install arbiter charts/arbiter -n arbiter-system --create-namespace  (on the real node)");
-        helm(&kubeconfig, &["install", "arbiter", "charts/arbiter", "-n", "arbiter-system", "--create-namespace",
-            "--set", "image.pullPolicy=Never", "--set", "nodeSelector.type=real",
+        let registry = support::registry::get(kubeconfig.parent().unwrap());
+        let chart = registry.chart();
+        let version = env!("CARGO_PKG_VERSION");
+        let image_registry = format!("image.registry={}", registry.host);
+        step(&format!("helm install arbiter {chart} --version {version} --set {image_registry} -n arbiter-system --create-namespace  (on the real node)"));
+        helm(&kubeconfig, &["install", "arbiter", &chart, "--version", version, "--plain-http",
+            "-n", "arbiter-system", "--create-namespace",
+            "--set", &image_registry, "--set", "nodeSelector.type=real",
             "--set", "tolerations[0].key=arbiter.dev/real-node", "--set", "tolerations[0].operator=Exists",
             "--set", "operator.leaseDuration=6s", "--wait", "--timeout", "120s"]);
         Command::new("kubectl").args(["get", "pods", "-n", "arbiter-system", "-o", "wide"]).env("KUBECONFIG", &kubeconfig).status().unwrap();
-        println!("-> two operator pods from the image `make image` built; one leads, one stands by.");
+        println!("-> two operator pods, their image pulled from the local registry; one leads, one stands by.");
 
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let mut ns = Namespace::default();

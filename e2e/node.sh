@@ -113,6 +113,9 @@ state = "$n/containerd/state"
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         Root = "$n/runc"
+  # Registries the tests push to (e2e/tests/support/registry.rs) are trusted here, per host.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$n/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$n/cni"

@@ -41,6 +41,14 @@ if ! command -v faketime >/dev/null; then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends faketime >/dev/null
 fi
+# shellcheck: actionlint checks the workflows' shell steps with it (`make lint`).
+if ! command -v shellcheck >/dev/null; then
+  echo "[setup] missing: shellcheck; installing from Debian" >&2
+  sudo=""
+  [[ $(id -u) == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends shellcheck >/dev/null
+fi
 for tool in go cargo rustup kubectl; do
   command -v "$tool" >/dev/null || { echo "[setup] $tool is required and not installed" >&2; exit 1; }
 done

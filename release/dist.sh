@@ -9,7 +9,7 @@
 #   dist/kubectl-arbiter-VERSION-linux-ARCH.tar.gz   the CLI as a kubectl plugin, with shell
 #                                                completions, the man page and the licence
 #   dist/arbiter.krew.yaml                       the krew plugin manifest (URLs and sha256)
-#   dist/arbiter.spdx.json                       the SBOM (SPDX, by syft, from Cargo.lock)
+#   dist/arbiter.spdx.json                       the SBOM (SPDX, by syft, of Cargo.lock's crates)
 #   dist/RELEASE-NOTES.md                        this version's section of CHANGELOG.md
 #   dist/SHA256SUMS                              of every file above but the image layout
 set -euo pipefail
@@ -26,7 +26,7 @@ die() { echo "[release] error: $*" >&2; exit 1; }
 for arch in amd64 arm64; do
   bin=target/${TARGET[$arch]}/release/arbiter
   [[ -x $bin ]] || die "$bin is missing: run make static static-arm64 first"
-  file "$bin" | grep -q "statically linked" || die "$bin is not statically linked"
+  file "$bin" | grep -Eq "statically linked|static-pie linked" || die "$bin is not statically linked"
 done
 chart_version=$(awk '$1 == "version:" {print $2; exit}' charts/arbiter/Chart.yaml)
 [[ $chart_version == "$VERSION" ]] || die "charts/arbiter/Chart.yaml has version $chart_version, Cargo.toml $VERSION"
@@ -111,7 +111,9 @@ spec:
 EOF
 
 log "SBOM"
+# The crates of Cargo.lock (dev-dependencies among them: the lock file does not tell them apart).
 "$syft" scan dir:. --quiet --source-name arbiter --source-version "$VERSION" \
+  --override-default-catalogers rust-cargo-lock-cataloger \
   --exclude './e2e/**' --exclude './target/**' --exclude './dist/**' --exclude "./$DIST/**" \
   -o "spdx-json=$DIST/arbiter.spdx.json"
 

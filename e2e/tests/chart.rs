@@ -612,8 +612,8 @@ async fn every_alert_has_a_promtool_test(_env: Arc<TestEnv>) {
 }
 
 /// The Grafana dashboard: valid JSON, rendered unchanged into its ConfigMap, and every query
-/// names only metrics the operator exposes (the README's metric table, which
-/// `operator::the_readme_lists_every_metric_the_operator_exposes` checks against /metrics).
+/// names only metrics the operator exposes (the metric table of docs/reference/observability.md, which
+/// `operator::the_docs_list_every_metric_the_operator_exposes` checks against /metrics).
 async fn the_dashboard_loads_and_queries_only_metrics_the_operator_exposes(_env: Arc<TestEnv>) {
     let text = std::fs::read_to_string(chart().join("files/dashboard.json")).unwrap();
     let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
@@ -640,7 +640,7 @@ async fn the_dashboard_loads_and_queries_only_metrics_the_operator_exposes(_env:
     let mut queries = Vec::new();
     exprs(&dashboard, &mut queries);
     assert!(queries.len() > 10, "{queries:?}");
-    let listed = crate::support::readme_metrics();
+    let listed = crate::support::documented_metrics();
     let known = |m: &str| {
         listed.iter().any(|l| {
             m == l.name

@@ -9,6 +9,7 @@ mod control_plane;
 mod crd;
 mod operator;
 mod real_node;
+mod release;
 mod single_active;
 mod support;
 mod trust;
@@ -48,6 +49,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(chart::tests());
     all.extend(single_active::tests());
     all.extend(real_node::tests());
+    all.extend(release::tests());
     all.extend(trust::tests());
     all
 }

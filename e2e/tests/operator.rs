@@ -29,7 +29,7 @@ crate::tests![operator:
     oldest_emulation_version_wins,
     better_candidate_gets_the_lease_through_handover,
     an_abandoned_handover_falls_back_to_the_best_live_candidate,
-    the_readme_lists_every_metric_the_operator_exposes,
+    the_docs_list_every_metric_the_operator_exposes,
     status_watch_rides_out_an_unreachable_api_server,
     expired_lease_goes_to_a_live_candidate,
     a_renewing_holder_keeps_its_lease_though_no_renewal_is_reconciled,
@@ -2005,12 +2005,12 @@ async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
     );
 }
 
-/// The README's metric table is the truth: every family a running operator exposes is listed
+/// The metric table of docs/reference/observability.md is the truth: every family a running operator exposes is listed
 /// with its type, and every listed metric is exposed (a family with labels appears once it has
 /// a series: an election here gives the per-lease ones theirs; forced exits and single-active
 /// workloads, which give `forced_depositions` and `active_pods` theirs, are other tests'
 /// business).
-async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
+async fn the_docs_list_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
     use std::collections::BTreeSet;
     let op = Operator::start(&env, &[]);
     let _r = Responder::start(env.client.clone(), &env.ns, &["m1"]);
@@ -2025,8 +2025,8 @@ async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
             })
             .collect()
     };
-    let listed = crate::support::readme_metrics();
-    let family = |m: &crate::support::ReadmeMetric| (m.family().to_string(), m.kind.clone());
+    let listed = crate::support::documented_metrics();
+    let family = |m: &crate::support::DocumentedMetric| (m.family().to_string(), m.kind.clone());
     let must_show: BTreeSet<(String, String)> = listed
         .iter()
         .filter(|m| {
@@ -2045,7 +2045,7 @@ async fn the_readme_lists_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
     let unlisted: Vec<_> = exposed(&text).difference(&all_listed).cloned().collect();
     assert!(
         unlisted.is_empty(),
-        "exposed but not in the README: {unlisted:?}"
+        "exposed but not in docs/reference/observability.md: {unlisted:?}"
     );
     // The queue's metrics count what the workers did: the election's reconciles waited (each
     // counted once), and the queue is empty once the lease is held and nothing is due.

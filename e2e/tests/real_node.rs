@@ -129,7 +129,12 @@ async fn the_image_is_the_dockerfiles_final_stage_and_runs(env: Arc<TestEnv>) {
     assert_eq!(finished(&env, "version").await, "Succeeded");
     let pods: Api<Pod> = env.api();
     let logs = pods.logs("version", &Default::default()).await.unwrap();
-    assert_eq!(logs.trim(), concat!("arbiter ", env!("CARGO_PKG_VERSION")));
+    assert!(
+        logs.trim()
+            .starts_with(concat!("arbiter ", env!("CARGO_PKG_VERSION"), " (commit "))
+            && !logs.contains("unknown"),
+        "the version and the commit the image was built from: {logs}"
+    );
     let pod = pods.get("version").await.unwrap();
     assert_eq!(pod.spec.unwrap().node_name.as_deref(), Some(node::NAME));
 }

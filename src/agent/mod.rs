@@ -65,7 +65,8 @@ pub struct Settings {
     /// Written as the lease's duration on every renew (whole seconds).
     #[arg(long, default_value = "15s", value_parser = crate::flags::lease_duration)]
     pub lease_duration: Duration,
-    /// Stop CMD when no renew has succeeded for this long.
+    /// Stop CMD when no renew has succeeded for this long (counted from when the last successful
+    /// renew was sent). Renew deadline + kill grace + 0.5 s must fit in the lease duration.
     #[arg(long, default_value = "10s", value_parser = crate::flags::positive_duration)]
     pub renew_deadline: Duration,
     /// How often to renew.
@@ -83,7 +84,8 @@ pub struct Settings {
     #[arg(long, default_value = "/dev/termination-log")]
     pub termination_log: std::path::PathBuf,
     /// Exit (code 0) after handing the lease over, instead of standing by again as a new
-    /// incarnation (the behaviour before standing by was the default).
+    /// incarnation (a standby outside a pod would otherwise stay; one in a pod would restart
+    /// its container).
     #[arg(long)]
     pub exit_on_handover: bool,
     /// The command to run while leading.

@@ -104,9 +104,9 @@ pub struct LeaseCandidateStatus {
     // An atomic list, not the usual list-map keyed by `type`: arbiter is the conditions' only
     // writer and replaces the whole list at each write (a JSON merge patch), so per-condition
     // field ownership buys nothing, and it costs kube-apiserver a fifth to two fifths of every
-    // status write (docs/benchmarks.md, "Conditions as an atomic list"). Nothing to migrate:
+    // status write (`make bench`, the write-cost tables). Nothing to migrate:
     // each object is tracked the new way from its next write, and applying the CRD replaces
-    // `spec.versions` whole (README, after the conditions table).
+    // `spec.versions` whole (docs/reference/leasecandidate.md).
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub conditions: Vec<Condition>,
 

@@ -77,7 +77,9 @@ pub struct Settings {
     /// the active replica stopped renewing; at once if it released). Whole seconds.
     #[arg(long, default_value = "15s", value_parser = crate::flags::lease_duration)]
     pub ha_lease_duration: Duration,
-    /// Operator HA: the active replica exits if it could not renew for this long.
+    /// Operator HA: the active replica stops writing when it could not renew for this long
+    /// (counted from when its last successful renew was sent); it exits once another replica
+    /// has taken over.
     #[arg(long, default_value = "10s", value_parser = crate::flags::positive_duration)]
     pub ha_renew_deadline: Duration,
     /// Operator HA: how often the active replica renews, and standbys retry.

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod node;
 pub mod operator;
+pub mod registry;
 pub mod standin;
 
 use std::future::Future;
@@ -251,17 +252,17 @@ pub async fn service_account_kubeconfig(
     out
 }
 
-/// A row of the README's metric table (between `<!-- metrics:begin -->` and
+/// A row of the metric table of docs/reference/observability.md (between `<!-- metrics:begin -->` and
 /// `<!-- metrics:end -->`): the name users query, its type, whether it has labels.
 #[allow(dead_code)] // used by some test binaries only
-pub struct ReadmeMetric {
+pub struct DocumentedMetric {
     pub name: String,
     pub kind: String,
     pub labelled: bool,
 }
 
 #[allow(dead_code)] // used by some test binaries only
-impl ReadmeMetric {
+impl DocumentedMetric {
     /// The family the `# TYPE` line names: a counter's samples carry `_total`, it does not.
     pub fn family(&self) -> &str {
         match self.kind.as_str() {
@@ -271,16 +272,17 @@ impl ReadmeMetric {
     }
 }
 
-/// The README's metric table.
+/// The metric table of docs/reference/observability.md.
 #[allow(dead_code)] // used by some test binaries only
-pub fn readme_metrics() -> Vec<ReadmeMetric> {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let table = readme
+pub fn documented_metrics() -> Vec<DocumentedMetric> {
+    let docs =
+        std::fs::read_to_string(repo_root().join("docs/reference/observability.md")).unwrap();
+    let table = docs
         .split("<!-- metrics:begin -->")
         .nth(1)
         .and_then(|t| t.split("<!-- metrics:end -->").next())
-        .expect("the README's metric table");
-    let rows: Vec<ReadmeMetric> = table
+        .expect("the metric table in docs/reference/observability.md");
+    let rows: Vec<DocumentedMetric> = table
         .lines()
         .filter_map(|l| {
             let cells: Vec<&str> = l
@@ -290,13 +292,16 @@ pub fn readme_metrics() -> Vec<ReadmeMetric> {
                 .map(str::trim)
                 .collect();
             let name = cells.first()?.strip_prefix('`')?.strip_suffix('`')?;
-            Some(ReadmeMetric {
+            Some(DocumentedMetric {
                 name: name.to_string(),
                 kind: cells.get(1)?.to_string(),
                 labelled: !cells.get(2)?.is_empty(),
             })
         })
         .collect();
-    assert!(rows.len() > 10, "the README's metric table was not parsed");
+    assert!(
+        rows.len() > 10,
+        "the metric table in docs/reference/observability.md was not parsed"
+    );
     rows
 }

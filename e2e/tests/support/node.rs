@@ -37,7 +37,7 @@ pub fn place(spec: &mut Value) {
 }
 
 /// The cluster directory behind a harness kubeconfig (`DIR/kubeconfig`).
-fn cluster_dir(kubeconfig: &Path) -> PathBuf {
+pub fn cluster_dir(kubeconfig: &Path) -> PathBuf {
     kubeconfig
         .parent()
         .expect("the kubeconfig lives in the cluster directory")

@@ -6,7 +6,7 @@
 //! counts from its creation: it is not deleted the moment the operator first sees it. The times
 //! are the writers' wall clocks read on the operator's: a candidate process whose clock runs
 //! behind by more than `--candidate-expiry` less its refresh (5 min) has its candidate deleted
-//! while it lives, unless a pod owns it (README, Limits).
+//! while it lives, unless a pod owns it (docs/concepts/limits.md).
 
 use std::sync::Arc;
 use std::time::Duration;
