@@ -4,6 +4,14 @@
 # targets go through rustup.
 set -euo pipefail
 
+# Installs Debian packages, quietly (with sudo unless root).
+debian_install() {
+  local sudo=""
+  [[ $(id -u) == 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 need=()
 for tool in curl openssl python3 flock setsid file musl-gcc aarch64-linux-gnu-gcc; do
   command -v "$tool" >/dev/null || need+=("$tool")
@@ -26,28 +34,18 @@ for tool in containerd runc ctr iptables ip; do command -v "$tool" >/dev/null ||
 [[ -x /bin/busybox ]] && /bin/busybox --list | grep -x httpd >/dev/null || node_need+=(busybox)
 if ((${#node_need[@]})); then
   echo "[setup] missing for the real node: ${node_need[*]}; installing from Debian" >&2
-  sudo=""
-  [[ $(id -u) == 0 ]] || sudo="sudo"
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends containerd runc containernetworking-plugins \
-    busybox-static iptables iproute2 >/dev/null
+  debian_install containerd runc containernetworking-plugins busybox-static iptables iproute2
 fi
 # faketime: agents with a wall clock ahead of the arbiter's (the trust-boundary tests and
 # `make chaos`'s "candidate clock ahead" fault).
 if ! command -v faketime >/dev/null; then
   echo "[setup] missing: faketime; installing from Debian" >&2
-  sudo=""
-  [[ $(id -u) == 0 ]] || sudo="sudo"
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends faketime >/dev/null
+  debian_install faketime
 fi
-# shellcheck: actionlint checks the workflows' shell steps with it (`make lint`).
+# ShellCheck: actionlint checks the workflows' shell steps with it (`make lint`).
 if ! command -v shellcheck >/dev/null; then
   echo "[setup] missing: shellcheck; installing from Debian" >&2
-  sudo=""
-  [[ $(id -u) == 0 ]] || sudo="sudo"
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends shellcheck >/dev/null
+  debian_install shellcheck
 fi
 for tool in go cargo rustup kubectl; do
   command -v "$tool" >/dev/null || { echo "[setup] $tool is required and not installed" >&2; exit 1; }

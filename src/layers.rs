@@ -1,5 +1,5 @@
 //! The crate's layers point one way, checked on its source (a reader can trust the picture in
-//! `docs/development/architecture.md`): the pure `election/` depends on nothing else in the crate, `api/` on
+//! `docs/architecture.md`): the pure `election/` depends on nothing else in the crate, `api/` on
 //! `election/` at most, the agent's and the library's modules never on the operator, and no
 //! two top-level modules, nor two of the operator's folders, depend on each other in a circle.
 //! Tests (`mod tests`) may reach anywhere.
@@ -194,7 +194,7 @@ fn circle(graph: &Graph) -> Option<Vec<String>> {
 }
 
 /// The crate's modules, top to bottom: each uses only modules on lines below its own
-/// (`docs/development/architecture.md` draws the same).
+/// (`docs/architecture.md` draws the same).
 const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["operator", "agent", "handover", "status"],

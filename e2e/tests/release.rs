@@ -62,6 +62,17 @@ fn json_blob(layout: &Path, digest: &str) -> Value {
     serde_json::from_slice(&std::fs::read(layout.join("blobs/sha256").join(hex)).unwrap()).unwrap()
 }
 
+/// `archive` (a tar, gzipped or not) unpacked into a new temporary directory.
+fn untar(archive: &Path) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(dir.path()));
+    dir
+}
+
 /// What `file` says of an executable.
 fn file_kind(path: &Path) -> String {
     run(Command::new("file").arg("-b").arg(path))
@@ -153,12 +164,7 @@ async fn the_release_holds_every_file_for_both_platforms(_env: Arc<TestEnv>) {
                 .strip_prefix("sha256:")
                 .unwrap(),
         );
-        let dir = tempfile::tempdir().unwrap();
-        run(Command::new("tar")
-            .arg("-xzf")
-            .arg(&layer)
-            .arg("-C")
-            .arg(dir.path()));
+        let dir = untar(&layer);
         let kind = file_kind(&dir.path().join("arbiter"));
         assert!(
             is_static_for(&kind, arch),
@@ -215,12 +221,7 @@ async fn the_release_holds_every_file_for_both_platforms(_env: Arc<TestEnv>) {
                 "{name} lacks {member}: {listing}"
             );
         }
-        let dir = tempfile::tempdir().unwrap();
-        run(Command::new("tar")
-            .arg("-xzf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(dir.path()));
+        let dir = untar(&archive);
         let kind = file_kind(&dir.path().join("kubectl-arbiter"));
         assert!(is_static_for(&kind, arch), "{name}: {kind}");
         if arch == "amd64" && cfg!(target_arch = "x86_64") {

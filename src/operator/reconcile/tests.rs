@@ -194,14 +194,27 @@ fn created(server: &Server) -> Lease {
     serde_json::from_str(&created[0].body).unwrap()
 }
 
-#[tokio::test]
-async fn candidates_seen_registering_elect_the_oldest_at_once_its_term_reserved_first() {
+/// `old` (1.30.0) and `new` (1.31.0), both seen registering, `first` before the other; a
+/// worker on them with `args` as its flags.
+fn registered(first: &str, args: &[&str]) -> (Feed, Server, Worker, Queue) {
     let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
     let mut feed = Feed::new();
-    feed.candidate(&new);
-    feed.candidate(&old);
+    let order = if first == "old" {
+        [&old, &new]
+    } else {
+        [&new, &old]
+    };
+    for c in order {
+        feed.candidate(c);
+    }
     let (client, server) = Server::start(&[&old, &new]);
-    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    let (worker, queue) = worker(client, &feed, args);
+    (feed, server, worker, queue)
+}
+
+#[tokio::test]
+async fn candidates_seen_registering_elect_the_oldest_at_once_its_term_reserved_first() {
+    let (_, server, mut worker, mut queue) = registered("new", &["--settle=0s"]);
 
     let done = worker.reconcile(&key(), &mut queue).await.unwrap();
     assert!(!done.electing, "elected");
@@ -435,12 +448,7 @@ async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
 
 #[tokio::test]
 async fn a_lease_deleted_by_hand_is_not_given_away_while_its_term_may_run() {
-    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
-    let mut feed = Feed::new();
-    feed.candidate(&old);
-    feed.candidate(&new);
-    let (client, server) = Server::start(&[&old, &new]);
-    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    let (mut feed, server, mut worker, mut queue) = registered("old", &["--settle=0s"]);
     worker.reconcile(&key(), &mut queue).await.unwrap();
     let lease = server.lease();
     feed.lease(&lease);
@@ -600,13 +608,8 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
 
 #[tokio::test]
 async fn a_holder_that_stops_renewing_is_replaced_once_its_term_ran_out_on_the_arbiters_clock() {
-    let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
-    let mut feed = Feed::new();
-    feed.candidate(&old);
-    feed.candidate(&new);
-    let (client, server) = Server::start(&[&old, &new]);
     let args = ["--settle=0s", "--lease-duration=1s"];
-    let (mut worker, mut queue) = worker(client, &feed, &args);
+    let (mut feed, server, mut worker, mut queue) = registered("old", &args);
     worker.reconcile(&key(), &mut queue).await.unwrap();
     let lease = server.lease();
     assert_eq!(crate::lease::holder(&lease), Some("old"));
