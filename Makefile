@@ -3,7 +3,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: setup promtool image images test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench \
-	release publish version tool-path docs helm-docs cli-docs check-links actionlint static-amd64
+	release publish version tool-path docs helm-docs cli-docs check-links actionlint static-amd64 \
+	model model-short
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
@@ -25,12 +26,12 @@ setup:
 ## tests and the drift of generated files, the static builds, chaos-short, and end-to-end on a
 ## real cluster, the release (both platforms) installed from a local registry among them
 test: setup
-	@$(MAKE) --no-print-directory lint unit static-check chaos-short e2e
+	@$(MAKE) --no-print-directory lint unit static-check model-short chaos-short e2e
 
 lint: check-links actionlint
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
-	$(CARGO) clippy --test demo --test chaos --test bench -- -D warnings
+	$(CARGO) clippy --test demo --test chaos --test bench --test model -- -D warnings
 	cd e2e && go vet ./lecandidate
 
 ## check-links: every relative link and anchor in the repository's Markdown resolves
@@ -163,6 +164,16 @@ release: static static-arm64
 ## PLAIN_HTTP=1 for a registry without TLS)
 publish:
 	VERSION=$(VERSION) REGISTRY=$(REGISTRY) PLAIN_HTTP=$(PLAIN_HTTP) release/publish.sh
+
+## model: the protocol model-checked with stateright (docs/model.md): every interleaving up to
+## the bound, then each seeded mutation, which must be caught; MUTATION=name runs one
+MUTATION ?=
+model:
+	$(CARGO) test --release --test model -- $(if $(MUTATION),--mutation $(MUTATION))
+
+## model-short: the same at a smaller bound (2 candidates, 9 s, 1 fault), part of `make test`
+model-short:
+	$(CARGO) test --release --test model -- --small
 
 ## chaos: randomized fault trials counting violations (TRIALS=200 SEED=<clock> by default)
 TRIALS ?= 200

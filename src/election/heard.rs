@@ -68,7 +68,7 @@ pub struct Judged {
     pub registered: Option<Timestamp>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Sent {
     at: Instant,
     version: u64,
@@ -80,7 +80,7 @@ struct Sent {
 
 /// What the arbiter heard from one candidate. Pure: fed versions and its own pings, with the
 /// instants (and, for a delivery, the wall-clock time) the caller read.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Heard {
     /// The highest resourceVersion delivered so far.
     last_version: Option<u64>,

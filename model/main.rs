@@ -1,0 +1,260 @@
+//! `make model`: the protocol model-checked with stateright (see docs/model.md).
+//!
+//!   cargo test --release --test model                      the bounded exhaustive check, then
+//!                                                          every seeded mutation (each must be
+//!                                                          caught)
+//!   cargo test --release --test model -- --small           a smaller bound (part of `make test`)
+//!   cargo test --release --test model -- --mutation NAME   one mutation, its counterexample
+//!
+//! The operator's step in the model calls the real `election::decide` and judges liveness with
+//! the real `election::heard::Heard` (model/system.rs).
+
+mod system;
+
+use std::time::Instant;
+
+use stateright::{Checker, Expectation, HasDiscoveries, Model, Property};
+
+use system::{Mutation, State, Step, System};
+
+impl Model for System {
+    type State = State;
+    type Action = Step;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.init()]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Step>) {
+        self.steps(state, actions);
+    }
+
+    fn next_state(&self, state: &State, action: Step) -> Option<State> {
+        self.next(state, action)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            // Two CMDs never act at once (a frozen one does not act).
+            Property::<Self>::always("exclusion", |_, s: &State| !s.overlap),
+            // Every assignment's term is above every term assigned before.
+            Property::<Self>::always("fencing", |_, s: &State| !s.term_reused),
+            // Sanity: the model reaches a CMD running, and a term after a first one.
+            Property::<Self>::sometimes("a CMD runs", |_, s: &State| {
+                s.cands.iter().any(|c| c.cmd.is_some())
+            }),
+            Property::<Self>::sometimes("a second term", |_, s: &State| s.max_term >= 2),
+        ]
+    }
+}
+
+/// A counterexample as the steps taken, each with what it left of the lease and the candidates.
+fn trace(path: stateright::Path<State, Step>) -> String {
+    let mut out = String::new();
+    for (s, step) in path.into_vec() {
+        let cands: Vec<String> = s
+            .cands
+            .iter()
+            .map(|c| {
+                format!(
+                    "{:?}{}{}",
+                    c.agent,
+                    c.cmd.map(|t| format!(" CMD@{t}")).unwrap_or_default(),
+                    if c.paused { " paused" } else { "" }
+                )
+            })
+            .collect();
+        let lease = s
+            .lease
+            .as_ref()
+            .map(|l| {
+                format!(
+                    "holder {:?} term {} rv {} preferred {:?} released_by {:?}",
+                    l.holder, l.term, l.rv, l.preferred, l.released_by
+                )
+            })
+            .unwrap_or_else(|| "no Lease".into());
+        out += &format!("t={} {lease} | {}\n", s.t, cands.join(" | "));
+        if let Some(step) = step {
+            out += &format!("  -> {step:?}\n");
+        }
+    }
+    out
+}
+
+struct Options {
+    small: bool,
+    mutation: Option<String>,
+}
+
+fn options() -> Options {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    Options {
+        small: args.iter().any(|a| a == "--small"),
+        mutation: value("--mutation")
+            .or_else(|| std::env::var("MUTATION").ok().filter(|m| !m.is_empty())),
+    }
+}
+
+/// The bounds checked exhaustively: (candidates, seconds of real time, faults). `--small`
+/// (in `make test`) checks the first alone; `make model` all of them.
+const BOUNDS: [(u8, u8, u8); 3] = [(2, 8, 2), (3, 9, 1), (2, 10, 2)];
+
+/// The bounds to check: MODEL_CANDIDATES, MODEL_TIME and MODEL_FAULTS set one of their own.
+fn bounds(small: bool) -> Vec<(u8, u8, u8)> {
+    let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+    if let (Some(c), Some(t), Some(f)) = (
+        env("MODEL_CANDIDATES"),
+        env("MODEL_TIME"),
+        env("MODEL_FAULTS"),
+    ) {
+        return vec![(c, t, f)];
+    }
+    if small {
+        BOUNDS[..1].to_vec()
+    } else {
+        BOUNDS.to_vec()
+    }
+}
+
+fn system((candidates, max_time, faults): (u8, u8, u8), mutation: Option<Mutation>) -> System {
+    System {
+        candidates,
+        max_time,
+        faults,
+        mutation,
+    }
+}
+
+type Discoveries = std::collections::HashMap<&'static str, stateright::Path<State, Step>>;
+
+/// Checks `sys` exhaustively: depth first for the protocol (the visited set holds fingerprints
+/// only, the stack one path), breadth first for a mutation, until its first violation (its
+/// counterexample is then a shortest one). Prints what was explored; returns the discoveries.
+fn check(sys: System, label: &str) -> Discoveries {
+    let bound = format!(
+        "{} candidates, {} s of real time, {} faults",
+        sys.candidates, sys.max_time, sys.faults
+    );
+    let start = Instant::now();
+    let mutation = sys.mutation.is_some();
+    let finish = if mutation {
+        HasDiscoveries::AnyFailures
+    } else {
+        HasDiscoveries::All
+    };
+    let builder = sys.checker().threads(2).finish_when(finish);
+    let report = |c: &dyn Checker<System>| {
+        println!(
+            "model {label}: {bound}: {} states ({} unique), depth {}, {:.1} s",
+            c.state_count(),
+            c.unique_state_count(),
+            c.max_depth(),
+            start.elapsed().as_secs_f64()
+        );
+        c.discoveries()
+    };
+    if mutation {
+        report(&builder.spawn_bfs().join())
+    } else {
+        report(&builder.spawn_dfs().join())
+    }
+}
+
+/// Random walks through a larger system than the exhaustive bounds reach, for `seconds`.
+fn simulate(sys: System, seconds: u64) {
+    let bound = format!(
+        "{} candidates, {} s of real time, {} faults",
+        sys.candidates, sys.max_time, sys.faults
+    );
+    let start = Instant::now();
+    let checker = sys
+        .checker()
+        .threads(2)
+        .timeout(std::time::Duration::from_secs(seconds))
+        .finish_when(HasDiscoveries::AnyFailures)
+        .spawn_simulation(20261205, stateright::UniformChooser)
+        .join();
+    println!(
+        "model simulation: {bound}: {} states, {:.0} s",
+        checker.state_count(),
+        start.elapsed().as_secs_f64()
+    );
+    for name in ["exclusion", "fencing"] {
+        if let Some(path) = checker.discovery(name) {
+            panic!("{name} is violated:\n{}", trace(path));
+        }
+    }
+}
+
+fn main() {
+    let opts = options();
+    let bounds = bounds(opts.small);
+    let last = *bounds.last().unwrap();
+    if let Some(name) = opts.mutation {
+        let m = Mutation::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no mutation {name}; one of: {:?}",
+                    Mutation::ALL.map(Mutation::name)
+                )
+            });
+        let mut found = check(system(last, Some(m)), m.name());
+        match found.remove(m.breaks()) {
+            Some(path) => println!("counterexample to {}:\n{}", m.breaks(), trace(path)),
+            None => panic!(
+                "mutation {} survived: no counterexample to {}",
+                m.name(),
+                m.breaks()
+            ),
+        }
+        return;
+    }
+    for bound in &bounds {
+        let mut discoveries = check(system(*bound, None), "protocol");
+        for (name, expectation) in [
+            ("exclusion", Expectation::Always),
+            ("fencing", Expectation::Always),
+            ("a CMD runs", Expectation::Sometimes),
+            ("a second term", Expectation::Sometimes),
+        ] {
+            let found = discoveries.remove(name);
+            match expectation {
+                Expectation::Always => {
+                    if let Some(path) = found {
+                        panic!("{name} is violated:\n{}", trace(path));
+                    }
+                }
+                _ => assert!(
+                    found.is_some(),
+                    "{name} was never reached: the model is vacuous"
+                ),
+            }
+        }
+    }
+    println!("model: exclusion and fencing hold");
+    let mut survived = Vec::new();
+    for m in Mutation::ALL {
+        match check(system(last, Some(m)), m.name()).remove(m.breaks()) {
+            Some(path) => println!(
+                "  {} caught: {} violated after {} steps",
+                m.name(),
+                m.breaks(),
+                path.into_actions().len()
+            ),
+            None => survived.push(m.name()),
+        }
+    }
+    assert!(survived.is_empty(), "mutations not caught: {survived:?}");
+    println!("model: every seeded mutation was caught");
+    if !opts.small {
+        simulate(system((3, 30, 4), None), 120);
+    }
+}

@@ -1,0 +1,778 @@
+//! The protocol as a state machine for stateright: the Lease store, the candidates (agent, guard
+//! and CMD each), one operator replica, and a protected resource, on a discrete clock (one step
+//! of `Tick` is one second of real time). The operator's step runs the real election:
+//! [`arbiter::election::heard::Heard`] judges liveness from what its watch delivered and the
+//! pings it wrote, and [`arbiter::election::decide::decide`] picks the action.
+//!
+//! What is abstracted (docs/model.md says why): one operator replica; every process's clock runs
+//! at real time's rate; the operator's watches deliver every write within the second it is made
+//! (no lag); a write is one atomic step; an agent does its second's work in one step; candidates
+//! have no pods.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use arbiter::election::decide::{self, Action, Candidate, PodState, Rules};
+use arbiter::election::heard::{Heard, Version};
+use arbiter::election::strategy::OLDEST_EMULATION_VERSION;
+use jiff::Timestamp;
+
+/// The timings, in ticks (seconds), scaled down from the defaults (15 s / 10 s / 2 s / 3 s)
+/// with their relations kept: renew deadline + kill grace < lease duration.
+pub const LEASE: u8 = 4;
+pub const RENEW_DEADLINE: u8 = 2;
+pub const KILL_GRACE: u8 = 1;
+pub const ACK_WINDOW: u8 = 2;
+
+/// A seeded change of the protocol that the checker must catch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    /// Neither the agent nor its guard stops CMD at the renew deadline.
+    NoRenewDeadline,
+    /// The guard kills CMD at the renew deadline plus a kill grace that runs past the lease.
+    LongKillGrace,
+    /// The operator judges a term over from the holder's `renewTime` read on its own wall clock
+    /// (a holder whose clock runs behind looks expired) instead of its own observation.
+    ExpiryByRenewTime,
+    /// The operator takes the next term from the Lease alone, without the term mark (a deleted
+    /// Lease restarts its terms).
+    NoTermMark,
+    /// The term mark is written after the Lease that names the term (an operator that stops in
+    /// between leaves a term above the mark).
+    MarkAfterLease,
+}
+
+impl Mutation {
+    pub const ALL: [Mutation; 5] = [
+        Mutation::NoRenewDeadline,
+        Mutation::LongKillGrace,
+        Mutation::ExpiryByRenewTime,
+        Mutation::NoTermMark,
+        Mutation::MarkAfterLease,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::NoRenewDeadline => "no-renew-deadline",
+            Mutation::LongKillGrace => "long-kill-grace",
+            Mutation::ExpiryByRenewTime => "expiry-by-renew-time",
+            Mutation::NoTermMark => "no-term-mark",
+            Mutation::MarkAfterLease => "mark-after-lease",
+        }
+    }
+
+    /// The property it breaks.
+    pub fn breaks(self) -> &'static str {
+        match self {
+            Mutation::NoTermMark | Mutation::MarkAfterLease => "fencing",
+            _ => "exclusion",
+        }
+    }
+}
+
+/// The model: how many candidates, how long real time may run, how many faults.
+#[derive(Clone, Debug)]
+pub struct System {
+    pub candidates: u8,
+    pub max_time: u8,
+    pub faults: u8,
+    pub mutation: Option<Mutation>,
+}
+
+/// The Lease object in the store.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseObj {
+    pub rv: u64,
+    pub holder: Option<u8>,
+    pub term: i32,
+    /// The arbiter's assignment mark: (holder, term).
+    pub assigned: Option<(u8, i32)>,
+    pub released_by: Option<u8>,
+    pub preferred: Option<u8>,
+    /// When the holder last renewed, on its own wall clock.
+    pub renew: u8,
+}
+
+/// A LeaseCandidate object in the store.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CandObj {
+    pub rv: u64,
+    /// `renewTime`, on the candidate's wall clock (ticks).
+    pub renew: u8,
+    /// The resourceVersion the operator's last ping wrote.
+    pub pinged_at_rv: Option<u64>,
+    /// Its `Leader` condition, as the operator last wrote it: the term it was elected for.
+    pub leader_term: Option<i32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Agent {
+    Down,
+    Standby,
+    /// Holds `term`; its last successful renew was sent at `sent`.
+    Holding {
+        term: i32,
+        sent: u8,
+    },
+}
+
+/// A candidate's processes: the agent, its guard (which holds the deadline), CMD.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cand {
+    pub agent: Agent,
+    /// CMD runs with this term.
+    pub cmd: Option<i32>,
+    /// The guard's deadline for CMD (last successful renew sent + renew deadline).
+    pub deadline: u8,
+    /// The whole candidate is frozen (a paused container or VM).
+    pub paused: bool,
+    /// Its wall clock runs this many ticks behind.
+    pub clock_behind: u8,
+    /// Cut off from the API server: its writes fail.
+    pub cut: bool,
+    /// The last ping (by rv) it answered.
+    pub answered: Option<u64>,
+}
+
+impl Cand {
+    /// Its wall clock at real time `t`.
+    fn wall(&self, t: u8) -> u8 {
+        t.saturating_sub(self.clock_behind)
+    }
+}
+
+/// The active operator replica's memory.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Op {
+    pub heard: Vec<Heard>,
+    /// The Lease record as last delivered, and when (tick) a record with its content was first.
+    pub record: Option<(LeaseObj, u8)>,
+    /// The holder it last saw or assigned, its term and when the last record naming it was
+    /// first seen (what makes hand edits harmless: [`decide::Previous`]).
+    pub held: Option<(u8, i32, u8)>,
+    /// When it first saw the current term.
+    pub term_seen: Option<(i32, u8)>,
+    /// The terms reserved by its last mark write: (last handed out, mark).
+    pub block: Option<(i32, i32)>,
+    /// When it started.
+    pub started: u8,
+    /// A mark write still to make (only under [`Mutation::MarkAfterLease`]: after the Lease).
+    pub pending_mark: Option<i32>,
+    /// The tick it last reconciled at: once a tick (the model's operator reacts within a
+    /// second).
+    pub reconciled: Option<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    pub t: u8,
+    pub lease: Option<LeaseObj>,
+    pub cand_objs: Vec<Option<CandObj>>,
+    /// The last resourceVersion of the Lease, and of each candidate (the protocol compares
+    /// versions of one object only: one counter each keeps writes to different objects from
+    /// making otherwise equal states differ).
+    pub lease_rv: u64,
+    pub cand_rv: Vec<u64>,
+    /// The term mark (high-water) in the store.
+    pub mark: i32,
+    pub cands: Vec<Cand>,
+    pub op: Op,
+    pub faults: u8,
+    /// Sticky: two CMDs acted at once, neither frozen.
+    pub overlap: bool,
+    /// Sticky: a term was assigned that was not above every term assigned before.
+    pub term_reused: bool,
+    /// The highest term ever assigned.
+    pub max_term: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    Tick,
+    Register(u8),
+    /// The operator's mark write, after the Lease (only under [`Mutation::MarkAfterLease`]).
+    WriteMark,
+    Reconcile,
+    // Faults.
+    Crash(u8),
+    Pause(u8),
+    Resume(u8),
+    Cut(u8),
+    Heal(u8),
+    ClockBehind(u8),
+    DeleteLease,
+    RestartOperator,
+}
+
+fn base() -> (Instant, Timestamp) {
+    static BASE: OnceLock<(Instant, Timestamp)> = OnceLock::new();
+    *BASE.get_or_init(|| {
+        (
+            Instant::now(),
+            Timestamp::from_second(1_800_000_000).unwrap(),
+        )
+    })
+}
+
+fn instant(t: u8) -> Instant {
+    base().0 + Duration::from_secs(t.into())
+}
+
+fn wall(t: u8) -> Timestamp {
+    base().1 + jiff::SignedDuration::from_secs(t.into())
+}
+
+fn secs(t: u8) -> Duration {
+    Duration::from_secs(t.into())
+}
+
+fn name(i: u8) -> String {
+    format!("c{i}")
+}
+
+fn index(name: &str) -> u8 {
+    name[1..].parse().unwrap()
+}
+
+impl System {
+    fn rules(&self) -> Rules {
+        Rules {
+            ack_window: secs(ACK_WINDOW),
+            ack_valid_for: secs(2 * ACK_WINDOW),
+            settle: Duration::ZERO,
+            max_skew: None,
+            refuse_skew: false,
+        }
+    }
+
+    fn kill_grace(&self) -> u8 {
+        match self.mutation {
+            Some(Mutation::LongKillGrace) => LEASE,
+            _ => KILL_GRACE,
+        }
+    }
+
+    pub fn init(&self) -> State {
+        let n = self.candidates as usize;
+        State {
+            t: 0,
+            lease: None,
+            cand_objs: vec![None; n],
+            lease_rv: 0,
+            cand_rv: vec![0; n],
+            mark: 0,
+            cands: vec![
+                Cand {
+                    agent: Agent::Down,
+                    cmd: None,
+                    deadline: 0,
+                    paused: false,
+                    clock_behind: 0,
+                    cut: false,
+                    answered: None,
+                };
+                n
+            ],
+            op: Op::new(n, 0),
+            faults: 0,
+            overlap: false,
+            term_reused: false,
+            max_term: 0,
+        }
+    }
+
+    /// The steps enabled in `s`.
+    pub fn steps(&self, s: &State, out: &mut Vec<Step>) {
+        if s.t < self.max_time {
+            out.push(Step::Tick);
+        }
+        // The worker finishes a write it began (a mark after the Lease, under that mutation)
+        // before it reconciles again; only a restart stops it in between.
+        if s.op.pending_mark.is_some() {
+            out.push(Step::WriteMark);
+        } else if s.op.reconciled != Some(s.t) {
+            out.push(Step::Reconcile);
+        }
+        for i in 0..self.candidates {
+            let c = &s.cands[i as usize];
+            if !c.paused && c.agent == Agent::Down && !c.cut {
+                out.push(Step::Register(i));
+            }
+            if s.faults < self.faults {
+                if c.agent != Agent::Down {
+                    out.push(Step::Crash(i));
+                }
+                if !c.paused {
+                    out.push(Step::Pause(i));
+                }
+                if !c.cut {
+                    out.push(Step::Cut(i));
+                }
+                if c.clock_behind == 0 {
+                    out.push(Step::ClockBehind(i));
+                }
+            }
+            if c.paused {
+                out.push(Step::Resume(i));
+            }
+            if c.cut {
+                out.push(Step::Heal(i));
+            }
+        }
+        if s.faults < self.faults {
+            if s.lease.is_some() {
+                out.push(Step::DeleteLease);
+            }
+            out.push(Step::RestartOperator);
+        }
+    }
+
+    /// `s` after `step`; `None` when the step changes nothing.
+    pub fn next(&self, s: &State, step: Step) -> Option<State> {
+        let mut n = s.clone();
+        let changed = match step {
+            Step::Tick => self.tick(&mut n),
+            Step::Register(i) => register(&mut n, i),
+            Step::WriteMark => {
+                n.mark = n.mark.max(n.op.pending_mark.take().unwrap());
+                true
+            }
+            Step::Reconcile => self.reconcile(&mut n),
+            Step::Crash(i) => fault(&mut n, |n| {
+                let c = &mut n.cands[i as usize];
+                // The agent dies; its guard kills CMD at once.
+                c.agent = Agent::Down;
+                c.cmd = None;
+                c.paused = false;
+            }),
+            Step::Pause(i) => fault(&mut n, |n| n.cands[i as usize].paused = true),
+            Step::Resume(i) => {
+                let c = &mut n.cands[i as usize];
+                c.paused = false;
+                // The guard's deadline is on CLOCK_BOOTTIME: past it, CMD dies on resuming.
+                if c.cmd.is_some() && n.t >= c.deadline + self.kill_grace() && !self.no_deadline() {
+                    c.cmd = None;
+                }
+                true
+            }
+            Step::Cut(i) => fault(&mut n, |n| n.cands[i as usize].cut = true),
+            Step::Heal(i) => {
+                n.cands[i as usize].cut = false;
+                true
+            }
+            Step::ClockBehind(i) => fault(&mut n, |n| n.cands[i as usize].clock_behind = LEASE),
+            Step::DeleteLease => fault(&mut n, |n| n.lease = None),
+            Step::RestartOperator => fault(&mut n, |n| n.op = Op::new(n.cands.len(), n.t)),
+        };
+        changed.then(|| {
+            check_overlap(&mut n);
+            n
+        })
+    }
+
+    fn no_deadline(&self) -> bool {
+        self.mutation == Some(Mutation::NoRenewDeadline)
+    }
+
+    /// One second passes: guards and agents stop CMD past the renew deadline; then every
+    /// agent that runs and reaches the API server does its second's work, in candidate order:
+    /// renew its term (or find it gone), release it when asked to hand over, answer a ping,
+    /// take a term assigned to it. (A slow or partitioned agent is the `Cut` fault.)
+    fn tick(&self, n: &mut State) -> bool {
+        n.t += 1;
+        self.deadlines(n);
+        for i in 0..n.cands.len() as u8 {
+            let c = &n.cands[i as usize];
+            if c.paused || c.cut || c.agent == Agent::Down {
+                continue;
+            }
+            self.renew(n, i);
+            release(n, i);
+            answer(n, i);
+            take_term(n, i);
+        }
+        // The operator's watches deliver the second's writes as they happen (in order: a
+        // deletion never overtakes the renewals before it), whether or not it reconciles.
+        deliver(n);
+        true
+    }
+
+    /// Past the renew deadline, the agent gives its term up; a kill grace after its guard's
+    /// deadline, CMD is dead.
+    fn deadlines(&self, n: &mut State) {
+        if self.no_deadline() {
+            return;
+        }
+        for c in n.cands.iter_mut().filter(|c| !c.paused) {
+            if let Agent::Holding { sent, .. } = c.agent
+                && n.t >= sent + RENEW_DEADLINE
+            {
+                // Past the renew deadline the agent gives the term up and stops CMD: SIGTERM,
+                // SIGKILL a kill grace later (CMD may act until then).
+                c.agent = Agent::Standby;
+            }
+            // The guard's deadline, on its own clock: CMD is dead a kill grace after it.
+            if c.cmd.is_some() && n.t >= c.deadline + self.kill_grace() {
+                c.cmd = None;
+            }
+        }
+    }
+
+    fn renew(&self, n: &mut State, i: u8) -> bool {
+        let Agent::Holding { term, sent } = n.cands[i as usize].agent else {
+            return false;
+        };
+        // Once a second (the retry period), and not while cut off (the write fails).
+        if n.cands[i as usize].cut || sent >= n.t {
+            return false;
+        }
+        let ours = n
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.holder == Some(i) && l.term == term);
+        let c = &mut n.cands[i as usize];
+        if !ours {
+            // Deleted, reassigned, or its holder cleared: stop CMD (SIGTERM now, SIGKILL a kill
+            // grace later) and stand by.
+            c.agent = Agent::Standby;
+            c.deadline = c.deadline.min(n.t);
+            return true;
+        }
+        let wall_now = c.wall(n.t);
+        c.agent = Agent::Holding { term, sent: n.t };
+        c.deadline = n.t + RENEW_DEADLINE;
+        n.lease_rv += 1;
+        let l = n.lease.as_mut().unwrap();
+        l.rv = n.lease_rv;
+        l.renew = wall_now;
+        true
+    }
+
+    /// The operator's step: take in what the store holds (as its watches would have delivered
+    /// it), decide with the real rules, and carry out the action.
+    fn reconcile(&self, n: &mut State) -> bool {
+        let now = n.t;
+        n.op.reconciled = Some(now);
+        deliver(n);
+        let delivered = true;
+        let candidates: Vec<Candidate> = (0..self.candidates)
+            .filter(|&i| n.cand_objs[i as usize].is_some())
+            .map(|i| candidate(n, i, self.rules()))
+            .collect();
+        if candidates.is_empty() {
+            return delivered;
+        }
+        let lease = n.lease.as_ref().map(|l| self.lease_input(n, l));
+        let previous = self.previous(n);
+        let decision = decide::decide(
+            &candidates,
+            lease.as_ref(),
+            previous.as_ref(),
+            wall(now),
+            &self.rules(),
+        );
+        match decision.action {
+            Action::CreateLease {
+                holder: Some(h), ..
+            } => self.assign(n, index(&h), true),
+            Action::Assign { holder, .. } => self.assign(n, index(&holder), false),
+            Action::Ping { candidates } => {
+                for c in candidates {
+                    let i = index(&c);
+                    n.cand_rv[i as usize] += 1;
+                    let o = n.cand_objs[i as usize].as_mut().unwrap();
+                    o.rv = n.cand_rv[i as usize];
+                    o.pinged_at_rv = Some(o.rv);
+                    let v = Version {
+                        resource_version: Some(o.rv),
+                        renew: Some(wall(o.renew)),
+                    };
+                    n.op.heard[i as usize].pinged(v, instant(now));
+                }
+                true
+            }
+            Action::RequestHandover { to } => {
+                let seen = n.op.record.as_ref().map(|(l, _)| l.rv);
+                let l = n.lease.as_mut().unwrap();
+                if Some(l.rv) != seen {
+                    return delivered;
+                }
+                n.lease_rv += 1;
+                l.rv = n.lease_rv;
+                l.preferred = Some(index(&to));
+                true
+            }
+            _ => delivered,
+        }
+    }
+
+    fn lease_input(&self, n: &State, l: &LeaseObj) -> decide::Lease {
+        let (_, since) = n.op.record.as_ref().expect("delivered");
+        let mut unchanged_for = secs(n.t - since);
+        if self.mutation == Some(Mutation::ExpiryByRenewTime) {
+            // The holder's timestamp read on the operator's wall clock.
+            unchanged_for = secs(n.t.saturating_sub(l.renew));
+        }
+        decide::Lease {
+            holder: l.holder.map(name),
+            preferred_holder: l.preferred.map(name),
+            strategy: Some(OLDEST_EMULATION_VERSION.into()),
+            duration: secs(LEASE),
+            unchanged_for,
+            released_by: l.released_by.map(name),
+            holder_pod_stopped: false,
+            term_seen: n
+                .op
+                .term_seen
+                .filter(|(term, _)| *term == l.term)
+                .map(|(_, at)| wall(at)),
+            switchover: None,
+            term: l.term,
+            foreign: false,
+        }
+    }
+
+    /// The holder the operator remembers, when the Lease no longer names it; after a restart,
+    /// with nothing remembered and no Lease, the candidate whose `Leader` condition names the
+    /// highest term, waited out from the restart.
+    fn previous(&self, n: &State) -> Option<decide::Previous> {
+        let leader = || {
+            let (i, o) = n
+                .cand_objs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, o)| Some((i as u8, o.as_ref()?.leader_term?)))
+                .max_by_key(|(_, term)| *term)?;
+            Some((i, o, n.op.started))
+        };
+        let (holder, term, seen) = match n.op.held {
+            Some(h) => h,
+            None if n.lease.is_none() => leader()?,
+            None => return None,
+        };
+        let named = n
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.holder == Some(holder) && l.term == term);
+        let released = n
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.released_by == Some(holder));
+        (!named && !released).then(|| decide::Previous {
+            holder: name(holder),
+            quiet_for: secs(n.t - seen),
+            duration: secs(LEASE),
+            pod_stopped: false,
+        })
+    }
+
+    /// Assigns the next term to `holder`: from the block the operator's last mark write
+    /// reserved, else by a mark write first (reserving 2 terms), then the Lease by
+    /// compare-and-swap on the version the operator saw (or a create).
+    fn assign(&self, n: &mut State, holder: u8, create: bool) -> bool {
+        let current = n.lease.as_ref().map_or(0, |l| l.term);
+        let term = match (self.mutation, n.op.block) {
+            (Some(Mutation::NoTermMark), _) => current + 1,
+            (_, Some((last, mark))) if !create && last.max(current) < mark => last.max(current) + 1,
+            _ => {
+                let term = current.max(n.mark) + 1;
+                if self.mutation == Some(Mutation::MarkAfterLease) {
+                    n.op.pending_mark = Some(term + 1);
+                } else {
+                    n.mark = term + 1;
+                }
+                n.op.block = Some((term, term + 1));
+                term
+            }
+        };
+        if let Some((last, _)) = n.op.block.as_mut() {
+            *last = (*last).max(term);
+        }
+        let seen = n.op.record.as_ref().map(|(l, _)| l.rv);
+        if (create && n.lease.is_some()) || (!create && n.lease.as_ref().map(|l| l.rv) != seen) {
+            return true; // the create or the compare-and-swap fails; the term is used up
+        }
+        if term <= n.max_term {
+            n.term_reused = true;
+        }
+        n.max_term = n.max_term.max(term);
+        n.lease_rv += 1;
+        n.lease = Some(LeaseObj {
+            rv: n.lease_rv,
+            holder: Some(holder),
+            term,
+            assigned: Some((holder, term)),
+            released_by: None,
+            preferred: None,
+            renew: n.t,
+        });
+        n.op.held = Some((holder, term, n.t));
+        n.op.term_seen = Some((term, n.t));
+        if let Some(o) = n.cand_objs[holder as usize].as_mut() {
+            o.leader_term = Some(term);
+        }
+        true
+    }
+}
+
+impl Op {
+    fn new(n: usize, started: u8) -> Op {
+        Op {
+            heard: vec![Heard::default(); n],
+            record: None,
+            held: None,
+            term_seen: None,
+            block: None,
+            started,
+            pending_mark: None,
+            reconciled: None,
+        }
+    }
+}
+
+/// The operator's watches deliver what the store holds now.
+fn deliver(n: &mut State) {
+    let now = n.t;
+    for (i, o) in n.cand_objs.iter().enumerate() {
+        if let Some(o) = o {
+            let v = Version {
+                resource_version: Some(o.rv),
+                renew: Some(wall(o.renew)),
+            };
+            n.op.heard[i].delivered(v, instant(now), true, wall(now));
+        }
+    }
+    match &n.lease {
+        Some(l) => {
+            let same = n.op.record.as_ref().is_some_and(|(r, _)| r == l);
+            if !same {
+                n.op.record = Some((l.clone(), now));
+                if let Some(h) = l.holder {
+                    // A record naming a holder: the term it remembers, seen now.
+                    if n.op.held.is_none_or(|(_, term, _)| l.term >= term) {
+                        n.op.held = Some((h, l.term, now));
+                    }
+                    if n.op.term_seen.is_none_or(|(term, _)| term != l.term) {
+                        n.op.term_seen = Some((l.term, now));
+                    }
+                }
+            }
+        }
+        None => n.op.record = None,
+    }
+}
+
+fn candidate(n: &State, i: u8, rules: Rules) -> Candidate {
+    let judged = n.op.heard[i as usize].judge(instant(n.t), wall(n.t), rules.ack_valid_for);
+    // Older candidates rank first: c0 runs 1.30.0, c1 1.31.0, ...
+    let version = format!("1.{}.0", 30 + i);
+    Candidate {
+        name: name(i),
+        binary_version: version.clone(),
+        emulation_version: Some(version),
+        strategy: OLDEST_EMULATION_VERSION.into(),
+        created: wall(0),
+        ping: judged.ping,
+        renewed_lately: judged.renewed_lately,
+        pod: PodState::NoPod,
+        withdrawn: false,
+        registered: judged.registered,
+    }
+}
+
+fn register(n: &mut State, i: u8) -> bool {
+    let c = &mut n.cands[i as usize];
+    if c.cut {
+        return false;
+    }
+    c.agent = Agent::Standby;
+    c.answered = None;
+    n.cand_rv[i as usize] += 1;
+    n.cand_objs[i as usize] = Some(CandObj {
+        rv: n.cand_rv[i as usize],
+        renew: c.wall(n.t),
+        pinged_at_rv: None,
+        leader_term: None,
+    });
+    n.op.heard[i as usize].registered(instant(n.t));
+    true
+}
+
+fn answer(n: &mut State, i: u8) -> bool {
+    let c = &mut n.cands[i as usize];
+    let Some(o) = n.cand_objs[i as usize].as_mut() else {
+        return false;
+    };
+    let Some(ping) = o.pinged_at_rv else {
+        return false;
+    };
+    if c.cut || c.answered == Some(ping) {
+        return false;
+    }
+    c.answered = Some(ping);
+    n.cand_rv[i as usize] += 1;
+    o.rv = n.cand_rv[i as usize];
+    // Another renewTime than the one on the candidate, as the agent writes it.
+    o.renew = (c.wall(n.t)).max(o.renew + 1);
+    true
+}
+
+fn take_term(n: &mut State, i: u8) -> bool {
+    let Some(l) = n.lease.as_mut() else {
+        return false;
+    };
+    let c = &mut n.cands[i as usize];
+    if c.cut || l.holder != Some(i) || l.assigned != Some((i, l.term)) || c.cmd.is_some() {
+        return false;
+    }
+    // Its first renew of the term, then CMD.
+    n.lease_rv += 1;
+    l.rv = n.lease_rv;
+    l.renew = c.wall(n.t);
+    c.agent = Agent::Holding {
+        term: l.term,
+        sent: n.t,
+    };
+    c.deadline = n.t + RENEW_DEADLINE;
+    c.cmd = Some(l.term);
+    true
+}
+
+fn release(n: &mut State, i: u8) -> bool {
+    let c = &mut n.cands[i as usize];
+    let Agent::Holding { term, .. } = c.agent else {
+        return false;
+    };
+    let Some(l) = n.lease.as_mut() else {
+        return false;
+    };
+    if c.cut || l.holder != Some(i) || l.term != term || l.preferred.is_none() {
+        return false;
+    }
+    // Asked to hand over: CMD stops first, then the release.
+    c.cmd = None;
+    c.agent = Agent::Standby;
+    n.lease_rv += 1;
+    l.rv = n.lease_rv;
+    l.holder = None;
+    l.released_by = Some(i);
+    true
+}
+
+fn fault(n: &mut State, f: impl FnOnce(&mut State)) -> bool {
+    n.faults += 1;
+    f(n);
+    true
+}
+
+/// Two CMDs act at once (running, neither frozen): the exclusion property's violation.
+fn check_overlap(n: &mut State) {
+    let acting = n
+        .cands
+        .iter()
+        .filter(|c| c.cmd.is_some() && !c.paused)
+        .count();
+    if acting > 1 {
+        n.overlap = true;
+    }
+}
