@@ -171,7 +171,7 @@ MUTATION ?=
 model:
 	$(CARGO) test --release --test model -- $(if $(MUTATION),--mutation $(MUTATION))
 
-## model-short: the same at a smaller bound (2 candidates, 9 s, 1 fault), part of `make test`
+## model-short: the same at the smallest bound (2 candidates, 8 s, 2 faults), part of `make test`
 model-short:
 	$(CARGO) test --release --test model -- --small
 
