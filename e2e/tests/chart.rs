@@ -10,7 +10,7 @@ use arbiter::api::OLDEST_EMULATION_VERSION as OEV;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use kube::api::{Api, ListParams};
 
 use crate::support::operator::{Operator, Responder, create_candidate, wait_for_holder};
@@ -252,6 +252,17 @@ async fn install_upgrade_uninstall(env: Arc<TestEnv>) {
     );
     assert!(deployments.get_opt("arb-arbiter").await.unwrap().is_none());
     assert!(roles.get_opt("arb-arbiter").await.unwrap().is_none());
+    // The agents' ClusterRole is kept (agentRbac.keep): agents bound to it keep their rights.
+    let cluster_roles: Api<ClusterRole> = Api::all(env.client.clone());
+    let kept = "arb-arbiter-candidate";
+    assert!(
+        cluster_roles.get_opt(kept).await.unwrap().is_some(),
+        "{kept} is kept on uninstall"
+    );
+    cluster_roles
+        .delete(kept, &Default::default())
+        .await
+        .unwrap();
 }
 
 /// A kubeconfig for the chart's ServiceAccount `sa` (a real, RBAC-limited token).
