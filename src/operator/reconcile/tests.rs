@@ -303,6 +303,16 @@ fn held_by(holder: &str, term: i32) -> Lease {
     l
 }
 
+/// The candidates the reconcile pinged (patched, not their status), in order.
+fn pinged(server: &Server) -> Vec<String> {
+    server
+        .requests("PATCH", "/leasecandidates/")
+        .iter()
+        .filter(|r| !r.path.ends_with("/status"))
+        .map(|r| r.path.rsplit('/').next().unwrap().to_string())
+        .collect()
+}
+
 /// The Leases the reconcile wrote over the existing one.
 fn replaced(server: &Server) -> Vec<Lease> {
     server
@@ -324,13 +334,7 @@ async fn an_older_version_registering_beside_a_live_holder_asks_it_to_hand_over(
 
     // A live holder is stopped only for a candidate that answered a ping of this term.
     worker.reconcile(&key(), &mut queue).await.unwrap();
-    let pinged: Vec<String> = server
-        .requests("PATCH", "/leasecandidates/")
-        .iter()
-        .filter(|r| !r.path.ends_with("/status"))
-        .map(|r| r.path.rsplit('/').next().unwrap().to_string())
-        .collect();
-    assert_eq!(pinged, ["old"]);
+    assert_eq!(pinged(&server), ["old"]);
     assert!(
         replaced(&server).is_empty(),
         "no handover before the answer"
@@ -630,13 +634,7 @@ async fn a_holder_that_stops_renewing_is_replaced_once_its_term_ran_out_on_the_a
     let electing = worker.reconcile(&key(), &mut queue).await.unwrap();
     assert!(electing.electing);
     assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
-    let pinged: Vec<String> = server
-        .requests("PATCH", "/leasecandidates/")
-        .iter()
-        .filter(|r| !r.path.ends_with("/status"))
-        .map(|r| r.path.rsplit('/').next().unwrap().to_string())
-        .collect();
-    assert_eq!(pinged, ["new"]);
+    assert_eq!(pinged(&server), ["new"]);
 
     answers(&mut feed, &server, "new");
     worker.reconcile(&key(), &mut queue).await.unwrap();
