@@ -93,7 +93,8 @@ static:
 VERSION := $(shell awk -F'"' '/^version/ {print $$2; exit}' Cargo.toml)
 # The commit `arbiter --version` names, set for the static builds only (build.rs): a commit
 # does not rebuild the debug test binaries. `-dirty` when the work tree has changes.
-GIT_COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+# Outside a git checkout (a source tarball) it is empty, and `--version` says "unknown".
+GIT_COMMIT ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- || c=$$c-dirty; echo $$c; })
 static static-arm64 arm64-check: export ARBITER_GIT_COMMIT = $(GIT_COMMIT)
 IMAGE := ghcr.io/arbiter-dev/arbiter:$(VERSION)
 BUILD_IMAGE := python3 e2e/images/build_image.py

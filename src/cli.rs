@@ -67,22 +67,6 @@ pub enum Command {
 
 /// Runs the parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let mut out = std::io::stdout();
-    match cli.command {
-        Command::Completion { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "arbiter", &mut out);
-            return Ok(0);
-        }
-        Command::Man => {
-            clap_mangen::Man::new(Cli::command()).render(&mut out)?;
-            return Ok(0);
-        }
-        Command::Reference => {
-            print!("{}", reference());
-            return Ok(0);
-        }
-        _ => {}
-    }
     init_logging(&cli.log_format);
     match cli.command {
         Command::Crd => {
@@ -98,7 +82,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Guard { .. } => {
             anyhow::bail!("`arbiter guard` must run before any async runtime starts (see main)")
         }
-        Command::Completion { .. } | Command::Man | Command::Reference => unreachable!(),
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "arbiter",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout())?;
+            Ok(0)
+        }
+        Command::Reference => {
+            print!("{}", reference());
+            Ok(0)
+        }
     }
 }
 

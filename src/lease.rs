@@ -323,16 +323,26 @@ pub fn set_annotation(lease: &mut Lease, key: &str, value: Option<&str>) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_agents_incarnation_counts_only_as_an_agent_wrote_it() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-        let owned_by = |manager: &str| ManagedFieldsEntry {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+
+    /// A managed-fields entry: `manager` owns `fields`.
+    fn managed_by(manager: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
             manager: Some(manager.into()),
             operation: Some("Update".into()),
-            fields_v1: Some(FieldsV1(serde_json::json!({
-                "f:metadata": { "f:annotations": { format!("f:{INCARNATION_ANNOTATION}"): {} } },
-            }))),
+            fields_v1: Some(FieldsV1(fields)),
             ..ManagedFieldsEntry::default()
+        }
+    }
+
+    #[test]
+    fn an_agents_incarnation_counts_only_as_an_agent_wrote_it() {
+        let owned_by = |manager: &str| {
+            let key = format!("f:{INCARNATION_ANNOTATION}");
+            managed_by(
+                manager,
+                serde_json::json!({"f:metadata": {"f:annotations": {key: {}}}}),
+            )
         };
         let mut lease = Lease::default();
         assert!(!incarnation_stamped(&lease));
@@ -354,15 +364,12 @@ mod tests {
 
     #[test]
     fn only_a_release_arbiter_wrote_counts() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-        let owned_by = |manager: &str| ManagedFieldsEntry {
-            manager: Some(manager.into()),
-            operation: Some("Update".into()),
-            fields_v1: Some(FieldsV1(serde_json::json!({
+        let owned_by = |manager: &str| {
+            let fields = serde_json::json!({
                 "f:metadata": { "f:annotations": { "f:arbiter.dev/released-by": {} } },
                 "f:spec": { "f:holderIdentity": {} },
-            }))),
-            ..ManagedFieldsEntry::default()
+            });
+            managed_by(manager, fields)
         };
         let mut lease = Lease::default();
         mark_released(&mut lease, Some("a"));

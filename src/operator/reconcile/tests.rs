@@ -629,7 +629,9 @@ async fn a_holder_that_stops_renewing_is_replaced_once_its_term_ran_out_on_the_a
         "at the end of the 1 s term: {again:?}"
     );
 
-    // The arbiter's timer: the term is over. No write before the successor proves it is alive.
+    // The arbiter's timer: the term is over. (The wait is the one the worker asked for, on
+    // the monotonic clock the term is judged on.) No write before the successor proves it is
+    // alive.
     tokio::time::sleep(again).await;
     let electing = worker.reconcile(&key(), &mut queue).await.unwrap();
     assert!(electing.electing);

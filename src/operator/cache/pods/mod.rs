@@ -164,6 +164,12 @@ impl FollowedPods {
         seen
     }
 
+    /// Whether `pod` belongs in the cache: kept already, or one this cache follows.
+    fn keeps(&self, pods: &ByNamespace, pod: &Pod) -> bool {
+        let (ns, name) = key(pod);
+        find(pods, &ns, &name).is_some() || (self.follows)(pod)
+    }
+
     fn take_in(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
         let mut inner = self.inner.lock().unwrap();
         match ev {
@@ -184,9 +190,7 @@ impl FollowedPods {
                 None
             }
             watcher::Event::InitApply(mut pod) => {
-                let (ns, name) = key(&pod);
-                let kept = find(&inner.pods, &ns, &name).is_some();
-                if !kept && !(self.follows)(&pod) {
+                if !self.keeps(&inner.pods, &pod) {
                     return None;
                 }
                 keep_what_is_read(&mut pod);
@@ -196,9 +200,7 @@ impl FollowedPods {
                 Some((pod, false))
             }
             watcher::Event::Apply(mut pod) => {
-                let (ns, name) = key(&pod);
-                let kept = find(&inner.pods, &ns, &name).is_some();
-                if !kept && !(self.follows)(&pod) {
+                if !self.keeps(&inner.pods, &pod) {
                     return None;
                 }
                 keep_what_is_read(&mut pod);

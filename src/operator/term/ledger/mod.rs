@@ -116,6 +116,11 @@ impl Block {
         (next <= self.mark).then_some(next)
     }
 
+    /// The block once `term` of it was handed out.
+    fn handed_out(self, term: i32) -> Block {
+        Block { last: term, ..self }
+    }
+
     /// The block a mark write for `term` reserves.
     fn reserved_with(term: i32) -> Block {
         Block {
@@ -239,13 +244,7 @@ impl TermLedger {
         match (current, block) {
             (Some(current), Some(block)) => {
                 if let Some(next) = block.next(current) {
-                    self.blocks.insert(
-                        lease_key,
-                        Block {
-                            last: next,
-                            ..block
-                        },
-                    );
+                    self.blocks.insert(lease_key, block.handed_out(next));
                     return Ok(Some(next));
                 }
             }
@@ -257,13 +256,7 @@ impl TermLedger {
                     let ours = version(self.shards.get(&key));
                     if let Some(first) = first_unless_written(block, ours, version(fresh.as_ref()))
                     {
-                        self.blocks.insert(
-                            lease_key,
-                            Block {
-                                last: first,
-                                ..block
-                            },
-                        );
+                        self.blocks.insert(lease_key, block.handed_out(first));
                         return Ok(Some(first));
                     }
                     // Written by someone else: a mark write, from the shard as it is now.
