@@ -39,11 +39,19 @@ impl Model for System {
             Property::<Self>::always("exclusion", |_, s: &State| !s.overlap),
             // Every assignment's term is above every term assigned before.
             Property::<Self>::always("fencing", |_, s: &State| !s.term_reused),
+            // Once calm for long enough, a live candidate runs CMD and stays there.
+            Property::<Self>::always("liveness", |_, s: &State| s.live()),
+            // With no fault, a holder outranked by a live candidate hands over in time.
+            Property::<Self>::always("version order", |_, s: &State| s.in_order()),
             // Sanity: the model reaches a CMD running, and a term after a first one.
             Property::<Self>::sometimes("a CMD runs", |_, s: &State| {
                 s.cands.iter().any(|c| c.cmd.is_some())
             }),
             Property::<Self>::sometimes("a second term", |_, s: &State| s.max_term >= 2),
+            Property::<Self>::sometimes("a replica takes over", |_, s: &State| {
+                s.ops.iter().skip(1).any(|o| o.active)
+            }),
+            Property::<Self>::sometimes("liveness is due", |_, s: &State| s.live_due()),
         ]
     }
 }
@@ -74,7 +82,27 @@ fn trace(path: stateright::Path<State, Step>) -> String {
                 )
             })
             .unwrap_or_else(|| "no Lease".into());
-        out += &format!("t={} {lease} | {}\n", s.t, cands.join(" | "));
+        let ops: Vec<String> = s
+            .ops
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    if o.active {
+                        format!("active, gate {}", o.gate)
+                    } else {
+                        "standby".into()
+                    },
+                    if o.paused { " paused" } else { "" }
+                )
+            })
+            .collect();
+        out += &format!(
+            "t={} {lease} | {} || operator: {}\n",
+            s.t,
+            cands.join(" | "),
+            ops.join(" | ")
+        );
         if let Some(step) = step {
             out += &format!("  -> {step:?}\n");
         }
@@ -101,35 +129,60 @@ fn options() -> Options {
     }
 }
 
-/// The bounds checked exhaustively: (candidates, seconds of real time, faults). `--small`
-/// (in `make test`) checks the first alone; `make model` all of them.
-const BOUNDS: [(u8, u8, u8); 3] = [(2, 8, 2), (3, 9, 1), (2, 10, 2)];
+/// A bound: how many candidates and operator replicas, seconds of real time, faults.
+type Bound = (u8, u8, u8, u8);
 
-/// The bounds to check: MODEL_CANDIDATES, MODEL_TIME and MODEL_FAULTS set one of their own.
-fn bounds(small: bool) -> Vec<(u8, u8, u8)> {
+/// The bounds checked exhaustively. `--small` (in `make test`) checks the first two; `make
+/// model` all of them. The second is long enough for liveness to be due after a fault.
+const BOUNDS: [Bound; 4] = [(2, 2, 8, 2), (2, 2, 13, 1), (3, 2, 9, 1), (2, 2, 10, 2)];
+
+/// The bounds to check: MODEL_CANDIDATES, MODEL_REPLICAS, MODEL_TIME and MODEL_FAULTS set one
+/// of their own.
+fn bounds(small: bool) -> Vec<Bound> {
     let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
-    if let (Some(c), Some(t), Some(f)) = (
+    if let (Some(c), Some(r), Some(t), Some(f)) = (
         env("MODEL_CANDIDATES"),
+        env("MODEL_REPLICAS"),
         env("MODEL_TIME"),
         env("MODEL_FAULTS"),
     ) {
-        return vec![(c, t, f)];
+        return vec![(c, r, t, f)];
     }
     if small {
-        BOUNDS[..1].to_vec()
+        BOUNDS[..2].to_vec()
     } else {
         BOUNDS.to_vec()
     }
 }
 
-fn system((candidates, max_time, faults): (u8, u8, u8), mutation: Option<Mutation>) -> System {
+/// The bound a mutation is checked at, of those checked: liveness needs a long one (a fault,
+/// then [`system::CALM`] seconds of calm); the rest the last (the deepest in faults).
+fn mutation_bound(m: Mutation, bounds: &[Bound]) -> Bound {
+    let long = |b: &&Bound| b.2 >= system::CALM + 3;
+    match m.breaks() {
+        "liveness" => *bounds.iter().find(long).unwrap_or(bounds.last().unwrap()),
+        _ => *bounds.last().unwrap(),
+    }
+}
+
+fn system((candidates, replicas, max_time, faults): Bound, mutation: Option<Mutation>) -> System {
     System {
         candidates,
+        replicas,
         max_time,
         faults,
         mutation,
     }
 }
+
+/// The promises checked (always), and what the model must reach (sometimes) to prove anything.
+const PROMISES: [&str; 4] = ["exclusion", "fencing", "liveness", "version order"];
+const SANITY: [&str; 4] = [
+    "a CMD runs",
+    "a second term",
+    "a replica takes over",
+    "liveness is due",
+];
 
 type Discoveries = std::collections::HashMap<&'static str, stateright::Path<State, Step>>;
 
@@ -138,15 +191,14 @@ type Discoveries = std::collections::HashMap<&'static str, stateright::Path<Stat
 /// counterexample is then a shortest one). Prints what was explored; returns the discoveries.
 fn check(sys: System, label: &str) -> Discoveries {
     let bound = format!(
-        "{} candidates, {} s of real time, {} faults",
-        sys.candidates, sys.max_time, sys.faults
+        "{} candidates, {} operator replicas, {} s of real time, {} faults",
+        sys.candidates, sys.replicas, sys.max_time, sys.faults
     );
     let start = Instant::now();
     let mutation = sys.mutation.is_some();
-    let finish = if mutation {
-        HasDiscoveries::AnyFailures
-    } else {
-        HasDiscoveries::All
+    let finish = match sys.mutation {
+        Some(m) => HasDiscoveries::AnyOf([m.breaks()].into()),
+        None => HasDiscoveries::All,
     };
     let builder = sys.checker().threads(2).finish_when(finish);
     let report = |c: &dyn Checker<System>| {
@@ -169,8 +221,8 @@ fn check(sys: System, label: &str) -> Discoveries {
 /// Random walks through a larger system than the exhaustive bounds reach, for `seconds`.
 fn simulate(sys: System, seconds: u64) {
     let bound = format!(
-        "{} candidates, {} s of real time, {} faults",
-        sys.candidates, sys.max_time, sys.faults
+        "{} candidates, {} operator replicas, {} s of real time, {} faults",
+        sys.candidates, sys.replicas, sys.max_time, sys.faults
     );
     let start = Instant::now();
     let checker = sys
@@ -185,7 +237,7 @@ fn simulate(sys: System, seconds: u64) {
         checker.state_count(),
         start.elapsed().as_secs_f64()
     );
-    for name in ["exclusion", "fencing"] {
+    for name in PROMISES {
         if let Some(path) = checker.discovery(name) {
             panic!("{name} is violated:\n{}", trace(path));
         }
@@ -195,7 +247,6 @@ fn simulate(sys: System, seconds: u64) {
 fn main() {
     let opts = options();
     let bounds = bounds(opts.small);
-    let last = *bounds.last().unwrap();
     if let Some(name) = opts.mutation {
         let m = Mutation::ALL
             .into_iter()
@@ -206,25 +257,31 @@ fn main() {
                     Mutation::ALL.map(Mutation::name)
                 )
             });
-        let mut found = check(system(last, Some(m)), m.name());
+        let mut found = check(system(mutation_bound(m, &bounds), Some(m)), m.name());
         match found.remove(m.breaks()) {
             Some(path) => println!("counterexample to {}:\n{}", m.breaks(), trace(path)),
             None => panic!(
-                "mutation {} survived: no counterexample to {}",
+                "mutation {} survived: no counterexample to {} (found: {:?})",
                 m.name(),
-                m.breaks()
+                m.breaks(),
+                found.keys().collect::<Vec<_>>()
             ),
         }
         return;
     }
     for bound in &bounds {
         let mut discoveries = check(system(*bound, None), "protocol");
-        for (name, expectation) in [
-            ("exclusion", Expectation::Always),
-            ("fencing", Expectation::Always),
-            ("a CMD runs", Expectation::Sometimes),
-            ("a second term", Expectation::Sometimes),
-        ] {
+        let promises = PROMISES.map(|p| (p, Expectation::Always));
+        let sanity = SANITY.map(|p| (p, Expectation::Sometimes));
+        for (name, expectation) in promises.into_iter().chain(sanity) {
+            let unreachable = match name {
+                "a replica takes over" => bound.1 < 2,
+                "liveness is due" => bound.2 < system::CALM,
+                _ => false,
+            };
+            if unreachable {
+                continue;
+            }
             let found = discoveries.remove(name);
             match expectation {
                 Expectation::Always => {
@@ -239,10 +296,10 @@ fn main() {
             }
         }
     }
-    println!("model: exclusion and fencing hold");
+    println!("model: {} hold", PROMISES.join(", "));
     let mut survived = Vec::new();
     for m in Mutation::ALL {
-        match check(system(last, Some(m)), m.name()).remove(m.breaks()) {
+        match check(system(mutation_bound(m, &bounds), Some(m)), m.name()).remove(m.breaks()) {
             Some(path) => println!(
                 "  {} caught: {} violated after {} steps",
                 m.name(),
@@ -255,6 +312,6 @@ fn main() {
     assert!(survived.is_empty(), "mutations not caught: {survived:?}");
     println!("model: every seeded mutation was caught");
     if !opts.small {
-        simulate(system((3, 30, 4), None), 120);
+        simulate(system((3, 2, 30, 4), None), 120);
     }
 }

@@ -1,13 +1,13 @@
 //! The protocol as a state machine for stateright: the Lease store, the candidates (agent, guard
-//! and CMD each), one operator replica, and a protected resource, on a discrete clock (one step
-//! of `Tick` is one second of real time). The operator's step runs the real election:
-//! [`arbiter::election::heard::Heard`] judges liveness from what its watch delivered and the
-//! pings it wrote, and [`arbiter::election::decide::decide`] picks the action.
+//! and CMD each), one or two operator replicas with their own HA lease and write gate, on a
+//! discrete clock (one step of `Tick` is one second of real time). The operator's step runs the
+//! real election: [`arbiter::election::heard::Heard`] judges liveness from what its watches
+//! delivered and the pings it wrote, and [`arbiter::election::decide::decide`] picks the action.
 //!
-//! What is abstracted (docs/model.md says why): one operator replica; every process's clock runs
-//! at real time's rate; the operator's watches deliver every write within the second it is made
-//! (no lag); a write is one atomic step; an agent does its second's work in one step; candidates
-//! have no pods.
+//! What is abstracted (docs/model.md says why): every process's clock runs at real time's rate;
+//! a replica's watches deliver each second's writes at the end of the second (a paused replica's
+//! when it runs again); a reconcile, and a write, is one atomic step; an agent does its second's
+//! work in one step; candidates have no pods.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -23,6 +23,25 @@ pub const LEASE: u8 = 4;
 pub const RENEW_DEADLINE: u8 = 2;
 pub const KILL_GRACE: u8 = 1;
 pub const ACK_WINDOW: u8 = 2;
+/// The operator's own HA lease, scaled the same way (15 s / 10 s, renewed every 2 s): a
+/// standby takes over after the HA lease was unchanged this long on its clock ...
+pub const OP_LEASE: u8 = 3;
+/// ... and the active replica's write gate stays open this long after a successful renew was
+/// sent (it renews every second).
+pub const OP_RENEW_DEADLINE: u8 = 2;
+/// Liveness: once nothing has happened for this long (no fault, no recovery, no registration),
+/// a live candidate runs CMD and no term is assigned any more. The worst case the checker
+/// found: the active replica is paused just after a candidate registered and crashed; the
+/// standby takes over once the HA lease was unchanged for its duration (3 s), elects the
+/// crashed candidate (its registration, seen within the ack validity, counts as alive), waits
+/// its term out (4 s), and assigns and hands the term to a live candidate (2 s): 9 s, after the
+/// second in which the last fault fell.
+pub const CALM: u8 = 10;
+/// Version order: with no fault, the holder is outranked by a live registered candidate for
+/// fewer than this many seconds (a registration is delivered within a second, the holder asked
+/// to hand over, releases in the next, the successor is assigned and takes the term in the one
+/// after).
+pub const HANDOVER: u8 = 4;
 
 /// A seeded change of the protocol that the checker must catch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,15 +59,22 @@ pub enum Mutation {
     /// The term mark is written after the Lease that names the term (an operator that stops in
     /// between leaves a term above the mark).
     MarkAfterLease,
+    /// The operator never asks a holder to hand over to a candidate the rules rank higher.
+    NoHandover,
+    /// Agents do not answer pings (a standby is then never found alive once its registration
+    /// is old).
+    IgnorePings,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 5] = [
+    pub const ALL: [Mutation; 7] = [
         Mutation::NoRenewDeadline,
         Mutation::LongKillGrace,
         Mutation::ExpiryByRenewTime,
         Mutation::NoTermMark,
         Mutation::MarkAfterLease,
+        Mutation::NoHandover,
+        Mutation::IgnorePings,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +84,8 @@ impl Mutation {
             Mutation::ExpiryByRenewTime => "expiry-by-renew-time",
             Mutation::NoTermMark => "no-term-mark",
             Mutation::MarkAfterLease => "mark-after-lease",
+            Mutation::NoHandover => "no-handover",
+            Mutation::IgnorePings => "ignore-pings",
         }
     }
 
@@ -65,15 +93,19 @@ impl Mutation {
     pub fn breaks(self) -> &'static str {
         match self {
             Mutation::NoTermMark | Mutation::MarkAfterLease => "fencing",
+            Mutation::NoHandover => "version order",
+            Mutation::IgnorePings => "liveness",
             _ => "exclusion",
         }
     }
 }
 
-/// The model: how many candidates, how long real time may run, how many faults.
+/// The model: how many candidates and operator replicas, how long real time may run, how many
+/// faults.
 #[derive(Clone, Debug)]
 pub struct System {
     pub candidates: u8,
+    pub replicas: u8,
     pub max_time: u8,
     pub faults: u8,
     pub mutation: Option<Mutation>,
@@ -103,6 +135,15 @@ pub struct CandObj {
     pub pinged_at_rv: Option<u64>,
     /// Its `Leader` condition, as the operator last wrote it: the term it was elected for.
     pub leader_term: Option<i32>,
+    /// How many times a process registered it (a new process is a new registration).
+    pub registrations: u8,
+}
+
+/// The operator's own HA lease: the replica it names, and its resourceVersion.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HaLease {
+    pub holder: Option<u8>,
+    pub rv: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -139,12 +180,20 @@ impl Cand {
     fn wall(&self, t: u8) -> u8 {
         t.saturating_sub(self.clock_behind)
     }
+
+    /// Running, reachable and registered: a candidate that can lead.
+    pub fn live(&self) -> bool {
+        self.agent != Agent::Down && !self.paused && !self.cut
+    }
 }
 
-/// The active operator replica's memory.
+/// One operator replica: its memory of the election (all of it from its own watches and
+/// writes), and its part in the operator's HA.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Op {
     pub heard: Vec<Heard>,
+    /// The registrations of each candidate its watch delivered.
+    pub registrations: Vec<u8>,
     /// The Lease record as last delivered, and when (tick) a record with its content was first.
     pub record: Option<(LeaseObj, u8)>,
     /// The holder it last saw or assigned, its term and when the last record naming it was
@@ -158,9 +207,21 @@ pub struct Op {
     pub started: u8,
     /// A mark write still to make (only under [`Mutation::MarkAfterLease`]: after the Lease).
     pub pending_mark: Option<i32>,
-    /// The tick it last reconciled at: once a tick (the model's operator reacts within a
-    /// second).
-    pub reconciled: Option<u8>,
+    /// The tick it last operated at (renewed or tried the HA lease, and reconciled): once a
+    /// second, while it runs.
+    pub operated: Option<u8>,
+    /// It holds the HA lease, as far as it knows.
+    pub active: bool,
+    /// Its writes pass while real time is below this (its last successful HA renew's send +
+    /// the renew deadline, on its monotonic clock).
+    pub gate: u8,
+    /// The HA lease's resourceVersion as it last wrote it.
+    pub written: Option<u64>,
+    /// As a standby: the HA lease version it has seen unchanged, for how long (counting only
+    /// the time it could read it), and when it last read it.
+    pub silence: Option<(u64, u8, u8)>,
+    /// Frozen whole (a paused process or node): it neither renews, reconciles nor receives.
+    pub paused: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -175,8 +236,9 @@ pub struct State {
     pub cand_rv: Vec<u64>,
     /// The term mark (high-water) in the store.
     pub mark: i32,
+    pub ha: HaLease,
     pub cands: Vec<Cand>,
-    pub op: Op,
+    pub ops: Vec<Op>,
     pub faults: u8,
     /// Sticky: two CMDs acted at once, neither frozen.
     pub overlap: bool,
@@ -184,15 +246,46 @@ pub struct State {
     pub term_reused: bool,
     /// The highest term ever assigned.
     pub max_term: i32,
+    /// When the last thing happened that the election must react to: a fault, a recovery, a
+    /// registration.
+    pub calm_since: u8,
+    /// When a term was last assigned.
+    pub assigned_at: u8,
+    /// Since when the holder has been outranked by a live registered candidate.
+    pub outranked_since: Option<u8>,
+}
+
+impl State {
+    /// Liveness, as a bounded promise: once calm for [`CALM`] with a live candidate and a
+    /// running operator replica, some CMD runs and no term was assigned in the calm's last part.
+    pub fn live(&self) -> bool {
+        !self.live_due()
+            || (self.cands.iter().any(|c| c.cmd.is_some())
+                && self.assigned_at < self.calm_since + CALM)
+    }
+
+    /// Whether liveness is due: calm for [`CALM`], a live candidate, a running replica.
+    pub fn live_due(&self) -> bool {
+        self.t >= self.calm_since + CALM
+            && self.cands.iter().any(Cand::live)
+            && self.ops.iter().any(|o| !o.paused)
+    }
+
+    /// Version order: with no fault, the holder is never outranked for [`HANDOVER`] or longer.
+    pub fn in_order(&self) -> bool {
+        self.faults > 0 || self.outranked_since.is_none_or(|since| self.t < since + HANDOVER)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Step {
     Tick,
     Register(u8),
-    /// The operator's mark write, after the Lease (only under [`Mutation::MarkAfterLease`]).
-    WriteMark,
-    Reconcile,
+    /// A replica's mark write, after the Lease (only under [`Mutation::MarkAfterLease`]).
+    WriteMark(u8),
+    /// A replica's second: renew (or try to take) the HA lease, and reconcile while its write
+    /// gate is open.
+    Operate(u8),
     // Faults.
     Crash(u8),
     Pause(u8),
@@ -201,7 +294,9 @@ pub enum Step {
     Heal(u8),
     ClockBehind(u8),
     DeleteLease,
-    RestartOperator,
+    RestartOperator(u8),
+    PauseOperator(u8),
+    ResumeOperator(u8),
 }
 
 fn base() -> (Instant, Timestamp) {
@@ -254,6 +349,11 @@ impl System {
 
     pub fn init(&self) -> State {
         let n = self.candidates as usize;
+        // Replica 0 has just taken the HA lease (at rv 1); the others stand by.
+        let mut ops = vec![Op::new(n, 0); self.replicas as usize];
+        ops[0].active = true;
+        ops[0].written = Some(1);
+        ops[0].gate = OP_RENEW_DEADLINE;
         State {
             t: 0,
             lease: None,
@@ -261,6 +361,10 @@ impl System {
             lease_rv: 0,
             cand_rv: vec![0; n],
             mark: 0,
+            ha: HaLease {
+                holder: Some(0),
+                rv: 1,
+            },
             cands: vec![
                 Cand {
                     agent: Agent::Down,
@@ -273,25 +377,44 @@ impl System {
                 };
                 n
             ],
-            op: Op::new(n, 0),
+            ops,
             faults: 0,
             overlap: false,
             term_reused: false,
             max_term: 0,
+            calm_since: 0,
+            assigned_at: 0,
+            outranked_since: None,
         }
     }
 
     /// The steps enabled in `s`.
     pub fn steps(&self, s: &State, out: &mut Vec<Step>) {
-        if s.t < self.max_time {
-            out.push(Step::Tick);
+        // A running replica operates once a second: time moves on only after each did. It
+        // finishes a write it began (a mark after the Lease, under that mutation) first.
+        let mut all_operated = true;
+        for (r, o) in s.ops.iter().enumerate() {
+            let r = r as u8;
+            if o.paused {
+                out.push(Step::ResumeOperator(r));
+                continue;
+            }
+            if o.pending_mark.is_some() {
+                out.push(Step::WriteMark(r));
+                all_operated = false;
+            } else if o.operated != Some(s.t) {
+                out.push(Step::Operate(r));
+                all_operated = false;
+            }
+            if s.faults < self.faults {
+                out.push(Step::RestartOperator(r));
+                if self.replicas > 1 {
+                    out.push(Step::PauseOperator(r));
+                }
+            }
         }
-        // The worker finishes a write it began (a mark after the Lease, under that mutation)
-        // before it reconciles again; only a restart stops it in between.
-        if s.op.pending_mark.is_some() {
-            out.push(Step::WriteMark);
-        } else if s.op.reconciled != Some(s.t) {
-            out.push(Step::Reconcile);
+        if s.t < self.max_time && all_operated {
+            out.push(Step::Tick);
         }
         for i in 0..self.candidates {
             let c = &s.cands[i as usize];
@@ -319,11 +442,8 @@ impl System {
                 out.push(Step::Heal(i));
             }
         }
-        if s.faults < self.faults {
-            if s.lease.is_some() {
-                out.push(Step::DeleteLease);
-            }
-            out.push(Step::RestartOperator);
+        if s.faults < self.faults && s.lease.is_some() {
+            out.push(Step::DeleteLease);
         }
     }
 
@@ -333,11 +453,11 @@ impl System {
         let changed = match step {
             Step::Tick => self.tick(&mut n),
             Step::Register(i) => register(&mut n, i),
-            Step::WriteMark => {
-                n.mark = n.mark.max(n.op.pending_mark.take().unwrap());
+            Step::WriteMark(r) => {
+                n.mark = n.mark.max(n.ops[r as usize].pending_mark.take().unwrap());
                 true
             }
-            Step::Reconcile => self.reconcile(&mut n),
+            Step::Operate(r) => self.operate(&mut n, r),
             Step::Crash(i) => fault(&mut n, |n| {
                 let c = &mut n.cands[i as usize];
                 // The agent dies; its guard kills CMD at once.
@@ -353,19 +473,30 @@ impl System {
                 if c.cmd.is_some() && n.t >= c.deadline + self.kill_grace() && !self.no_deadline() {
                     c.cmd = None;
                 }
+                n.calm_since = n.t;
                 true
             }
             Step::Cut(i) => fault(&mut n, |n| n.cands[i as usize].cut = true),
             Step::Heal(i) => {
                 n.cands[i as usize].cut = false;
+                n.calm_since = n.t;
                 true
             }
             Step::ClockBehind(i) => fault(&mut n, |n| n.cands[i as usize].clock_behind = LEASE),
             Step::DeleteLease => fault(&mut n, |n| n.lease = None),
-            Step::RestartOperator => fault(&mut n, |n| n.op = Op::new(n.cands.len(), n.t)),
+            Step::RestartOperator(r) => fault(&mut n, |n| {
+                // A crash: the HA lease still names it until someone takes it over.
+                n.ops[r as usize] = Op::new(n.cands.len(), n.t)
+            }),
+            Step::PauseOperator(r) => fault(&mut n, |n| n.ops[r as usize].paused = true),
+            Step::ResumeOperator(r) => {
+                n.ops[r as usize].paused = false;
+                n.calm_since = n.t;
+                true
+            }
         };
         changed.then(|| {
-            check_overlap(&mut n);
+            check(&mut n);
             n
         })
     }
@@ -377,8 +508,12 @@ impl System {
     /// One second passes: guards and agents stop CMD past the renew deadline; then every
     /// agent that runs and reaches the API server does its second's work, in candidate order:
     /// renew its term (or find it gone), release it when asked to hand over, answer a ping,
-    /// take a term assigned to it. (A slow or partitioned agent is the `Cut` fault.)
+    /// take a term assigned to it. (A slow or partitioned agent is the `Cut` fault.) Each
+    /// running replica's watches deliver what was written.
     fn tick(&self, n: &mut State) -> bool {
+        // The second's writes so far are delivered by its end (in order: a deletion never
+        // overtakes the renewals before it), whether or not a replica reconciles.
+        deliver_all(n);
         n.t += 1;
         self.deadlines(n);
         for i in 0..n.cands.len() as u8 {
@@ -388,12 +523,12 @@ impl System {
             }
             self.renew(n, i);
             release(n, i);
-            answer(n, i);
+            if self.mutation != Some(Mutation::IgnorePings) {
+                answer(n, i);
+            }
             take_term(n, i);
         }
-        // The operator's watches deliver the second's writes as they happen (in order: a
-        // deletion never overtakes the renewals before it), whether or not it reconciles.
-        deliver(n);
+        deliver_all(n);
         true
     }
 
@@ -448,22 +583,66 @@ impl System {
         true
     }
 
-    /// The operator's step: take in what the store holds (as its watches would have delivered
-    /// it), decide with the real rules, and carry out the action.
-    fn reconcile(&self, n: &mut State) -> bool {
+    /// A replica's second: as the active replica, renew the HA lease by compare-and-swap from
+    /// what it last wrote (which also resumes it after its gate closed, if nobody wrote the HA
+    /// lease since), or exit when someone else did; as a standby, read the HA lease and take it
+    /// once it was released or unchanged for the HA lease duration. Then reconcile, while the
+    /// write gate is open.
+    fn operate(&self, n: &mut State, r: u8) -> bool {
+        let t = n.t;
+        let ri = r as usize;
+        n.ops[ri].operated = Some(t);
+        if n.ops[ri].active {
+            if n.ops[ri].written != Some(n.ha.rv) {
+                // Another replica took over: exit; the process restarts as a standby.
+                n.ops[ri] = Op::new(n.cands.len(), t);
+                n.ops[ri].operated = Some(t);
+                return true;
+            }
+        } else {
+            let (rv, quiet, last) = n.ops[ri].silence.unwrap_or((n.ha.rv, 0, t));
+            let quiet = match rv == n.ha.rv {
+                // Only time it could read counts: a gap past the renew deadline (it was
+                // paused) adds nothing.
+                true if t - last <= OP_RENEW_DEADLINE => quiet + (t - last),
+                true => quiet,
+                false => 0,
+            };
+            n.ops[ri].silence = Some((n.ha.rv, quiet, t));
+            if n.ha.holder.is_some() && quiet < OP_LEASE {
+                return true;
+            }
+            n.ops[ri].active = true;
+            n.ops[ri].silence = None;
+        }
+        n.ha.rv += 1;
+        n.ha.holder = Some(r);
+        n.ops[ri].written = Some(n.ha.rv);
+        n.ops[ri].gate = t + OP_RENEW_DEADLINE;
+        self.reconcile(n, r);
+        true
+    }
+
+    /// The replica's reconcile: decide with the real rules from what its watches delivered
+    /// and its own memory, and carry out the action (every write is refused at a closed gate).
+    fn reconcile(&self, n: &mut State, r: u8) {
         let now = n.t;
-        n.op.reconciled = Some(now);
-        deliver(n);
-        let delivered = true;
+        let ri = r as usize;
+        if now >= n.ops[ri].gate {
+            return;
+        }
         let candidates: Vec<Candidate> = (0..self.candidates)
-            .filter(|&i| n.cand_objs[i as usize].is_some())
-            .map(|i| candidate(n, i, self.rules()))
+            .filter(|&i| n.ops[ri].registrations[i as usize] > 0)
+            .map(|i| candidate(n, r, i, self.rules()))
             .collect();
         if candidates.is_empty() {
-            return delivered;
+            return;
         }
-        let lease = n.lease.as_ref().map(|l| self.lease_input(n, l));
-        let previous = self.previous(n);
+        let lease = n.ops[ri]
+            .record
+            .as_ref()
+            .map(|(l, since)| self.lease_input(n, r, l, *since));
+        let previous = self.previous(n, r);
         let decision = decide::decide(
             &candidates,
             lease.as_ref(),
@@ -474,40 +653,39 @@ impl System {
         match decision.action {
             Action::CreateLease {
                 holder: Some(h), ..
-            } => self.assign(n, index(&h), true),
-            Action::Assign { holder, .. } => self.assign(n, index(&holder), false),
+            } => self.assign(n, r, index(&h), true),
+            Action::Assign { holder, .. } => self.assign(n, r, index(&holder), false),
             Action::Ping { candidates } => {
                 for c in candidates {
                     let i = index(&c);
+                    let Some(o) = n.cand_objs[i as usize].as_mut() else {
+                        continue; // deleted: the write fails
+                    };
                     n.cand_rv[i as usize] += 1;
-                    let o = n.cand_objs[i as usize].as_mut().unwrap();
                     o.rv = n.cand_rv[i as usize];
                     o.pinged_at_rv = Some(o.rv);
                     let v = Version {
                         resource_version: Some(o.rv),
                         renew: Some(wall(o.renew)),
                     };
-                    n.op.heard[i as usize].pinged(v, instant(now));
+                    n.ops[ri].heard[i as usize].pinged(v, instant(now));
                 }
-                true
             }
-            Action::RequestHandover { to } => {
-                let seen = n.op.record.as_ref().map(|(l, _)| l.rv);
-                let l = n.lease.as_mut().unwrap();
-                if Some(l.rv) != seen {
-                    return delivered;
+            Action::RequestHandover { to } if self.mutation != Some(Mutation::NoHandover) => {
+                // A compare-and-swap on the record it saw.
+                let seen = n.ops[ri].record.as_ref().map(|(l, _)| l.rv);
+                if let Some(l) = n.lease.as_mut().filter(|l| Some(l.rv) == seen) {
+                    n.lease_rv += 1;
+                    l.rv = n.lease_rv;
+                    l.preferred = Some(index(&to));
                 }
-                n.lease_rv += 1;
-                l.rv = n.lease_rv;
-                l.preferred = Some(index(&to));
-                true
             }
-            _ => delivered,
+            _ => {}
         }
     }
 
-    fn lease_input(&self, n: &State, l: &LeaseObj) -> decide::Lease {
-        let (_, since) = n.op.record.as_ref().expect("delivered");
+    fn lease_input(&self, n: &State, r: u8, l: &LeaseObj, since: u8) -> decide::Lease {
+        let op = &n.ops[r as usize];
         let mut unchanged_for = secs(n.t - since);
         if self.mutation == Some(Mutation::ExpiryByRenewTime) {
             // The holder's timestamp read on the operator's wall clock.
@@ -521,8 +699,7 @@ impl System {
             unchanged_for,
             released_by: l.released_by.map(name),
             holder_pod_stopped: false,
-            term_seen: n
-                .op
+            term_seen: op
                 .term_seen
                 .filter(|(term, _)| *term == l.term)
                 .map(|(_, at)| wall(at)),
@@ -532,10 +709,12 @@ impl System {
         }
     }
 
-    /// The holder the operator remembers, when the Lease no longer names it; after a restart,
-    /// with nothing remembered and no Lease, the candidate whose `Leader` condition names the
-    /// highest term, waited out from the restart.
-    fn previous(&self, n: &State) -> Option<decide::Previous> {
+    /// The holder the replica remembers, when the Lease as delivered no longer names it; after
+    /// a restart, with nothing remembered and no Lease, the candidate whose `Leader` condition
+    /// names the highest term, waited out from the restart.
+    fn previous(&self, n: &State, r: u8) -> Option<decide::Previous> {
+        let op = &n.ops[r as usize];
+        let record = op.record.as_ref().map(|(l, _)| l);
         let leader = || {
             let (i, o) = n
                 .cand_objs
@@ -543,21 +722,15 @@ impl System {
                 .enumerate()
                 .filter_map(|(i, o)| Some((i as u8, o.as_ref()?.leader_term?)))
                 .max_by_key(|(_, term)| *term)?;
-            Some((i, o, n.op.started))
+            Some((i, o, op.started))
         };
-        let (holder, term, seen) = match n.op.held {
+        let (holder, term, seen) = match op.held {
             Some(h) => h,
-            None if n.lease.is_none() => leader()?,
+            None if record.is_none() => leader()?,
             None => return None,
         };
-        let named = n
-            .lease
-            .as_ref()
-            .is_some_and(|l| l.holder == Some(holder) && l.term == term);
-        let released = n
-            .lease
-            .as_ref()
-            .is_some_and(|l| l.released_by == Some(holder));
+        let named = record.is_some_and(|l| l.holder == Some(holder) && l.term == term);
+        let released = record.is_some_and(|l| l.released_by == Some(holder));
         (!named && !released).then(|| decide::Previous {
             holder: name(holder),
             quiet_for: secs(n.t - seen),
@@ -566,36 +739,41 @@ impl System {
         })
     }
 
-    /// Assigns the next term to `holder`: from the block the operator's last mark write
+    /// Assigns the next term to `holder`: from the block the replica's last mark write
     /// reserved, else by a mark write first (reserving 2 terms), then the Lease by
-    /// compare-and-swap on the version the operator saw (or a create).
-    fn assign(&self, n: &mut State, holder: u8, create: bool) -> bool {
-        let current = n.lease.as_ref().map_or(0, |l| l.term);
-        let term = match (self.mutation, n.op.block) {
+    /// compare-and-swap on the version the replica saw (or a create).
+    fn assign(&self, n: &mut State, r: u8, holder: u8, create: bool) {
+        let ri = r as usize;
+        let seen = n.ops[ri].record.as_ref().map(|(l, _)| l.clone());
+        let current = seen.as_ref().map_or(0, |l| l.term);
+        let term = match (self.mutation, n.ops[ri].block) {
             (Some(Mutation::NoTermMark), _) => current + 1,
             (_, Some((last, mark))) if !create && last.max(current) < mark => last.max(current) + 1,
             _ => {
+                // A compare-and-swap from the mark as read now.
                 let term = current.max(n.mark) + 1;
                 if self.mutation == Some(Mutation::MarkAfterLease) {
-                    n.op.pending_mark = Some(term + 1);
+                    n.ops[ri].pending_mark = Some(term + 1);
                 } else {
                     n.mark = term + 1;
                 }
-                n.op.block = Some((term, term + 1));
+                n.ops[ri].block = Some((term, term + 1));
                 term
             }
         };
-        if let Some((last, _)) = n.op.block.as_mut() {
+        if let Some((last, _)) = n.ops[ri].block.as_mut() {
             *last = (*last).max(term);
         }
-        let seen = n.op.record.as_ref().map(|(l, _)| l.rv);
-        if (create && n.lease.is_some()) || (!create && n.lease.as_ref().map(|l| l.rv) != seen) {
-            return true; // the create or the compare-and-swap fails; the term is used up
+        let seen_rv = seen.map(|l| l.rv);
+        if (create && n.lease.is_some()) || (!create && n.lease.as_ref().map(|l| l.rv) != seen_rv)
+        {
+            return; // the create or the compare-and-swap fails; the term is used up
         }
         if term <= n.max_term {
             n.term_reused = true;
         }
         n.max_term = n.max_term.max(term);
+        n.assigned_at = n.t;
         n.lease_rv += 1;
         n.lease = Some(LeaseObj {
             rv: n.lease_rv,
@@ -606,12 +784,12 @@ impl System {
             preferred: None,
             renew: n.t,
         });
-        n.op.held = Some((holder, term, n.t));
-        n.op.term_seen = Some((term, n.t));
+        let op = &mut n.ops[ri];
+        op.held = Some((holder, term, n.t));
+        op.term_seen = Some((term, n.t));
         if let Some(o) = n.cand_objs[holder as usize].as_mut() {
             o.leader_term = Some(term);
         }
-        true
     }
 }
 
@@ -619,51 +797,72 @@ impl Op {
     fn new(n: usize, started: u8) -> Op {
         Op {
             heard: vec![Heard::default(); n],
+            registrations: vec![0; n],
             record: None,
             held: None,
             term_seen: None,
             block: None,
             started,
             pending_mark: None,
-            reconciled: None,
+            operated: None,
+            active: false,
+            gate: 0,
+            written: None,
+            silence: None,
+            paused: false,
         }
     }
 }
 
-/// The operator's watches deliver what the store holds now.
-fn deliver(n: &mut State) {
+/// Every running replica's watches deliver what the store holds now.
+fn deliver_all(n: &mut State) {
+    for r in 0..n.ops.len() {
+        if !n.ops[r].paused {
+            deliver(n, r);
+        }
+    }
+}
+
+/// Replica `r`'s watches deliver what the store holds now.
+fn deliver(n: &mut State, r: usize) {
     let now = n.t;
+    let op = &mut n.ops[r];
     for (i, o) in n.cand_objs.iter().enumerate() {
         if let Some(o) = o {
+            if op.registrations[i] != o.registrations {
+                op.registrations[i] = o.registrations;
+                op.heard[i].registered(instant(now));
+            }
             let v = Version {
                 resource_version: Some(o.rv),
                 renew: Some(wall(o.renew)),
             };
-            n.op.heard[i].delivered(v, instant(now), true, wall(now));
+            op.heard[i].delivered(v, instant(now), true, wall(now));
         }
     }
     match &n.lease {
         Some(l) => {
-            let same = n.op.record.as_ref().is_some_and(|(r, _)| r == l);
+            let same = op.record.as_ref().is_some_and(|(r, _)| r == l);
             if !same {
-                n.op.record = Some((l.clone(), now));
+                op.record = Some((l.clone(), now));
                 if let Some(h) = l.holder {
                     // A record naming a holder: the term it remembers, seen now.
-                    if n.op.held.is_none_or(|(_, term, _)| l.term >= term) {
-                        n.op.held = Some((h, l.term, now));
+                    if op.held.is_none_or(|(_, term, _)| l.term >= term) {
+                        op.held = Some((h, l.term, now));
                     }
-                    if n.op.term_seen.is_none_or(|(term, _)| term != l.term) {
-                        n.op.term_seen = Some((l.term, now));
+                    if op.term_seen.is_none_or(|(term, _)| term != l.term) {
+                        op.term_seen = Some((l.term, now));
                     }
                 }
             }
         }
-        None => n.op.record = None,
+        None => op.record = None,
     }
 }
 
-fn candidate(n: &State, i: u8, rules: Rules) -> Candidate {
-    let judged = n.op.heard[i as usize].judge(instant(n.t), wall(n.t), rules.ack_valid_for);
+fn candidate(n: &State, r: u8, i: u8, rules: Rules) -> Candidate {
+    let judged =
+        n.ops[r as usize].heard[i as usize].judge(instant(n.t), wall(n.t), rules.ack_valid_for);
     // Older candidates rank first: c0 runs 1.30.0, c1 1.31.0, ...
     let version = format!("1.{}.0", 30 + i);
     Candidate {
@@ -688,13 +887,20 @@ fn register(n: &mut State, i: u8) -> bool {
     c.agent = Agent::Standby;
     c.answered = None;
     n.cand_rv[i as usize] += 1;
+    let registrations = n.cand_objs[i as usize]
+        .as_ref()
+        .map_or(0, |o| o.registrations);
+    let leader_term = n.cand_objs[i as usize]
+        .as_ref()
+        .and_then(|o| o.leader_term);
     n.cand_objs[i as usize] = Some(CandObj {
         rv: n.cand_rv[i as usize],
         renew: c.wall(n.t),
         pinged_at_rv: None,
-        leader_term: None,
+        leader_term,
+        registrations: registrations + 1,
     });
-    n.op.heard[i as usize].registered(instant(n.t));
+    n.calm_since = n.t;
     true
 }
 
@@ -761,12 +967,14 @@ fn release(n: &mut State, i: u8) -> bool {
 
 fn fault(n: &mut State, f: impl FnOnce(&mut State)) -> bool {
     n.faults += 1;
+    n.calm_since = n.t;
     f(n);
     true
 }
 
-/// Two CMDs act at once (running, neither frozen): the exclusion property's violation.
-fn check_overlap(n: &mut State) {
+/// After every step: two CMDs acting at once (running, neither frozen) is the exclusion
+/// property's violation; and whether the holder is outranked by a live registered candidate.
+fn check(n: &mut State) {
     let acting = n
         .cands
         .iter()
@@ -775,4 +983,13 @@ fn check_overlap(n: &mut State) {
     if acting > 1 {
         n.overlap = true;
     }
+    let holder = n.lease.as_ref().and_then(|l| l.holder);
+    let outranked = holder.is_some_and(|h| {
+        (0..h).any(|j| n.cand_objs[j as usize].is_some() && n.cands[j as usize].live())
+    });
+    n.outranked_since = match (outranked, n.outranked_since) {
+        (false, _) => None,
+        (true, Some(since)) => Some(since),
+        (true, None) => Some(n.t),
+    };
 }
