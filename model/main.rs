@@ -9,6 +9,7 @@
 //! The operator's step in the model calls the real `election::decide` and judges liveness with
 //! the real `election::heard::Heard` (model/system.rs).
 
+mod regressions;
 mod system;
 
 use std::time::Instant;
@@ -156,12 +157,12 @@ fn bounds(small: bool) -> Vec<Bound> {
 }
 
 /// The bound a mutation is checked at, of those checked: liveness needs a long one (a fault,
-/// then [`system::CALM`] seconds of calm); the rest the last (the deepest in faults).
+/// then [`system::CALM`] seconds of calm); the rest the deepest in faults (then in time).
 fn mutation_bound(m: Mutation, bounds: &[Bound]) -> Bound {
     let long = |b: &&Bound| b.2 >= system::CALM + 3;
     match m.breaks() {
         "liveness" => *bounds.iter().find(long).unwrap_or(bounds.last().unwrap()),
-        _ => *bounds.last().unwrap(),
+        _ => *bounds.iter().max_by_key(|b| (b.3, b.2)).unwrap(),
     }
 }
 
@@ -244,7 +245,41 @@ fn simulate(sys: System, seconds: u64) {
     }
 }
 
+/// Replays every recorded counterexample ([`regressions`]).
+fn replay_regressions() {
+    let cases = regressions::cases();
+    for case in &cases {
+        let states = regressions::replay(&case.system, &case.steps)
+            .unwrap_or_else(|e| panic!("regression {}: {e}", case.name));
+        assert!(
+            (case.end)(states.last().unwrap()),
+            "regression {}: the trace no longer ends as recorded:\n{}",
+            case.name,
+            states
+                .iter()
+                .map(|s| format!("t={} lease {:?} cands {:?}", s.t, s.lease, s.cands))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        if case.system.mutation.is_none() {
+            let broken = states
+                .iter()
+                .position(|s| !(s.live() && s.in_order() && !s.overlap && !s.term_reused));
+            assert!(
+                broken.is_none(),
+                "regression {}: a promise is broken at step {broken:?}",
+                case.name
+            );
+        }
+    }
+    println!(
+        "model: {} recorded counterexamples replay as recorded",
+        cases.len()
+    );
+}
+
 fn main() {
+    replay_regressions();
     let opts = options();
     let bounds = bounds(opts.small);
     if let Some(name) = opts.mutation {

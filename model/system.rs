@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use arbiter::election::decide::{self, Action, Candidate, PodState, Rules};
 use arbiter::election::heard::{Heard, Version};
 use arbiter::election::strategy::OLDEST_EMULATION_VERSION;
+use arbiter::election::terms::{Block, next_term};
 use jiff::Timestamp;
 
 /// The timings, in ticks (seconds), scaled down from the defaults (15 s / 10 s / 2 s / 3 s)
@@ -23,6 +24,8 @@ pub const LEASE: u8 = 4;
 pub const RENEW_DEADLINE: u8 = 2;
 pub const KILL_GRACE: u8 = 1;
 pub const ACK_WINDOW: u8 = 2;
+/// How many terms a mark write reserves (the operator's is 16).
+pub const BLOCK: i32 = 2;
 /// The operator's own HA lease, scaled the same way (15 s / 10 s, renewed every 2 s): a
 /// standby takes over after the HA lease was unchanged this long on its clock ...
 pub const OP_LEASE: u8 = 3;
@@ -201,8 +204,8 @@ pub struct Op {
     pub held: Option<(u8, i32, u8)>,
     /// When it first saw the current term.
     pub term_seen: Option<(i32, u8)>,
-    /// The terms reserved by its last mark write: (last handed out, mark).
-    pub block: Option<(i32, i32)>,
+    /// The terms reserved by its last mark write.
+    pub block: Option<Block>,
     /// When it started.
     pub started: u8,
     /// A mark write still to make (only under [`Mutation::MarkAfterLease`]: after the Lease).
@@ -273,11 +276,14 @@ impl State {
 
     /// Version order: with no fault, the holder is never outranked for [`HANDOVER`] or longer.
     pub fn in_order(&self) -> bool {
-        self.faults > 0 || self.outranked_since.is_none_or(|since| self.t < since + HANDOVER)
+        self.faults > 0
+            || self
+                .outranked_since
+                .is_none_or(|since| self.t < since + HANDOVER)
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Step {
     Tick,
     Register(u8),
@@ -740,33 +746,36 @@ impl System {
     }
 
     /// Assigns the next term to `holder`: from the block the replica's last mark write
-    /// reserved, else by a mark write first (reserving 2 terms), then the Lease by
+    /// reserved, else by a mark write first (reserving [`BLOCK`] terms), then the Lease by
     /// compare-and-swap on the version the replica saw (or a create).
     fn assign(&self, n: &mut State, r: u8, holder: u8, create: bool) {
         let ri = r as usize;
         let seen = n.ops[ri].record.as_ref().map(|(l, _)| l.clone());
         let current = seen.as_ref().map_or(0, |l| l.term);
-        let term = match (self.mutation, n.ops[ri].block) {
+        // The ledger's rules ([`arbiter::election::terms`]), with blocks of 2.
+        let from_block = n.ops[ri]
+            .block
+            .filter(|_| !create)
+            .and_then(|b| b.next(current));
+        let term = match (self.mutation, from_block) {
             (Some(Mutation::NoTermMark), _) => current + 1,
-            (_, Some((last, mark))) if !create && last.max(current) < mark => last.max(current) + 1,
+            (_, Some(term)) => term,
             _ => {
                 // A compare-and-swap from the mark as read now.
-                let term = current.max(n.mark) + 1;
+                let term = next_term(n.mark, current).unwrap();
+                let block = Block::reserved_with(term, BLOCK);
                 if self.mutation == Some(Mutation::MarkAfterLease) {
-                    n.ops[ri].pending_mark = Some(term + 1);
+                    n.ops[ri].pending_mark = Some(block.mark);
                 } else {
-                    n.mark = term + 1;
+                    n.mark = block.mark;
                 }
-                n.ops[ri].block = Some((term, term + 1));
+                n.ops[ri].block = Some(block);
                 term
             }
         };
-        if let Some((last, _)) = n.ops[ri].block.as_mut() {
-            *last = (*last).max(term);
-        }
+        n.ops[ri].block = n.ops[ri].block.map(|b| b.handed_out(term));
         let seen_rv = seen.map(|l| l.rv);
-        if (create && n.lease.is_some()) || (!create && n.lease.as_ref().map(|l| l.rv) != seen_rv)
-        {
+        if (create && n.lease.is_some()) || (!create && n.lease.as_ref().map(|l| l.rv) != seen_rv) {
             return; // the create or the compare-and-swap fails; the term is used up
         }
         if term <= n.max_term {
@@ -890,9 +899,7 @@ fn register(n: &mut State, i: u8) -> bool {
     let registrations = n.cand_objs[i as usize]
         .as_ref()
         .map_or(0, |o| o.registrations);
-    let leader_term = n.cand_objs[i as usize]
-        .as_ref()
-        .and_then(|o| o.leader_term);
+    let leader_term = n.cand_objs[i as usize].as_ref().and_then(|o| o.leader_term);
     n.cand_objs[i as usize] = Some(CandObj {
         rv: n.cand_rv[i as usize],
         renew: c.wall(n.t),

@@ -13,11 +13,14 @@
 //! - [`oldest_emulation`]: among eligible candidates, the lowest emulationVersion leads, then
 //!   the lowest binaryVersion, the oldest candidate, and the lowest name: a total order, so the
 //!   same candidates always elect the same holder.
+//! - [`terms`]: the next term above a mark and a Lease, and the blocks of terms a mark write
+//!   reserves.
 
 pub mod decide;
 pub mod heard;
 pub mod oldest_emulation;
 pub mod strategy;
+pub mod terms;
 mod version;
 
 pub use version::{Version, VersionError};

@@ -55,6 +55,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 
+use crate::election::terms::{Block, next_term};
+
 /// How many ConfigMaps hold a namespace's marks. Fixed forever (see the module doc).
 pub const SHARDS: u64 = 64;
 
@@ -93,55 +95,6 @@ pub struct TermLedger {
     shards: HashMap<(String, String), ConfigMap>,
     /// The terms this ledger reserved and has not handed out yet, by (namespace, lease).
     blocks: HashMap<(String, String), Block>,
-}
-
-/// Terms reserved by this ledger's own mark write: `last` was handed out, up to `mark` may be.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Block {
-    last: i32,
-    mark: i32,
-}
-
-impl Block {
-    /// The next term from the block for updating a Lease now at `current`, if it is still in
-    /// the block. Not from a block reserved ahead that no creation drew from ([`Block::first`]):
-    /// a Lease that exists without a term of it (made by hand, or holderless under another
-    /// strategy) may come after terms someone else handed out (a mark restored by hand, or
-    /// another operator by mistake), which only a mark write would see.
-    fn next(&self, current: i32) -> Option<i32> {
-        if self.last == 0 {
-            return None;
-        }
-        let next = self.last.max(current).checked_add(1)?;
-        (next <= self.mark).then_some(next)
-    }
-
-    /// The block once `term` of it was handed out.
-    fn handed_out(self, term: i32) -> Block {
-        Block { last: term, ..self }
-    }
-
-    /// The block a mark write for `term` reserves.
-    fn reserved_with(term: i32) -> Block {
-        Block {
-            last: term,
-            mark: term.saturating_add(BLOCK - 1),
-        }
-    }
-
-    /// The first block of a lease with no mark, reserved ahead of its first election.
-    fn ahead() -> Block {
-        Block {
-            last: 0,
-            mark: BLOCK,
-        }
-    }
-
-    /// The term for creating the Lease from this block: only a block reserved ahead, before
-    /// any of its terms was handed out (a recreation writes a mark).
-    fn first(&self) -> Option<i32> {
-        (self.last == 0).then_some(1)
-    }
 }
 
 /// Of `new_leases`, those whose first block a write of `cm` (the shard of `lease`) reserves:
@@ -310,7 +263,7 @@ impl TermLedger {
                 lease: lease.to_string(),
                 recorded: mark.max(current),
             })?;
-            let block = Block::reserved_with(next);
+            let block = Block::reserved_with(next, BLOCK);
             let ahead: Vec<String> = ahead_of(&cm, lease, &new_leases, |n| {
                 self.blocks
                     .contains_key(&(namespace.to_string(), n.to_string()))
@@ -321,7 +274,7 @@ impl TermLedger {
             let data = cm.data.get_or_insert_with(BTreeMap::new);
             data.insert(lease.to_string(), block.mark.to_string());
             for n in &ahead {
-                data.insert(n.clone(), Block::ahead().mark.to_string());
+                data.insert(n.clone(), Block::ahead(BLOCK).mark.to_string());
             }
             // A shard read from the API carries its resourceVersion, so a concurrent writer
             // gets 409; a new one is created, so a concurrent creator gets 409 too.
@@ -336,7 +289,7 @@ impl TermLedger {
                     self.blocks.insert(lease_key, block);
                     for n in ahead {
                         self.blocks
-                            .insert((namespace.to_string(), n), Block::ahead());
+                            .insert((namespace.to_string(), n), Block::ahead(BLOCK));
                     }
                     return Ok(next);
                 }
@@ -377,12 +330,6 @@ fn recorded(cm: &ConfigMap, lease: &str) -> Result<i32, String> {
         None => Ok(0),
         Some(v) => v.trim().parse::<i32>().map_err(|_| v.clone()),
     }
-}
-
-/// The next term: one above both the mark and the Lease's current term; `None` if that would
-/// not fit the Lease's `leaseTransitions` (int32).
-fn next_term(recorded: i32, current: i32) -> Option<i32> {
-    recorded.max(current).checked_add(1)
 }
 
 fn empty_shard(name: &str) -> ConfigMap {

@@ -42,47 +42,6 @@ fn the_chart_grants_every_shard() {
     }
 }
 
-#[test]
-fn next_term_is_above_both_and_refuses_to_wrap() {
-    assert_eq!(next_term(0, 0), Some(1));
-    assert_eq!(
-        next_term(7, 3),
-        Some(8),
-        "a recorded mark above the Lease wins"
-    );
-    assert_eq!(next_term(3, 7), Some(8), "a Lease above the mark wins");
-    assert_eq!(next_term(i32::MAX, 0), None);
-    assert_eq!(next_term(0, i32::MAX), None);
-}
-
-#[test]
-fn a_block_hands_out_each_term_once_and_never_above_its_mark() {
-    let mut b = Block::reserved_with(5);
-    assert_eq!(b.mark, 5 + BLOCK - 1);
-    let mut handed = vec![5];
-    while let Some(n) = b.next(*handed.last().unwrap()) {
-        b.last = n;
-        handed.push(n);
-    }
-    assert_eq!(handed, (5..5 + BLOCK).collect::<Vec<_>>());
-    assert_eq!(b.next(0), None, "a Lease behind the block cannot reuse it");
-}
-
-#[test]
-fn a_block_skips_ahead_of_the_lease_and_leaves_it_when_the_lease_is_above() {
-    let b = Block::reserved_with(10);
-    assert_eq!(
-        b.next(3),
-        Some(11),
-        "a recreated Lease at a low term still gets a term above the block's last"
-    );
-    assert_eq!(b.next(20), Some(21), "a hand-raised term within the block");
-    assert_eq!(b.next(b.mark), None, "above the block needs a mark write");
-    let end = Block::reserved_with(i32::MAX - 2);
-    assert_eq!(end.mark, i32::MAX);
-    assert_eq!(end.next(i32::MAX), None);
-}
-
 /// `count` lease names of `lease`'s shard, other than `lease`, and one of another shard.
 fn shard_mates(lease: &str, count: usize) -> (Vec<String>, String) {
     let shard = shard_index(lease);
@@ -101,7 +60,7 @@ fn shard_mates(lease: &str, count: usize) -> (Vec<String>, String) {
 #[test]
 fn a_creation_takes_its_reserved_term_only_from_a_shard_nobody_else_wrote() {
     let v = |s: &str| Some(s.to_string());
-    let ahead = Block::ahead();
+    let ahead = Block::ahead(BLOCK);
     assert_eq!(first_unless_written(ahead, v("7"), v("7")), Some(1));
     assert_eq!(
         first_unless_written(ahead, v("7"), v("9")),
@@ -123,30 +82,6 @@ fn a_creation_takes_its_reserved_term_only_from_a_shard_nobody_else_wrote() {
         first_unless_written(used, v("7"), v("7")),
         None,
         "used once"
-    );
-}
-
-#[test]
-fn a_block_reserved_ahead_serves_one_creation_then_only_updates() {
-    let mut b = Block::ahead();
-    assert_eq!(
-        b.mark, BLOCK,
-        "the mark a first mark write would have recorded"
-    );
-    assert_eq!(b.first(), Some(1), "the first creation takes term 1");
-    b.last = 1;
-    assert_eq!(b.first(), None, "a recreation writes a mark");
-    assert_eq!(b.next(1), Some(2), "updates draw from it as from any block");
-    assert_eq!(
-        Block::ahead().next(0),
-        None,
-        "a Lease that exists without a term of it (by hand, or holderless) needs a mark write"
-    );
-    assert_eq!(b.next(BLOCK), None, "one at the mark needs a mark write");
-    assert_eq!(
-        Block::reserved_with(1).first(),
-        None,
-        "only a block reserved ahead"
     );
 }
 
@@ -180,17 +115,17 @@ fn a_shard_read_again_forgets_only_its_unused_blocks_reserved_ahead() {
     let (unused, used, ordinary) = (same[0].as_str(), same[1].as_str(), same[2].as_str());
     let key = |ns: &str, n: &str| (ns.to_string(), n.to_string());
     let mut blocks = HashMap::from([
-        (key("ns", unused), Block::ahead()),
+        (key("ns", unused), Block::ahead(BLOCK)),
         (
             key("ns", used),
             Block {
                 last: 1,
-                ..Block::ahead()
+                ..Block::ahead(BLOCK)
             },
         ),
-        (key("ns", ordinary), Block::reserved_with(5)),
-        (key("ns", &elsewhere), Block::ahead()),
-        (key("other-ns", unused), Block::ahead()),
+        (key("ns", ordinary), Block::reserved_with(5, BLOCK)),
+        (key("ns", &elsewhere), Block::ahead(BLOCK)),
+        (key("other-ns", unused), Block::ahead(BLOCK)),
     ]);
     forget_ahead(&mut blocks, "ns", &shard);
     let mut left: Vec<_> = blocks.into_keys().collect();
