@@ -67,10 +67,13 @@ pub enum Mutation {
     /// Agents do not answer pings (a standby is then never found alive once its registration
     /// is old).
     IgnorePings,
+    /// A lapsed holder's forced exit targets the pod its candidate names now, not the pod its
+    /// term was assigned in (with the same containers).
+    OwnerPod,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 8] = [
         Mutation::NoRenewDeadline,
         Mutation::LongKillGrace,
         Mutation::ExpiryByRenewTime,
@@ -78,6 +81,7 @@ impl Mutation {
         Mutation::MarkAfterLease,
         Mutation::NoHandover,
         Mutation::IgnorePings,
+        Mutation::OwnerPod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,6 +93,7 @@ impl Mutation {
             Mutation::MarkAfterLease => "mark-after-lease",
             Mutation::NoHandover => "no-handover",
             Mutation::IgnorePings => "ignore-pings",
+            Mutation::OwnerPod => "owner-pod",
         }
     }
 
@@ -98,6 +103,7 @@ impl Mutation {
             Mutation::NoTermMark | Mutation::MarkAfterLease => "fencing",
             Mutation::NoHandover => "version order",
             Mutation::IgnorePings => "liveness",
+            Mutation::OwnerPod => "forced exits",
             _ => "exclusion",
         }
     }
@@ -126,6 +132,12 @@ pub struct LeaseObj {
     pub preferred: Option<u8>,
     /// When the holder last renewed, on its own wall clock.
     pub renew: u8,
+    /// The holder's pod and its container restarts, as the operator recorded them when it
+    /// assigned the term (`arbiter.dev/holder-pod-uid`, `arbiter.dev/holder-restarts`).
+    pub holder_pod: Option<(u8, u8)>,
+    /// What really happened, for the forced-exit property: the pod the holder ran in when the
+    /// term was assigned, and the pod whose agent took it.
+    pub truth: (u8, Option<u8>),
 }
 
 /// A LeaseCandidate object in the store.
@@ -140,6 +152,8 @@ pub struct CandObj {
     pub leader_term: Option<i32>,
     /// How many times a process registered it (a new process is a new registration).
     pub registrations: u8,
+    /// The pod it names as its owner (the one its latest process runs in).
+    pub owner_pod: u8,
 }
 
 /// The operator's own HA lease: the replica it names, and its resourceVersion.
@@ -176,6 +190,12 @@ pub struct Cand {
     pub cut: bool,
     /// The last ping (by rv) it answered.
     pub answered: Option<u64>,
+    /// The pod it runs in (a new pod, a new number) and its container restarts.
+    pub pod: u8,
+    pub restarts: u8,
+    /// Its pod was evicted and is terminating: it goes at some later step ([`Step::PodGone`]),
+    /// after a termination grace the protocol does not count on.
+    pub evicted: bool,
 }
 
 impl Cand {
@@ -197,6 +217,9 @@ pub struct Op {
     pub heard: Vec<Heard>,
     /// The registrations of each candidate its watch delivered.
     pub registrations: Vec<u8>,
+    /// The pod each candidate names, as its candidate watch delivered it, and that pod's
+    /// container restarts as its pod watch did (pods live as long as the model: never absent).
+    pub pods: Vec<Option<(u8, u8)>>,
     /// The Lease record as last delivered, and when (tick) a record with its content was first.
     pub record: Option<(LeaseObj, u8)>,
     /// The holder it last saw or assigned, its term and when the last record naming it was
@@ -249,6 +272,11 @@ pub struct State {
     pub term_reused: bool,
     /// The highest term ever assigned.
     pub max_term: i32,
+    /// Sticky: a pod was forced out that neither ran the deposed holder when its term was
+    /// assigned nor took the term.
+    pub wrong_eviction: bool,
+    /// Sticky: a pod was forced out (the model reaches that).
+    pub evicted: bool,
     /// When the last thing happened that the election must react to: a fault, a recovery, a
     /// registration.
     pub calm_since: u8,
@@ -299,6 +327,11 @@ pub enum Step {
     Cut(u8),
     Heal(u8),
     ClockBehind(u8),
+    /// The candidate's pod is deleted and replaced (its processes die; a new agent registers
+    /// from the new pod).
+    ReplacePod(u8),
+    /// An evicted pod's termination ends: its processes die, a new pod replaces it.
+    PodGone(u8),
     DeleteLease,
     RestartOperator(u8),
     PauseOperator(u8),
@@ -380,6 +413,9 @@ impl System {
                     clock_behind: 0,
                     cut: false,
                     answered: None,
+                    pod: 0,
+                    restarts: 0,
+                    evicted: false,
                 };
                 n
             ],
@@ -388,6 +424,8 @@ impl System {
             overlap: false,
             term_reused: false,
             max_term: 0,
+            wrong_eviction: false,
+            evicted: false,
             calm_since: 0,
             assigned_at: 0,
             outranked_since: None,
@@ -440,12 +478,16 @@ impl System {
                 if c.clock_behind == 0 {
                     out.push(Step::ClockBehind(i));
                 }
+                out.push(Step::ReplacePod(i));
             }
             if c.paused {
                 out.push(Step::Resume(i));
             }
             if c.cut {
                 out.push(Step::Heal(i));
+            }
+            if c.evicted {
+                out.push(Step::PodGone(i));
             }
         }
         if s.faults < self.faults && s.lease.is_some() {
@@ -466,11 +508,18 @@ impl System {
             Step::Operate(r) => self.operate(&mut n, r),
             Step::Crash(i) => fault(&mut n, |n| {
                 let c = &mut n.cands[i as usize];
-                // The agent dies; its guard kills CMD at once.
+                // The agent dies; its guard kills CMD at once; the container restarts.
                 c.agent = Agent::Down;
                 c.cmd = None;
                 c.paused = false;
+                c.restarts += 1;
             }),
+            Step::ReplacePod(i) => fault(&mut n, |n| replace_pod(&mut n.cands[i as usize])),
+            Step::PodGone(i) => {
+                replace_pod(&mut n.cands[i as usize]);
+                n.calm_since = n.t;
+                true
+            }
             Step::Pause(i) => fault(&mut n, |n| n.cands[i as usize].paused = true),
             Step::Resume(i) => {
                 let c = &mut n.cands[i as usize];
@@ -659,8 +708,21 @@ impl System {
         match decision.action {
             Action::CreateLease {
                 holder: Some(h), ..
-            } => self.assign(n, r, index(&h), true),
-            Action::Assign { holder, .. } => self.assign(n, r, index(&holder), false),
+            } => {
+                self.assign(n, r, index(&h), true);
+            }
+            Action::Assign { holder, lapsed } => {
+                // The lapsed holder's pod to force out, judged before the write that deposes it
+                // and carried out once that write succeeded.
+                let lapsed = lapsed.map(|h| index(&h));
+                let target = lapsed.and_then(|h| self.forced_exit_target(n, r, h));
+                let deposed = n.lease.clone();
+                if self.assign(n, r, index(&holder), false)
+                    && let (Some(h), Some(pod), Some(deposed)) = (lapsed, target, deposed)
+                {
+                    force_out(n, h, pod, &deposed);
+                }
+            }
             Action::Ping { candidates } => {
                 for c in candidates {
                     let i = index(&c);
@@ -748,7 +810,7 @@ impl System {
     /// Assigns the next term to `holder`: from the block the replica's last mark write
     /// reserved, else by a mark write first (reserving [`BLOCK`] terms), then the Lease by
     /// compare-and-swap on the version the replica saw (or a create).
-    fn assign(&self, n: &mut State, r: u8, holder: u8, create: bool) {
+    fn assign(&self, n: &mut State, r: u8, holder: u8, create: bool) -> bool {
         let ri = r as usize;
         let seen = n.ops[ri].record.as_ref().map(|(l, _)| l.clone());
         let current = seen.as_ref().map_or(0, |l| l.term);
@@ -776,7 +838,7 @@ impl System {
         n.ops[ri].block = n.ops[ri].block.map(|b| b.handed_out(term));
         let seen_rv = seen.map(|l| l.rv);
         if (create && n.lease.is_some()) || (!create && n.lease.as_ref().map(|l| l.rv) != seen_rv) {
-            return; // the create or the compare-and-swap fails; the term is used up
+            return false; // the create or the compare-and-swap fails; the term is used up
         }
         if term <= n.max_term {
             n.term_reused = true;
@@ -792,6 +854,8 @@ impl System {
             released_by: None,
             preferred: None,
             renew: n.t,
+            holder_pod: n.ops[ri].pods[holder as usize],
+            truth: (n.cands[holder as usize].pod, None),
         });
         let op = &mut n.ops[ri];
         op.held = Some((holder, term, n.t));
@@ -799,6 +863,20 @@ impl System {
         if let Some(o) = n.cand_objs[holder as usize].as_mut() {
             o.leader_term = Some(term);
         }
+        true
+    }
+
+    /// The pod of lapsed holder `h` to force out, as replica `r` sees it: the pod its
+    /// candidate names, if that is the pod the Lease record says its term was assigned in,
+    /// with the same container restarts (nothing in it exited).
+    fn forced_exit_target(&self, n: &State, r: u8, h: u8) -> Option<u8> {
+        let op = &n.ops[r as usize];
+        let (pod, restarts) = op.pods[h as usize]?;
+        if self.mutation == Some(Mutation::OwnerPod) {
+            return Some(pod);
+        }
+        let record = &op.record.as_ref()?.0;
+        (record.holder == Some(h) && record.holder_pod == Some((pod, restarts))).then_some(pod)
     }
 }
 
@@ -807,6 +885,7 @@ impl Op {
         Op {
             heard: vec![Heard::default(); n],
             registrations: vec![0; n],
+            pods: vec![None; n],
             record: None,
             held: None,
             term_seen: None,
@@ -847,6 +926,9 @@ fn deliver(n: &mut State, r: usize) {
                 renew: Some(wall(o.renew)),
             };
             op.heard[i].delivered(v, instant(now), true, wall(now));
+            // The pod it names, and that pod's restarts while it exists.
+            let c = &n.cands[i];
+            op.pods[i] = (c.pod == o.owner_pod).then_some((c.pod, c.restarts));
         }
     }
     match &n.lease {
@@ -906,6 +988,7 @@ fn register(n: &mut State, i: u8) -> bool {
         pinged_at_rv: None,
         leader_term,
         registrations: registrations + 1,
+        owner_pod: c.pod,
     });
     n.calm_since = n.t;
     true
@@ -948,6 +1031,7 @@ fn take_term(n: &mut State, i: u8) -> bool {
     };
     c.deadline = n.t + RENEW_DEADLINE;
     c.cmd = Some(l.term);
+    l.truth.1 = Some(c.pod);
     true
 }
 
@@ -970,6 +1054,35 @@ fn release(n: &mut State, i: u8) -> bool {
     l.holder = None;
     l.released_by = Some(i);
     true
+}
+
+/// The pod is deleted (its processes die with it) and its workload controller makes another.
+fn replace_pod(c: &mut Cand) {
+    c.agent = Agent::Down;
+    c.cmd = None;
+    c.paused = false;
+    c.cut = false;
+    c.answered = None;
+    c.pod += 1;
+    c.restarts = 0;
+    c.evicted = false;
+}
+
+/// Evicts `pod` of candidate `h`, deposed from `deposed`, with the pod's uid as a
+/// precondition (a pod since replaced is not hit); it terminates at a later step. The
+/// forced-exit property: it must be the pod that held the deposed term (assigned in it, or
+/// taken by its agent).
+fn force_out(n: &mut State, h: u8, pod: u8, deposed: &LeaseObj) {
+    let c = &mut n.cands[h as usize];
+    if c.pod != pod || c.evicted {
+        return;
+    }
+    let (assigned_in, taken_by) = deposed.truth;
+    if pod != assigned_in && Some(pod) != taken_by {
+        n.wrong_eviction = true;
+    }
+    n.evicted = true;
+    c.evicted = true;
 }
 
 fn fault(n: &mut State, f: impl FnOnce(&mut State)) -> bool {
