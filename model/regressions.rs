@@ -111,6 +111,30 @@ pub fn cases() -> Vec<Case> {
             end: |s| !s.in_order(),
         },
         Case {
+            // c1 is named at term 1 in its first pod, which is replaced before its agent took
+            // the term; the new pod's agent registers and is cut off; the term lapses, and the
+            // forced exit hits the new pod, which never held it.
+            name: "owner-pod: a forced exit of the pod the candidate names now",
+            system: two(Some(Mutation::OwnerPod), 2),
+            steps: [
+                vec![Operate(1), Operate(0), Register(1), Tick],
+                vec![
+                    Operate(0),
+                    ReplacePod(1),
+                    Register(1),
+                    Operate(1),
+                    Cut(1),
+                    Tick,
+                ],
+                seconds(1),
+                vec![Operate(1), Operate(0), Register(0), Tick],
+                seconds(1),
+                vec![Operate(0)],
+            ]
+            .concat(),
+            end: |s| s.wrong_eviction,
+        },
+        Case {
             // The protocol's own worst case for liveness (docs/model.md): c0 registers and
             // crashes, the active replica is paused in the same second; the standby takes
             // over after 3 s, elects c0 (its registration counts as alive), waits its term

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -122,28 +122,23 @@ fn build(mut config: Config, timeouts: Timeouts, gate: Option<Gate>) -> anyhow::
     Ok(builder.with_layer(&Policy { timeouts, gate }).build())
 }
 
-/// Open until a deadline on this process's monotonic clock; closed from the start.
-#[derive(Clone, Debug)]
+/// Open until a deadline on the boot clock, closed from the start. The boot clock
+/// (`CLOCK_BOOTTIME`, [`crate::clock`]) counts the time the machine was suspended, which this
+/// process's monotonic clock does not: a replica whose node is suspended past its renew
+/// deadline (while a standby takes over) finds its gate closed on resuming, before any timer
+/// of its own has noticed.
+#[derive(Clone, Debug, Default)]
 pub struct Gate {
-    base: Instant,
-    /// Nanoseconds after `base` until which writes may be sent; 0: closed.
+    /// Boot-clock nanoseconds until which writes may be sent; 0: closed.
     until: Arc<AtomicU64>,
 }
 
-impl Default for Gate {
-    fn default() -> Self {
-        Gate {
-            base: Instant::now(),
-            until: Arc::new(AtomicU64::new(0)),
-        }
-    }
-}
-
 impl Gate {
-    /// Opens the gate until `deadline` (it never moves back: an older deadline is ignored).
-    pub fn open_until(&self, deadline: Instant) {
-        let ns = deadline.saturating_duration_since(self.base).as_nanos() as u64;
-        self.until.fetch_max(ns, Ordering::SeqCst);
+    /// Opens the gate until `deadline`, in boot-clock nanoseconds (it never moves back: an
+    /// older deadline is ignored). Computed from a boot-clock reading taken when the renew
+    /// that proves leadership was sent ([`crate::clock::after`]).
+    pub fn open_until(&self, deadline: u64) {
+        self.until.fetch_max(deadline, Ordering::SeqCst);
     }
 
     /// Closes the gate now (leadership is known to be lost).
@@ -152,8 +147,7 @@ impl Gate {
     }
 
     pub fn is_open(&self) -> bool {
-        let now = self.base.elapsed().as_nanos() as u64;
-        now < self.until.load(Ordering::SeqCst)
+        crate::clock::boottime_now() < self.until.load(Ordering::SeqCst)
     }
 }
 
@@ -329,17 +323,18 @@ mod tests {
             .unwrap();
         assert_eq!(reached.load(Ordering::SeqCst), 1);
 
-        gate.open_until(Instant::now() + Duration::from_secs(4));
+        let boot = crate::clock::boottime_now;
+        gate.open_until(crate::clock::after(boot(), Duration::from_secs(4)));
         for m in [Method::PUT, Method::POST, Method::PATCH, Method::DELETE] {
             svc.call(request(m, "/x")).await.unwrap();
         }
         assert_eq!(reached.load(Ordering::SeqCst), 5);
         // An older deadline does not shorten a later one.
-        gate.open_until(Instant::now());
+        gate.open_until(boot());
         assert!(gate.is_open());
         // Nobody closes the gate: its deadline passing is enough.
         let gate2 = Gate::default();
-        gate2.open_until(Instant::now() + Duration::from_millis(1));
+        gate2.open_until(crate::clock::after(boot(), Duration::from_millis(1)));
         std::thread::sleep(Duration::from_millis(5));
         assert!(!gate2.is_open(), "the gate closes at its deadline");
         let (mut svc2, reached2) = service(Duration::ZERO, Some(gate2));

@@ -151,6 +151,14 @@ impl Elector {
         }
     }
 
+    /// Opens the write gate until the renew deadline after a successful write sent when the
+    /// boot clock read `sent_boot` (the gate counts a suspension of the machine; this
+    /// process's timers do not).
+    fn open_gate(&self, sent_boot: u64) {
+        self.gate
+            .open_until(crate::clock::after(sent_boot, self.timings.renew_deadline));
+    }
+
     fn remember(&self, written: Lease) {
         *self.written.lock().unwrap() = Some(written);
     }
@@ -170,9 +178,10 @@ impl Elector {
         let mut observed = Observed::default();
         loop {
             let sent = Instant::now();
+            let sent_boot = crate::clock::boottime_now();
             match self.try_acquire(&mut observed).await {
                 Ok(Acquired::Took) => {
-                    self.gate.open_until(sent + self.timings.renew_deadline);
+                    self.open_gate(sent_boot);
                     return sent;
                 }
                 Ok(Acquired::Created) => {
@@ -182,10 +191,11 @@ impl Elector {
                     // renew that proves nobody else wrote since.
                     tokio::time::sleep(self.timings.renew_deadline).await;
                     let sent = Instant::now();
+                    let sent_boot = crate::clock::boottime_now();
                     if let Ok(Ok(())) =
                         tokio::time::timeout(self.timings.renew_deadline, self.renew()).await
                     {
-                        self.gate.open_until(sent + self.timings.renew_deadline);
+                        self.open_gate(sent_boot);
                         return sent;
                     }
                 }
@@ -284,10 +294,11 @@ impl Elector {
                 _ = tokio::time::sleep(self.timings.retry_period) => {}
             }
             let sent = Instant::now();
+            let sent_boot = crate::clock::boottime_now();
             match tokio::time::timeout_at(deadline, self.renew()).await {
                 Ok(Ok(())) => {
                     last_ok = sent;
-                    self.gate.open_until(sent + self.timings.renew_deadline);
+                    self.open_gate(sent_boot);
                 }
                 // The Lease is gone or names someone else: stop writing now, not at the deadline.
                 Ok(Err(Renew::Lost(why))) => {
@@ -321,12 +332,13 @@ impl Elector {
             let spec = l.spec.get_or_insert_with(LeaseSpec::default);
             spec.renew_time = Some(lease::now());
             let sent = Instant::now();
+            let sent_boot = crate::clock::boottime_now();
             let attempt =
                 tokio::time::timeout(self.timings.renew_deadline, self.store.replace(&l)).await;
             match attempt {
                 Ok(Ok(written)) => {
                     self.remember(written);
-                    self.gate.open_until(sent + self.timings.renew_deadline);
+                    self.open_gate(sent_boot);
                     tracing::info!(lease = %self.name, "resumed: nobody wrote the operator lease meanwhile");
                     return Some(sent);
                 }
