@@ -70,10 +70,13 @@ pub enum Mutation {
     /// A lapsed holder's forced exit targets the pod its candidate names now, not the pod its
     /// term was assigned in (with the same containers).
     OwnerPod,
+    /// A replica that finds no Lease, remembers no holder and sees no `Leader` condition elects
+    /// at once, though the term mark says a term was handed out before it became active.
+    NoUnknownTerm,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 9] = [
         Mutation::NoRenewDeadline,
         Mutation::LongKillGrace,
         Mutation::ExpiryByRenewTime,
@@ -82,6 +85,7 @@ impl Mutation {
         Mutation::NoHandover,
         Mutation::IgnorePings,
         Mutation::OwnerPod,
+        Mutation::NoUnknownTerm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,6 +98,7 @@ impl Mutation {
             Mutation::NoHandover => "no-handover",
             Mutation::IgnorePings => "ignore-pings",
             Mutation::OwnerPod => "owner-pod",
+            Mutation::NoUnknownTerm => "no-unknown-term",
         }
     }
 
@@ -104,6 +109,7 @@ impl Mutation {
             Mutation::NoHandover => "version order",
             Mutation::IgnorePings => "liveness",
             Mutation::OwnerPod => "forced exits",
+            Mutation::NoUnknownTerm => "exclusion",
             _ => "exclusion",
         }
     }
@@ -233,6 +239,9 @@ pub struct Op {
     pub started: u8,
     /// A mark write still to make (only under [`Mutation::MarkAfterLease`]: after the Lease).
     pub pending_mark: Option<i32>,
+    /// The status write that reports an assignment (the holder's `Leader` condition, with its
+    /// term), still to make: the reconcile writes it after the Lease.
+    pub pending_status: Option<(u8, i32)>,
     /// The tick it last operated at (renewed or tried the HA lease, and reconciled): once a
     /// second, while it runs.
     pub operated: Option<u8>,
@@ -317,6 +326,8 @@ pub enum Step {
     Register(u8),
     /// A replica's mark write, after the Lease (only under [`Mutation::MarkAfterLease`]).
     WriteMark(u8),
+    /// A replica's status write reporting its assignment, after the Lease.
+    WriteStatus(u8),
     /// A replica's second: renew (or try to take) the HA lease, and reconcile while its write
     /// gate is open.
     Operate(u8),
@@ -359,6 +370,9 @@ fn wall(t: u8) -> Timestamp {
 fn secs(t: u8) -> Duration {
     Duration::from_secs(t.into())
 }
+
+/// The holder remembered when nothing names one but the term mark (`held::UNKNOWN_HOLDER`).
+const UNKNOWN: u8 = u8::MAX;
 
 fn name(i: u8) -> String {
     format!("c{i}")
@@ -446,6 +460,9 @@ impl System {
             if o.pending_mark.is_some() {
                 out.push(Step::WriteMark(r));
                 all_operated = false;
+            } else if o.pending_status.is_some() {
+                out.push(Step::WriteStatus(r));
+                all_operated = false;
             } else if o.operated != Some(s.t) {
                 out.push(Step::Operate(r));
                 all_operated = false;
@@ -503,6 +520,17 @@ impl System {
             Step::Register(i) => register(&mut n, i),
             Step::WriteMark(r) => {
                 n.mark = n.mark.max(n.ops[r as usize].pending_mark.take().unwrap());
+                true
+            }
+            Step::WriteStatus(r) => {
+                let op = &mut n.ops[r as usize];
+                let (holder, term) = op.pending_status.take().unwrap();
+                // Refused at a closed gate.
+                if n.t < op.gate
+                    && let Some(o) = n.cand_objs[holder as usize].as_mut()
+                {
+                    o.leader_term = Some(term);
+                }
                 true
             }
             Step::Operate(r) => self.operate(&mut n, r),
@@ -686,6 +714,7 @@ impl System {
         if now >= n.ops[ri].gate {
             return;
         }
+        self.learn(n, r);
         let candidates: Vec<Candidate> = (0..self.candidates)
             .filter(|&i| n.ops[ri].registrations[i as usize] > 0)
             .map(|i| candidate(n, r, i, self.rules()))
@@ -777,26 +806,12 @@ impl System {
         }
     }
 
-    /// The holder the replica remembers, when the Lease as delivered no longer names it; after
-    /// a restart, with nothing remembered and no Lease, the candidate whose `Leader` condition
-    /// names the highest term, waited out from the restart.
+    /// The holder the replica remembers ([`System::learn`]), when the Lease as delivered no
+    /// longer names it.
     fn previous(&self, n: &State, r: u8) -> Option<decide::Previous> {
         let op = &n.ops[r as usize];
         let record = op.record.as_ref().map(|(l, _)| l);
-        let leader = || {
-            let (i, o) = n
-                .cand_objs
-                .iter()
-                .enumerate()
-                .filter_map(|(i, o)| Some((i as u8, o.as_ref()?.leader_term?)))
-                .max_by_key(|(_, term)| *term)?;
-            Some((i, o, op.started))
-        };
-        let (holder, term, seen) = match op.held {
-            Some(h) => h,
-            None if record.is_none() => leader()?,
-            None => return None,
-        };
+        let (holder, term, seen) = op.held?;
         let named = record.is_some_and(|l| l.holder == Some(holder) && l.term == term);
         let released = record.is_some_and(|l| l.released_by == Some(holder));
         (!named && !released).then(|| decide::Previous {
@@ -805,6 +820,59 @@ impl System {
             duration: secs(LEASE),
             pod_stopped: false,
         })
+    }
+
+    /// What the replica remembers of the holder, learned as its reconcile looks at the lease
+    /// (`operator/term/held.rs`): from the Lease record (since it was first delivered); on a
+    /// first look with no record naming a holder that did not release it, from the candidate
+    /// whose `Leader` condition names the highest term, or, with none, an unknown holder when
+    /// the term mark says a term was handed out; each waited out a full duration from now.
+    fn learn(&self, n: &mut State, r: u8) {
+        let now = n.t;
+        let leader = n
+            .cand_objs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, o)| Some((i as u8, o.as_ref()?.leader_term?)))
+            .max_by_key(|(_, term)| *term);
+        let handed_out = n.mark > 0 && self.mutation != Some(Mutation::NoUnknownTerm);
+        let op = &mut n.ops[r as usize];
+        let known = op.held.is_some();
+        let record = op.record.as_ref().map(|(l, since)| (l.clone(), *since));
+        let over = op.held.is_none_or(|(h, _, seen)| {
+            record
+                .as_ref()
+                .is_some_and(|(l, _)| l.holder.is_none() && l.released_by == Some(h))
+                || now - seen >= LEASE
+        });
+        match record {
+            Some((l, since)) if l.holder.is_some() => {
+                let h = l.holder.unwrap();
+                // First look, and the Lease names someone other than the reported leader: the
+                // reported leader's term first.
+                if let (false, Some((c, term))) = (known, leader)
+                    && c != h
+                {
+                    op.held = Some((c, term, now));
+                    return;
+                }
+                match op.held.as_mut() {
+                    Some((holder, _, seen)) if *holder == h => *seen = (*seen).max(since),
+                    Some(_) if !over => {}
+                    _ => op.held = Some((h, l.term, since)),
+                }
+            }
+            ref record
+                if !known && record.as_ref().is_none_or(|(l, _)| l.released_by.is_none()) =>
+            {
+                op.held = match leader {
+                    Some((c, term)) => Some((c, term, now)),
+                    None if handed_out => Some((UNKNOWN, 0, now)),
+                    None => None,
+                };
+            }
+            _ => {}
+        }
     }
 
     /// Assigns the next term to `holder`: from the block the replica's last mark write
@@ -860,9 +928,7 @@ impl System {
         let op = &mut n.ops[ri];
         op.held = Some((holder, term, n.t));
         op.term_seen = Some((term, n.t));
-        if let Some(o) = n.cand_objs[holder as usize].as_mut() {
-            o.leader_term = Some(term);
-        }
+        op.pending_status = Some((holder, term));
         true
     }
 
@@ -892,6 +958,7 @@ impl Op {
             block: None,
             started,
             pending_mark: None,
+            pending_status: None,
             operated: None,
             active: false,
             gate: 0,
@@ -937,9 +1004,12 @@ fn deliver(n: &mut State, r: usize) {
             if !same {
                 op.record = Some((l.clone(), now));
                 if let Some(h) = l.holder {
-                    // A record naming a holder: the term it remembers, seen now.
-                    if op.held.is_none_or(|(_, term, _)| l.term >= term) {
-                        op.held = Some((h, l.term, now));
+                    // A record naming the holder it remembers: seen now (the watch learns no
+                    // new holder; a reconcile does, [`System::learn`]).
+                    if let Some((held, _, seen)) = op.held.as_mut()
+                        && *held == h
+                    {
+                        *seen = now;
                     }
                     if op.term_seen.is_none_or(|(term, _)| term != l.term) {
                         op.term_seen = Some((l.term, now));

@@ -47,6 +47,7 @@ crate::tests![operator:
     new_leases_of_a_shard_share_one_mark_write,
     standby_operator_takes_over_on_sigterm,
     standby_operator_takes_over_after_sigkill,
+    a_term_nobody_reported_is_waited_out_after_its_lease_is_deleted,
     a_cut_off_operator_stops_acting_before_the_standby_takes_over,
     a_briefly_cut_off_operator_resumes_without_a_failover,
     an_outage_seen_by_both_replicas_is_ridden_out_by_the_active_one,
@@ -891,6 +892,50 @@ async fn standby_operator_takes_over_after_sigkill(env: Arc<TestEnv>) {
         killed.elapsed() >= Duration::from_secs(4),
         "took over after {:?}",
         killed.elapsed()
+    );
+}
+
+/// The active replica dies between the Lease that names a holder and the status that reports
+/// it (cleared here by hand, as that status was never written), and the Lease is deleted by
+/// hand before the standby looks: nothing names the holder, whose workload may still run, but
+/// the term mark says a term was handed out. The standby waits a full lease duration (15 s)
+/// from its first look before electing anyone, and the next term is above the mark.
+async fn a_term_nobody_reported_is_waited_out_after_its_lease_is_deleted(env: Arc<TestEnv>) {
+    let (mut first, _second, active) = two_operators(&env).await;
+    let _r = Responder::start(env.client.clone(), &env.ns, &["u1"]);
+    create_candidate(&env, "u1", "unreported", "1.0.0", Some("1.0.0"), OEV, None).await;
+    let held = wait_for_holder(&env, "unreported", "u1", DEADLINE).await;
+    kill(Pid::from_raw(first.pid()), Signal::SIGKILL).unwrap();
+    first.wait_exit(DEADLINE).await;
+    // Before the standby takes over (6 s of silence): no `Leader` condition, no Lease.
+    let candidates: Api<LeaseCandidate> = env.api();
+    let cleared = json!({ "status": { "conditions": [] } });
+    candidates
+        .patch_status("u1", &PatchParams::default(), &Patch::Merge(&cleared))
+        .await
+        .unwrap();
+    let leases: Api<Lease> = env.api();
+    leases
+        .delete("unreported", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| *h != active)
+    })
+    .await;
+    // Seen acting at most a second after it took over (it has renewed once since).
+    let acting = Instant::now() - Duration::from_secs(1);
+    let again = wait_for_holder(&env, "unreported", "u1", Duration::from_secs(60)).await;
+    assert!(
+        acting.elapsed() >= Duration::from_secs(14),
+        "elected {:?} after the standby took over: the unreported term was not waited out",
+        acting.elapsed()
+    );
+    assert!(
+        lease::term(&again) > lease::term(&held) + 1,
+        "term {} after {}: above the mark",
+        lease::term(&again),
+        lease::term(&held)
     );
 }
 

@@ -32,6 +32,11 @@ pub(in crate::operator) struct Pass {
     pub plan: Option<Plan>,
     /// When the next candidate without a pod expires.
     pub next_expiry: Option<Duration>,
+    /// Nothing says who may hold the lease (no Lease naming a holder that did not release it,
+    /// no memory, no candidate reported `Leader`), yet its term mark says a term may have
+    /// been handed out before this replica became active: an unknown holder's term may run
+    /// (a predecessor died between the Lease and its status, and the Lease was deleted).
+    pub unknown_term: bool,
     /// A single-active lease's pass never interleaves with another of its namespace's.
     _serial: Option<OwnedMutexGuard<()>>,
 }
@@ -111,14 +116,42 @@ impl Worker {
             Prepared::Workload(p) => Some(*p),
         };
         self.metrics.candidates(key, candidates.len());
+        let unknown_term = self.unknown_term(key, lease.as_deref(), &candidates).await;
         Ok(Gathered::Pass(Box::new(Pass {
             key: key.clone(),
             candidates,
             lease,
             plan,
             next_expiry,
+            unknown_term,
             _serial: serial,
         })))
+    }
+
+    /// [`Pass::unknown_term`]: asked of the term ledger only on a first look with nothing
+    /// else known (a shard read at most once per replica); a failed read counts as a term.
+    async fn unknown_term(
+        &mut self,
+        key: &LeaseKey,
+        lease: Option<&Lease>,
+        candidates: &[Arc<LeaseCandidate>],
+    ) -> bool {
+        let holderless =
+            lease.is_none_or(|l| lease::holder(l).is_none() && lease::released_by(l).is_none());
+        if candidates.is_empty()
+            || !holderless
+            || self.caches.held.knows(key)
+            || super::view::last_reported_leader(candidates).is_some()
+        {
+            return false;
+        }
+        self.terms
+            .handed_out_before(&key.namespace, &key.name)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(lease = %key, error = %e, "reading the term mark; waiting a lease duration as if a term ran");
+                true
+            })
     }
 
     /// The election's inputs for `pass`: each candidate as heard and with its pod, the Lease
@@ -130,6 +163,7 @@ impl Worker {
             candidates,
             lease,
             plan,
+            unknown_term,
             ..
         } = pass;
         let valid = self.settings.rules.ack_valid_for;
@@ -161,7 +195,13 @@ impl Worker {
             previous,
             term_ended,
             released,
-        } = self.view(key, lease.as_deref(), candidates, &mut inputs);
+        } = self.view(
+            key,
+            lease.as_deref(),
+            candidates,
+            *unknown_term,
+            &mut inputs,
+        );
         if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
             let note = format!("released lease {}", key.name);
             publish(

@@ -54,7 +54,11 @@ impl Worker {
         // While a hand-edited-out holder's term may still run, it is still reported as the
         // leader (its Leader condition is also what a replica taking over remembers it by).
         let waiting_for = match &decision.action {
-            Action::WaitForTerm { holder, .. } => Some(holder.as_str()),
+            Action::WaitForTerm { holder, .. }
+                if holder != crate::operator::term::held::UNKNOWN_HOLDER =>
+            {
+                Some(holder.as_str())
+            }
             _ => None,
         };
         // (A Lease arbiter did not make names nobody arbiter elected.)

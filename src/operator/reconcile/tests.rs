@@ -39,14 +39,17 @@ fn candidate(name: &str, version: &str, rv: u64) -> LeaseCandidate {
 }
 
 /// The stand-in API server: candidates are answered as the test last gave them (a ping's
-/// answer carries the ping and a new resource version), term marks start empty, and whatever
-/// is created or written comes back as sent, with a resource version.
+/// answer carries the ping and a new resource version), term marks start empty (unless the
+/// test sets a shard), and whatever is created or written comes back as sent, with a resource
+/// version.
 struct Server {
     candidates: Arc<Mutex<BTreeMap<String, LeaseCandidate>>>,
     /// The last Lease created or written, as the server answered it.
     lease: Arc<Mutex<Option<Lease>>>,
     /// The pods a list returns.
     pods: Arc<Mutex<Vec<Pod>>>,
+    /// The term marks a read of a shard returns (none: the shard does not exist).
+    marks: Arc<Mutex<Option<BTreeMap<String, String>>>>,
     api: FakeApi,
 }
 
@@ -60,8 +63,14 @@ impl Server {
         let version = Arc::new(Mutex::new(100u64));
         let lease = Arc::new(Mutex::new(None));
         let pods: Arc<Mutex<Vec<Pod>>> = Arc::default();
-        let (state, next, last, listed) =
-            (known.clone(), version.clone(), lease.clone(), pods.clone());
+        let marks: Arc<Mutex<Option<BTreeMap<String, String>>>> = Arc::default();
+        let (state, next, last, listed, shard) = (
+            known.clone(),
+            version.clone(),
+            lease.clone(),
+            pods.clone(),
+            marks.clone(),
+        );
         let (client, api) = FakeApi::new(move |r: &Request| {
             let mut next = next.lock().unwrap();
             *next += 1;
@@ -82,9 +91,14 @@ impl Server {
                     let name = p.trim_end_matches("/status").rsplit('/').next().unwrap();
                     Answer::ok(serde_json::to_value(&state.lock().unwrap()[name]).unwrap())
                 }
-                ("GET", p) if p.contains("/configmaps/") => {
-                    Answer::status(404, "NotFound", "configmaps not found")
-                }
+                ("GET", p) if p.contains("/configmaps/") => match &*shard.lock().unwrap() {
+                    Some(data) => Answer::ok(json!({
+                        "apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": name, "namespace": "ns", "resourceVersion": rv},
+                        "data": data,
+                    })),
+                    None => Answer::status(404, "NotFound", "configmaps not found"),
+                },
                 ("POST", _) | ("PUT", _) => {
                     let mut obj: Value = serde_json::from_str(&r.body).unwrap();
                     obj["metadata"]["resourceVersion"] = json!(rv);
@@ -119,9 +133,19 @@ impl Server {
                 candidates: known,
                 lease,
                 pods,
+                marks,
                 api,
             },
         )
+    }
+
+    /// Term marks in the shard, as if an earlier operator had written them.
+    fn set_marks(&self, marks: &[(&str, i32)]) {
+        let data = marks
+            .iter()
+            .map(|(lease, mark)| (lease.to_string(), mark.to_string()))
+            .collect();
+        *self.marks.lock().unwrap() = Some(data);
     }
 
     /// The candidate as the server has it now (after the arbiter's pings).
@@ -472,6 +496,36 @@ async fn a_lease_deleted_by_hand_is_not_given_away_while_its_term_may_run() {
         again > std::time::Duration::from_secs(14)
             && again <= std::time::Duration::from_millis(15_200),
         "at the end of the term (15 s from its last record): {again:?}"
+    );
+}
+
+/// A replica that becomes active after its predecessor died between a Lease and the status
+/// that reports its holder, the Lease since deleted by hand: nothing names a holder, but the
+/// term mark says a term was handed out, so that unknown holder's term is waited out (a full
+/// duration from this first look); the shard is read once. Without a mark (the test above),
+/// the first election is at once.
+#[tokio::test]
+async fn a_term_mark_with_no_lease_and_no_reported_leader_is_waited_out() {
+    let (_, server, mut worker, mut queue) = registered("old", &["--settle=0s"]);
+    server.set_marks(&[("l", 16)]);
+    for _ in 0..2 {
+        let waiting = worker.reconcile(&key(), &mut queue).await.unwrap();
+        assert!(
+            server.requests("POST", "/leases").is_empty(),
+            "no Lease while an unknown holder's term may run"
+        );
+        assert!(waiting.electing, "waiting for the term");
+        let again = waiting.after.expect("looked at again");
+        assert!(
+            again > std::time::Duration::from_secs(14)
+                && again <= std::time::Duration::from_millis(15_200),
+            "at the end of a full lease duration: {again:?}"
+        );
+    }
+    assert_eq!(
+        server.requests("GET", "/configmaps/").len(),
+        1,
+        "the shard read once"
     );
 }
 

@@ -64,12 +64,14 @@ impl Worker {
     }
 
     /// Builds the view of `key`'s lease, and marks in `inputs` a holder candidate whose process
-    /// ended (not elected again until a new process of it registers).
+    /// ended (not elected again until a new process of it registers). `unknown_term`: see
+    /// [`super::gather::Pass::unknown_term`].
     pub(in crate::operator) fn view(
         &mut self,
         key: &LeaseKey,
         lease: Option<&Lease>,
         candidates: &[Arc<LeaseCandidate>],
+        unknown_term: bool,
         inputs: &mut [decide::Candidate],
     ) -> View {
         let mut released = None;
@@ -93,12 +95,21 @@ impl Worker {
             self.record_seen(l, now - unchanged_for, declared_duration(holder_candidate))
         });
         // Its candidate's pod is only a claim: the term remembered this way runs its full
-        // duration.
-        let leader = last_reported_leader(candidates).map(|c| held::Leader {
-            name: c.name_any(),
-            pod_uid: None,
-            declared: declared_duration(Some(c)),
-        });
+        // duration. With no reported leader either, but a term mark that says a term may have
+        // been handed out before this replica became active, an unknown holder's.
+        let leader = last_reported_leader(candidates)
+            .map(|c| held::Leader {
+                name: c.name_any(),
+                pod_uid: None,
+                declared: declared_duration(Some(c)),
+            })
+            .or_else(|| {
+                unknown_term.then(|| held::Leader {
+                    name: held::UNKNOWN_HOLDER.into(),
+                    pod_uid: None,
+                    declared: Duration::ZERO,
+                })
+            });
         let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
         let held = &self.caches.held;
         held.learn(

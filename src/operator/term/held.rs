@@ -42,6 +42,12 @@ struct Term {
     withdrew: bool,
 }
 
+/// The holder remembered when nothing names one, yet the term mark says a term may have been
+/// handed out before this replica became active ([`crate::operator::reconcile`]'s
+/// `unknown_term`): not a candidate's name (no Kubernetes name has `<`), so no candidate is
+/// taken for it, and its term is waited out like any other.
+pub const UNKNOWN_HOLDER: &str = "<unknown>";
+
 /// The candidate whose `Leader` condition the arbiter last set to True (of several, the one at
 /// the highest term: a deposed holder's `Leader=False` may wait behind the new holder's): the
 /// memory a replica taking over inherits.
@@ -236,6 +242,11 @@ impl Held {
             duration: t.duration,
             pod_stopped: t.pod_uid.as_deref().is_some_and(&stopped),
         })
+    }
+
+    /// Whether anything is remembered of `key`'s holder.
+    pub fn knows(&self, key: &LeaseKey) -> bool {
+        self.locked().contains_key(key)
     }
 
     /// The remembered holder and its incarnation, when the Lease recorded one for its term.

@@ -180,6 +180,43 @@ impl TermLedger {
     /// The next term from the block this ledger reserved for `lease`, if it can serve: the
     /// term after `current`, or the block's first for a lease with no term yet, unless someone
     /// else wrote the shard since (its blocks reserved ahead are then forgotten).
+    /// Whether a term of `lease` may have been handed out before this replica became active:
+    /// its mark, in the shard as this ledger last read or wrote it (read now if it never
+    /// did), is above zero, and is not a block this ledger reserved ahead and never drew
+    /// from. This ledger starts when its replica becomes active, and a predecessor's marks
+    /// were all written before (its write gate closed first), so any copy this ledger holds
+    /// has them. A mark that cannot be read counts as one.
+    pub async fn handed_out_before(
+        &mut self,
+        namespace: &str,
+        lease: &str,
+    ) -> Result<bool, TermError> {
+        let Place {
+            lease_key,
+            shard,
+            key,
+            api,
+        } = Place::of(&self.client, namespace, lease);
+        if self
+            .blocks
+            .get(&lease_key)
+            .is_some_and(|b| b.first().is_some())
+        {
+            return Ok(false);
+        }
+        let cm = match self.shards.get(&key) {
+            Some(cm) => cm.clone(),
+            None => match api.get_opt(&shard).await.map_err(api_error(lease))? {
+                Some(cm) => {
+                    self.shards.insert(key, cm.clone());
+                    cm
+                }
+                None => return Ok(false),
+            },
+        };
+        Ok(recorded(&cm, lease).map_or(true, |mark| mark > 0))
+    }
+
     async fn draw_from_block(
         &mut self,
         namespace: &str,
