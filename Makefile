@@ -172,7 +172,8 @@ MUTATION ?=
 model:
 	$(CARGO) test --release --test model -- $(if $(MUTATION),--mutation $(MUTATION))
 
-## model-short: the same at the smallest bound (2 candidates, 8 s, 2 faults), part of `make test`
+## model-short: the same at smaller bounds (2 candidates and 2 replicas for 8 s with 2 faults and
+## for 13 s with 1; 1 replica for 7 s with 3 faults), part of `make test`
 model-short:
 	$(CARGO) test --release --test model -- --small
 

@@ -201,7 +201,8 @@ const LAYERS: &[&[&str]] = &[
     &["flags", "usage"],
     &["workloads", "candidate"],
     &["lease"],
-    &["tolerant", "client", "clock", "memory"],
+    &["tolerant", "client", "memory"],
+    &["clock"],
     &["api"],
     &["election"],
 ];

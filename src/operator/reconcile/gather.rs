@@ -128,8 +128,9 @@ impl Worker {
         })))
     }
 
-    /// [`Pass::unknown_term`]: asked of the term ledger only on a first look with nothing
-    /// else known (a shard read at most once per replica); a failed read counts as a term.
+    /// [`Pass::unknown_term`]: asked of the term ledger on each pass while nothing else is
+    /// known (each worker reads a shard for it at most once: a lease's shard is always its
+    /// worker's); a failed read counts as a term.
     async fn unknown_term(
         &mut self,
         key: &LeaseKey,

@@ -104,10 +104,16 @@ impl Worker {
                 declared: declared_duration(Some(c)),
             })
             .or_else(|| {
+                // As long as any of the lease's candidates says its terms last.
+                let declared = candidates
+                    .iter()
+                    .map(|c| declared_duration(Some(c)))
+                    .max()
+                    .unwrap_or_default();
                 unknown_term.then(|| held::Leader {
                     name: held::UNKNOWN_HOLDER.into(),
                     pod_uid: None,
-                    declared: Duration::ZERO,
+                    declared,
                 })
             });
         let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);

@@ -11,7 +11,8 @@
 //! Lease when first seen (with at least the arbiter's own lease duration, in case the record
 //! was edited already), or, when the Lease is gone or names nobody without its holder having
 //! released it, from the candidate whose `Leader` condition the arbiter last set to True, with
-//! a full duration to wait from that moment.
+//! a full duration to wait from that moment; with no such candidate, from the lease's term
+//! mark, which says whether a term was handed out before (an unknown holder, [`UNKNOWN_HOLDER`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,7 +46,8 @@ struct Term {
 /// The holder remembered when nothing names one, yet the term mark says a term may have been
 /// handed out before this replica became active ([`crate::operator::reconcile`]'s
 /// `unknown_term`): not a candidate's name (no Kubernetes name has `<`), so no candidate is
-/// taken for it, and its term is waited out like any other.
+/// taken for it, and its term is waited out like a reported leader's: a full duration from
+/// the first look, as long as the longest any of the lease's candidates declares.
 pub const UNKNOWN_HOLDER: &str = "<unknown>";
 
 /// The candidate whose `Leader` condition the arbiter last set to True (of several, the one at

@@ -95,6 +95,9 @@ pub struct TermLedger {
     shards: HashMap<(String, String), ConfigMap>,
     /// The terms this ledger reserved and has not handed out yet, by (namespace, lease).
     blocks: HashMap<(String, String), Block>,
+    /// Shards read only to learn whether a term was handed out before this replica became
+    /// active ([`TermLedger::handed_out_before`]), by (namespace, shard name).
+    read: HashMap<(String, String), ConfigMap>,
 }
 
 /// Of `new_leases`, those whose first block a write of `cm` (the shard of `lease`) reserves:
@@ -149,6 +152,7 @@ impl TermLedger {
             client,
             shards: HashMap::new(),
             blocks: HashMap::new(),
+            read: HashMap::new(),
         }
     }
 
@@ -177,15 +181,14 @@ impl TermLedger {
             .await
     }
 
-    /// The next term from the block this ledger reserved for `lease`, if it can serve: the
-    /// term after `current`, or the block's first for a lease with no term yet, unless someone
-    /// else wrote the shard since (its blocks reserved ahead are then forgotten).
     /// Whether a term of `lease` may have been handed out before this replica became active:
-    /// its mark, in the shard as this ledger last read or wrote it (read now if it never
-    /// did), is above zero, and is not a block this ledger reserved ahead and never drew
-    /// from. This ledger starts when its replica becomes active, and a predecessor's marks
-    /// were all written before (its write gate closed first), so any copy this ledger holds
-    /// has them. A mark that cannot be read counts as one.
+    /// its mark is above zero, and is not a block this ledger reserved ahead and never drew
+    /// from. The mark is read from the shard as this ledger last wrote or read it, else as
+    /// this question last read it (read now if neither). This ledger starts when its replica
+    /// becomes active, and a predecessor's marks were all written before (its write gate
+    /// closed first), so any copy read since has them. A mark that cannot be read counts as
+    /// one. The copy read here is kept apart from the ledger's own: a block reserved ahead is
+    /// drawn from only against this ledger's own last write ([`first_unless_written`]).
     pub async fn handed_out_before(
         &mut self,
         namespace: &str,
@@ -204,11 +207,11 @@ impl TermLedger {
         {
             return Ok(false);
         }
-        let cm = match self.shards.get(&key) {
+        let cm = match self.shards.get(&key).or_else(|| self.read.get(&key)) {
             Some(cm) => cm.clone(),
             None => match api.get_opt(&shard).await.map_err(api_error(lease))? {
                 Some(cm) => {
-                    self.shards.insert(key, cm.clone());
+                    self.read.insert(key, cm.clone());
                     cm
                 }
                 None => return Ok(false),
@@ -217,6 +220,9 @@ impl TermLedger {
         Ok(recorded(&cm, lease).map_or(true, |mark| mark > 0))
     }
 
+    /// The next term from the block this ledger reserved for `lease`, if it can serve: the
+    /// term after `current`, or the block's first for a lease with no term yet, unless someone
+    /// else wrote the shard since (its blocks reserved ahead are then forgotten).
     async fn draw_from_block(
         &mut self,
         namespace: &str,
