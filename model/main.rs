@@ -286,9 +286,7 @@ fn replay_regressions() {
                 .join("\n")
         );
         if case.system.mutation.is_none() {
-            let broken = states
-                .iter()
-                .position(|s| !(s.live() && s.in_order() && !s.overlap && !s.term_reused));
+            let broken = states.iter().position(|s| !s.promises_hold());
             assert!(
                 broken.is_none(),
                 "regression {}: a promise is broken at step {broken:?}",

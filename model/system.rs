@@ -311,6 +311,11 @@ impl State {
             && self.ops.iter().any(|o| !o.paused)
     }
 
+    /// Every promise holds in this state (what a replayed trace of the protocol must keep).
+    pub fn promises_hold(&self) -> bool {
+        !self.overlap && !self.term_reused && self.live() && self.in_order() && !self.wrong_eviction
+    }
+
     /// Version order: with no fault, the holder is never outranked for [`HANDOVER`] or longer.
     pub fn in_order(&self) -> bool {
         self.faults > 0
