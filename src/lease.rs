@@ -244,6 +244,22 @@ pub fn now() -> MicroTime {
     MicroTime(jiff::Timestamp::now())
 }
 
+/// A renewal's `renewTime`: now, or a microsecond after `previous` when the wall clock does
+/// not read later than it (a clock that stands still, or was set back). The arbiter counts a
+/// renewal by the record changing, and the API server does not even write an update that
+/// changes nothing: a renewal that wrote the same `renewTime` again would look like silence,
+/// and its holder be deposed while it runs.
+pub fn renewed_after(previous: Option<&MicroTime>) -> MicroTime {
+    let now = jiff::Timestamp::now();
+    match previous {
+        Some(p) if p.0 >= now => MicroTime(
+            p.0.checked_add(jiff::SignedDuration::from_micros(1))
+                .unwrap_or(p.0),
+        ),
+        _ => MicroTime(now),
+    }
+}
+
 /// Who released the lease, if it has no holder and the release was written by arbiter (an
 /// agent, or the operator on a pod's behalf): the annotation's field manager must be
 /// [`FIELD_MANAGER`], so a hand edit that sets it (`kubectl edit`, `kubectl patch`) does not
@@ -322,6 +338,24 @@ pub fn set_annotation(lease: &mut Lease, key: &str, value: Option<&str>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_renewal_always_changes_renew_time_whatever_the_wall_clock_reads() {
+        let ahead = MicroTime(jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1));
+        let later = renewed_after(Some(&ahead));
+        assert_eq!(
+            later.0.duration_since(ahead.0),
+            jiff::SignedDuration::from_micros(1),
+            "a clock that stands still or was set back: a microsecond after the last"
+        );
+        let past = MicroTime(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(5));
+        let now = renewed_after(Some(&past));
+        assert!(
+            now.0 > past.0 + jiff::SignedDuration::from_secs(4),
+            "otherwise now"
+        );
+        assert!(renewed_after(None).0 <= jiff::Timestamp::now());
+    }
 
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 

@@ -20,6 +20,7 @@ use crate::support::{TestEnv, eventually, wait_for_event};
 
 crate::tests![trust:
     a_candidate_whose_clock_runs_ahead_does_not_keep_the_lease_after_it_dies,
+    a_holder_whose_wall_clock_stands_still_keeps_its_lease,
     a_hand_made_candidate_with_a_future_renew_time_takes_nothing,
     a_ping_stamped_ahead_does_not_stall_the_election,
     a_malformed_then_deleted_candidate_leaves_no_reconcile_failing,
@@ -132,6 +133,43 @@ async fn a_candidate_whose_clock_runs_ahead_does_not_keep_the_lease_after_it_die
         (status.as_str(), reason.as_str()),
         ("False", "Unresponsive")
     );
+    drop(op);
+}
+
+/// A holder whose wall clock stands still (libfaketime's absolute time, its monotonic clock
+/// true) renews with `renewTime`s that must still differ: the arbiter counts a renewal by the
+/// record changing, and the API server does not write an update that changes nothing. Before,
+/// its renewals rewrote the same instant, the record looked silent, and a live candidate was
+/// elected after the lease duration while its workload ran.
+async fn a_holder_whose_wall_clock_stands_still_keeps_its_lease(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &[]);
+    op.wait_ready().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("work.log");
+    // Stopped at the true time now, so its registration is fresh when the arbiter sees it.
+    let frozen = jiff::Timestamp::now()
+        .strftime("%Y-%m-%d %H:%M:%S")
+        .to_string();
+    let args = agent_args(&env.ns, "c1", "still", "1.30.0", &log);
+    let mut c1 = Agent::spawn_with_clock(&env.kubeconfig, "c1", &args, &log, &frozen);
+    let first = wait_for_holder(&env, "still", "c1", DEADLINE).await;
+    wait_started(&log, "c1").await;
+    let _c2 = Agent::spawn(&env.kubeconfig, &env.ns, "c2", "still", "1.31.0", &log);
+    let candidates: Api<LeaseCandidate> = env.api();
+    eventually("c2 registered", DEADLINE, || async {
+        candidates.get_opt("c2").await.ok().flatten()
+    })
+    .await;
+    // Two lease durations.
+    stays(
+        &env,
+        "still",
+        "c1",
+        lease::term(&first),
+        &mut c1,
+        Duration::from_secs(30),
+    )
+    .await;
     drop(op);
 }
 

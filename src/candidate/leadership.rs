@@ -69,7 +69,7 @@ async fn renew(
         }
     }
     let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-    spec.renew_time = Some(lease::now());
+    spec.renew_time = Some(lease::renewed_after(spec.renew_time.as_ref()));
     spec.lease_duration_seconds = Some(crate::lease::seconds(config.timings.lease_duration));
     lease::set_annotation(&mut l, INCARNATION_ANNOTATION, Some(incarnation));
     let written = store.replace(&l).await?;

@@ -330,7 +330,7 @@ impl Elector {
         loop {
             tokio::time::sleep(self.timings.retry_period).await;
             let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-            spec.renew_time = Some(lease::now());
+            spec.renew_time = Some(lease::renewed_after(spec.renew_time.as_ref()));
             let sent = Instant::now();
             let sent_boot = crate::clock::boottime_now();
             let attempt =
@@ -389,7 +389,8 @@ impl Elector {
             )));
         }
         let spec = l.spec.get_or_insert_with(LeaseSpec::default);
-        spec.renew_time = Some(lease::now());
+        // Always another renewTime: a standby counts silence by the record not changing.
+        spec.renew_time = Some(lease::renewed_after(spec.renew_time.as_ref()));
         // Renewing also restores the duration, should someone have lowered it.
         spec.lease_duration_seconds = Some(crate::lease::seconds(self.timings.lease_duration));
         match self.store.replace(&l).await {

@@ -306,7 +306,8 @@ impl Plan {
             return Ok(None);
         }
         let mut l = current.clone();
-        l.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(lease::now());
+        let spec = l.spec.get_or_insert_with(LeaseSpec::default);
+        spec.renew_time = Some(lease::renewed_after(spec.renew_time.as_ref()));
         let written = LeaseStore::new(client.clone(), &key.namespace)
             .replace(&l)
             .await?;
