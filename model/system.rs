@@ -7,7 +7,7 @@
 //! What is abstracted (docs/model.md says why): every process's clock runs at real time's rate;
 //! a replica's watches deliver each second's writes at the end of the second (a paused replica's
 //! when it runs again); a reconcile, and a write, is one atomic step; an agent does its second's
-//! work in one step; candidates have no pods.
+//! work in one step; a candidate's pod is judged only for forced exits.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -235,8 +235,6 @@ pub struct Op {
     pub term_seen: Option<(i32, u8)>,
     /// The terms reserved by its last mark write.
     pub block: Option<Block>,
-    /// When it started.
-    pub started: u8,
     /// A mark write still to make (only under [`Mutation::MarkAfterLease`]: after the Lease).
     pub pending_mark: Option<i32>,
     /// The status write that reports an assignment (the holder's `Leader` condition, with its
@@ -408,7 +406,7 @@ impl System {
     pub fn init(&self) -> State {
         let n = self.candidates as usize;
         // Replica 0 has just taken the HA lease (at rv 1); the others stand by.
-        let mut ops = vec![Op::new(n, 0); self.replicas as usize];
+        let mut ops = vec![Op::new(n); self.replicas as usize];
         ops[0].active = true;
         ops[0].written = Some(1);
         ops[0].gate = OP_RENEW_DEADLINE;
@@ -574,7 +572,7 @@ impl System {
             Step::DeleteLease => fault(&mut n, |n| n.lease = None),
             Step::RestartOperator(r) => fault(&mut n, |n| {
                 // A crash: the HA lease still names it until someone takes it over.
-                n.ops[r as usize] = Op::new(n.cands.len(), n.t)
+                n.ops[r as usize] = Op::new(n.cands.len())
             }),
             Step::PauseOperator(r) => fault(&mut n, |n| n.ops[r as usize].paused = true),
             Step::ResumeOperator(r) => {
@@ -683,7 +681,7 @@ impl System {
         if n.ops[ri].active {
             if n.ops[ri].written != Some(n.ha.rv) {
                 // Another replica took over: exit; the process restarts as a standby.
-                n.ops[ri] = Op::new(n.cands.len(), t);
+                n.ops[ri] = Op::new(n.cands.len());
                 n.ops[ri].operated = Some(t);
                 return true;
             }
@@ -952,7 +950,7 @@ impl System {
 }
 
 impl Op {
-    fn new(n: usize, started: u8) -> Op {
+    fn new(n: usize) -> Op {
         Op {
             heard: vec![Heard::default(); n],
             registrations: vec![0; n],
@@ -961,7 +959,6 @@ impl Op {
             held: None,
             term_seen: None,
             block: None,
-            started,
             pending_mark: None,
             pending_status: None,
             operated: None,
