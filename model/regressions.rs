@@ -72,6 +72,18 @@ fn unreported_term() -> Vec<Step> {
     .concat()
 }
 
+/// c1 is elected and takes its term; in the next second c0 registers, c1's guard is frozen and
+/// the Lease deleted by hand; the one replica goes on.
+fn guard_frozen() -> Vec<Step> {
+    [
+        vec![Operate(0), Register(1), Tick],
+        vec![Operate(0), Tick],
+        vec![Operate(0), Register(0), PauseGuard(1), DeleteLease, Tick],
+        [Operate(0), Tick].repeat(4),
+    ]
+    .concat()
+}
+
 /// `n` calm seconds: both replicas operate, time moves on.
 fn seconds(n: usize) -> Vec<Step> {
     (0..n)
@@ -97,17 +109,18 @@ pub fn cases() -> Vec<Case> {
             end: |s| s.term_reused,
         },
         Case {
-            // c1 holds; its wall clock falls behind by a lease duration, so its renewTime
-            // looks expired on the operator's clock although it renews every second: c0 is
-            // elected while c1's CMD runs.
+            // c0 holds; its wall clock falls behind by a lease duration, so the renewTime it
+            // writes stays where it was (every renewal writes a later instant, by a
+            // millisecond), and looks expired on the operator's clock a lease duration later
+            // although c0 renews every second: c1 is elected while c0's CMD runs.
             name: "expiry-by-renew-time: a holder whose clock is behind is deposed while it runs",
             system: two(Some(Mutation::ExpiryByRenewTime), 1),
             steps: [
-                vec![Operate(0), Operate(1), Register(1), Tick],
+                vec![Operate(0), Operate(1), Register(0), Tick],
                 seconds(1),
-                vec![Operate(1), Operate(0), Register(0), Tick],
-                vec![Operate(1), Operate(0), ClockBehind(1), Tick],
-                vec![Operate(1), Operate(0), Tick],
+                vec![Operate(1), Operate(0), Register(1), Tick],
+                vec![Operate(1), Operate(0), ClockBehind(0), Tick],
+                seconds(6),
             ]
             .concat(),
             end: |s| s.overlap,
@@ -179,6 +192,84 @@ pub fn cases() -> Vec<Case> {
             system: one(None, 3),
             steps: unreported_term(),
             end: |s| s.lease.is_none() && s.cands[1].cmd.is_some(),
+        },
+        Case {
+            // c1's take is applied but answered late; the agent, counting its deadline from
+            // the answer, starts CMD when the answer arrives, after the operator saw the term
+            // lapse and named c0: both CMDs run.
+            name: "renew-deadline-from-answer: a take answered after its term lapsed",
+            system: two(Some(Mutation::RenewDeadlineFromAnswer), 1),
+            steps: [
+                vec![Operate(0), Operate(1), Register(1), Tick],
+                vec![Operate(0), Operate(1), SlowAnswer(1), Tick],
+                seconds(2),
+                vec![Operate(0), Operate(1), Register(0), Tick],
+                seconds(1),
+                vec![Operate(0), Operate(1), Answer(1), Tick],
+            ]
+            .concat(),
+            end: |s| s.overlap,
+        },
+        Case {
+            // c1 holds; its agent is frozen (CMD runs on); c0 registers and c1 is asked to
+            // hand over, which its frozen agent never does; with nothing else to stop CMD, it
+            // still runs when the operator names c0 after the term lapsed.
+            name: "no-guard: a holder whose agent is frozen",
+            system: two(Some(Mutation::NoGuard), 1),
+            steps: [
+                vec![Operate(0), Operate(1), Register(1), Tick],
+                seconds(1),
+                vec![Operate(0), Operate(1), PauseAgent(1), Tick],
+                vec![Operate(0), Operate(1), Register(0), Tick],
+                seconds(6),
+            ]
+            .concat(),
+            end: |s| s.overlap,
+        },
+        Case {
+            // c1 holds; its guard is frozen and its Lease deleted: the agent finds the Lease
+            // gone and leaves stopping CMD to the guard, which does not run; c0 is elected
+            // once the unknown holder's term is waited out, while c1's CMD runs.
+            name: "agent-relies-on-guard: the guard frozen, the Lease deleted",
+            system: one(Some(Mutation::AgentReliesOnGuard), 2),
+            steps: guard_frozen(),
+            end: |s| s.overlap,
+        },
+        Case {
+            // The same with the protocol: the agent stops CMD itself a kill grace after it
+            // found the Lease gone.
+            name: "a holder whose guard is frozen is stopped by its agent",
+            system: one(None, 2),
+            steps: guard_frozen(),
+            end: |s| {
+                s.cands[1].guard_paused && s.cands[1].cmd.is_none() && s.cands[0].cmd.is_some()
+            },
+        },
+        Case {
+            // c0 is written by hand with a renewTime a minute ahead and no process behind it;
+            // taking that timestamp as the answer to every ping, the operator elects it again
+            // and again while c1 waits.
+            name: "future-renew-as-answer: a candidate written by hand answers every ping",
+            system: two(Some(Mutation::FutureRenewAsAnswer), 1),
+            steps: [
+                vec![Operate(0), Operate(1), Ghost(0), Register(1), Tick],
+                seconds(11),
+            ]
+            .concat(),
+            end: |s| !s.live(),
+        },
+        Case {
+            // The same with the protocol: the hand-written candidate is elected once (its
+            // registration counts as alive for the ack validity), never answers a ping, and
+            // c1 runs CMD.
+            name: "a candidate written by hand with a renewTime in the future is not alive",
+            system: two(None, 1),
+            steps: [
+                vec![Operate(0), Operate(1), Ghost(0), Register(1), Tick],
+                seconds(11),
+            ]
+            .concat(),
+            end: |s| s.cands[1].cmd.is_some() && s.live(),
         },
         Case {
             // The protocol's own worst case for liveness (docs/model.md): c0 registers and

@@ -73,10 +73,22 @@ pub enum Mutation {
     /// A replica that finds no Lease, remembers no holder and sees no `Leader` condition elects
     /// at once, though the term mark says a term was handed out before it became active.
     NoUnknownTerm,
+    /// The agent counts its renew deadline from a renew's answer instead of its send, and so
+    /// waits for a slow answer to its take as long as it comes (the real agent cuts every
+    /// request off at the renew deadline counted from the send).
+    RenewDeadlineFromAnswer,
+    /// The agent never stops CMD itself at its renew deadline: only its guard does.
+    AgentReliesOnGuard,
+    /// No guard: only the agent stops CMD at its renew deadline.
+    NoGuard,
+    /// The operator takes a candidate's `renewTime` at or after its ping's time, on its own
+    /// wall clock, as the answer (upstream's `renewTime >= pingTime`): a candidate written by
+    /// hand with a `renewTime` in the future answers every ping without a process behind it.
+    FutureRenewAsAnswer,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 9] = [
+    pub const ALL: [Mutation; 13] = [
         Mutation::NoRenewDeadline,
         Mutation::LongKillGrace,
         Mutation::ExpiryByRenewTime,
@@ -86,6 +98,10 @@ impl Mutation {
         Mutation::IgnorePings,
         Mutation::OwnerPod,
         Mutation::NoUnknownTerm,
+        Mutation::RenewDeadlineFromAnswer,
+        Mutation::AgentReliesOnGuard,
+        Mutation::NoGuard,
+        Mutation::FutureRenewAsAnswer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +115,10 @@ impl Mutation {
             Mutation::IgnorePings => "ignore-pings",
             Mutation::OwnerPod => "owner-pod",
             Mutation::NoUnknownTerm => "no-unknown-term",
+            Mutation::RenewDeadlineFromAnswer => "renew-deadline-from-answer",
+            Mutation::AgentReliesOnGuard => "agent-relies-on-guard",
+            Mutation::NoGuard => "no-guard",
+            Mutation::FutureRenewAsAnswer => "future-renew-as-answer",
         }
     }
 
@@ -107,7 +127,7 @@ impl Mutation {
         match self {
             Mutation::NoTermMark | Mutation::MarkAfterLease => "fencing",
             Mutation::NoHandover => "version order",
-            Mutation::IgnorePings => "liveness",
+            Mutation::IgnorePings | Mutation::FutureRenewAsAnswer => "liveness",
             Mutation::OwnerPod => "forced exits",
             Mutation::NoUnknownTerm => "exclusion",
             _ => "exclusion",
@@ -136,8 +156,8 @@ pub struct LeaseObj {
     pub assigned: Option<(u8, i32)>,
     pub released_by: Option<u8>,
     pub preferred: Option<u8>,
-    /// When the holder last renewed, on its own wall clock.
-    pub renew: u8,
+    /// When the holder last renewed, on its own wall clock ([`Stamp`]).
+    pub renew: Stamp,
     /// The holder's pod and its container restarts, as the operator recorded them when it
     /// assigned the term (`arbiter.dev/holder-pod-uid`, `arbiter.dev/holder-restarts`).
     pub holder_pod: Option<(u8, u8)>,
@@ -145,6 +165,30 @@ pub struct LeaseObj {
     /// term was assigned, and the pod whose agent took it.
     pub truth: (u8, Option<u8>),
 }
+
+/// A `renewTime`: a second of a wall clock, and how many renewals in that second (or after a
+/// clock went back) wrote a later instant than the last (`lease::renewed_after`: a renewal
+/// always writes a later `renewTime` than the one it replaces, by a millisecond at least).
+pub type Stamp = (u8, u8);
+
+/// The `renewTime` a renewal at wall-clock second `wall` writes over `previous`.
+fn renewed_after(previous: Stamp, wall: u8) -> Stamp {
+    if wall > previous.0 {
+        (wall, 0)
+    } else {
+        (previous.0, previous.1 + 1)
+    }
+}
+
+/// What the operator compares of two Lease records (`lease_records::fingerprint`: the spec):
+/// holder, term, preferred holder, renewTime.
+fn fingerprint(l: &LeaseObj) -> (Option<u8>, i32, Option<u8>, Stamp) {
+    (l.holder, l.term, l.preferred, l.renew)
+}
+
+/// How far ahead of real time a candidate written by hand puts its `renewTime`
+/// ([`Step::Ghost`]).
+pub const GHOST_AHEAD: u8 = 60;
 
 /// A LeaseCandidate object in the store.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -190,6 +234,10 @@ pub struct Cand {
     pub deadline: u8,
     /// The whole candidate is frozen (a paused container or VM).
     pub paused: bool,
+    /// Only its agent is frozen (CMD and the guard run).
+    pub agent_paused: bool,
+    /// Only its guard is frozen (CMD and the agent run).
+    pub guard_paused: bool,
     /// Its wall clock runs this many ticks behind.
     pub clock_behind: u8,
     /// Cut off from the API server: its writes fail.
@@ -202,6 +250,12 @@ pub struct Cand {
     /// Its pod was evicted and is terminating: it goes at some later step ([`Step::PodGone`]),
     /// after a termination grace the protocol does not count on.
     pub evicted: bool,
+    /// Its take of a term (the first renew, before CMD) is applied but answered late
+    /// ([`Step::SlowAnswer`]).
+    pub slow: bool,
+    /// A take applied in the store whose answer has not arrived: its term, and when it was
+    /// sent.
+    pub in_flight: Option<(i32, u8)>,
 }
 
 impl Cand {
@@ -338,9 +392,24 @@ pub enum Step {
     Crash(u8),
     Pause(u8),
     Resume(u8),
+    /// Only the agent is frozen (a SIGSTOP to its process, a hung runtime): its guard and CMD
+    /// run on.
+    PauseAgent(u8),
+    ResumeAgent(u8),
+    /// Only the guard is frozen: the agent and CMD run on.
+    PauseGuard(u8),
+    ResumeGuard(u8),
     Cut(u8),
     Heal(u8),
     ClockBehind(u8),
+    /// The answer to the candidate's take of the term assigned to it is late (the write itself
+    /// is applied at once); it arrives at some later step ([`Step::Answer`]), or never.
+    SlowAnswer(u8),
+    /// A late answer arrives.
+    Answer(u8),
+    /// Someone writes the candidate by hand, with no process behind it: a new registration
+    /// with a `renewTime` [`GHOST_AHEAD`] seconds in the future.
+    Ghost(u8),
     /// The candidate's pod is deleted and replaced (its processes die; a new agent registers
     /// from the new pod).
     ReplacePod(u8),
@@ -427,12 +496,16 @@ impl System {
                     cmd: None,
                     deadline: 0,
                     paused: false,
+                    agent_paused: false,
+                    guard_paused: false,
                     clock_behind: 0,
                     cut: false,
                     answered: None,
                     pod: 0,
                     restarts: 0,
                     evicted: false,
+                    slow: false,
+                    in_flight: None,
                 };
                 n
             ],
@@ -499,15 +572,50 @@ impl System {
                     out.push(Step::ClockBehind(i));
                 }
                 out.push(Step::ReplacePod(i));
+                // A slow answer to the take of a term assigned to it. (To a later renewal, in
+                // whole seconds, it is a failed renewal: the agent gives the term up at the
+                // deadline counted from its last answered renewal; the store holds a later one,
+                // which only makes the operator wait longer.)
+                let named = s
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.holder == Some(i) && l.assigned == Some((i, l.term)));
+                if !c.slow
+                    && c.in_flight.is_none()
+                    && c.cmd.is_none()
+                    && c.agent == Agent::Standby
+                    && named
+                {
+                    out.push(Step::SlowAnswer(i));
+                }
+                // One process of a running CMD's candidate frozen, not both (then nothing
+                // stops CMD: docs/concepts/limits.md).
+                if c.cmd.is_some() && !c.paused && !c.agent_paused && !c.guard_paused {
+                    out.push(Step::PauseAgent(i));
+                    out.push(Step::PauseGuard(i));
+                }
+                // A candidate created by hand under a name no process registered yet.
+                if c.agent == Agent::Down && s.cand_objs[i as usize].is_none() {
+                    out.push(Step::Ghost(i));
+                }
             }
             if c.paused {
                 out.push(Step::Resume(i));
+            }
+            if c.agent_paused {
+                out.push(Step::ResumeAgent(i));
+            }
+            if c.guard_paused {
+                out.push(Step::ResumeGuard(i));
             }
             if c.cut {
                 out.push(Step::Heal(i));
             }
             if c.evicted {
                 out.push(Step::PodGone(i));
+            }
+            if c.in_flight.is_some() && !c.paused {
+                out.push(Step::Answer(i));
             }
         }
         if s.faults < self.faults && s.lease.is_some() {
@@ -539,11 +647,16 @@ impl System {
             Step::Operate(r) => self.operate(&mut n, r),
             Step::Crash(i) => fault(&mut n, |n| {
                 let c = &mut n.cands[i as usize];
-                // The agent dies; its guard kills CMD at once; the container restarts.
+                // The agent dies; CMD dies with it (its parent-death signal; the guard kills it
+                // too); the container restarts.
                 c.agent = Agent::Down;
                 c.cmd = None;
                 c.paused = false;
+                c.agent_paused = false;
+                c.guard_paused = false;
                 c.restarts += 1;
+                c.slow = false;
+                c.in_flight = None;
             }),
             Step::ReplacePod(i) => fault(&mut n, |n| replace_pod(&mut n.cands[i as usize])),
             Step::PodGone(i) => {
@@ -562,6 +675,23 @@ impl System {
                 n.calm_since = n.t;
                 true
             }
+            Step::PauseAgent(i) => fault(&mut n, |n| n.cands[i as usize].agent_paused = true),
+            Step::PauseGuard(i) => fault(&mut n, |n| n.cands[i as usize].guard_paused = true),
+            Step::ResumeAgent(i) | Step::ResumeGuard(i) => {
+                let c = &mut n.cands[i as usize];
+                if matches!(step, Step::ResumeAgent(_)) {
+                    c.agent_paused = false;
+                } else {
+                    c.guard_paused = false;
+                }
+                // Either one, running again past the deadline and the kill grace, kills CMD at
+                // once (the deadline is on CLOCK_BOOTTIME, which counts the pause).
+                if c.cmd.is_some() && n.t >= c.deadline + self.kill_grace() && self.stops_cmd(c) {
+                    c.cmd = None;
+                }
+                n.calm_since = n.t;
+                true
+            }
             Step::Cut(i) => fault(&mut n, |n| n.cands[i as usize].cut = true),
             Step::Heal(i) => {
                 n.cands[i as usize].cut = false;
@@ -569,6 +699,13 @@ impl System {
                 true
             }
             Step::ClockBehind(i) => fault(&mut n, |n| n.cands[i as usize].clock_behind = LEASE),
+            Step::SlowAnswer(i) => fault(&mut n, |n| n.cands[i as usize].slow = true),
+            Step::Answer(i) => {
+                self.answered(&mut n, i);
+                n.calm_since = n.t;
+                true
+            }
+            Step::Ghost(i) => fault(&mut n, |n| ghost(n, i)),
             Step::DeleteLease => fault(&mut n, |n| n.lease = None),
             Step::RestartOperator(r) => fault(&mut n, |n| {
                 // A crash: the HA lease still names it until someone takes it over.
@@ -604,7 +741,7 @@ impl System {
         self.deadlines(n);
         for i in 0..n.cands.len() as u8 {
             let c = &n.cands[i as usize];
-            if c.paused || c.cut || c.agent == Agent::Down {
+            if c.paused || c.agent_paused || c.cut || c.agent == Agent::Down {
                 continue;
             }
             self.renew(n, i);
@@ -624,7 +761,17 @@ impl System {
         if self.no_deadline() {
             return;
         }
+        let answer_cut_off = self.mutation != Some(Mutation::RenewDeadlineFromAnswer);
+        let kill_grace = self.kill_grace();
         for c in n.cands.iter_mut().filter(|c| !c.paused) {
+            // CMD is dead a kill grace after the deadline, stopped by the agent itself (SIGTERM
+            // at the deadline, SIGKILL a kill grace later) or by its guard, whichever runs.
+            if c.cmd.is_some() && n.t >= c.deadline + kill_grace && self.stops_cmd(c) {
+                c.cmd = None;
+            }
+            if c.agent_paused {
+                continue;
+            }
             if let Agent::Holding { sent, .. } = c.agent
                 && n.t >= sent + RENEW_DEADLINE
             {
@@ -632,11 +779,22 @@ impl System {
                 // SIGKILL a kill grace later (CMD may act until then).
                 c.agent = Agent::Standby;
             }
-            // The guard's deadline, on its own clock: CMD is dead a kill grace after it.
-            if c.cmd.is_some() && n.t >= c.deadline + self.kill_grace() {
-                c.cmd = None;
+            // The take is cut off at the renew deadline counted from its send.
+            if answer_cut_off
+                && c.in_flight
+                    .is_some_and(|(_, sent)| n.t >= sent + RENEW_DEADLINE)
+            {
+                c.in_flight = None;
             }
         }
+    }
+
+    /// Whether anything of candidate `c` that stops CMD at its deadline runs: its agent (not
+    /// under [`Mutation::AgentReliesOnGuard`]) or its guard (none under [`Mutation::NoGuard`]).
+    fn stops_cmd(&self, c: &Cand) -> bool {
+        let agent = !c.agent_paused && self.mutation != Some(Mutation::AgentReliesOnGuard);
+        let guard = !c.guard_paused && self.mutation != Some(Mutation::NoGuard);
+        agent || guard
     }
 
     fn renew(&self, n: &mut State, i: u8) -> bool {
@@ -665,8 +823,27 @@ impl System {
         n.lease_rv += 1;
         let l = n.lease.as_mut().unwrap();
         l.rv = n.lease_rv;
-        l.renew = wall_now;
+        l.renew = renewed_after(l.renew, wall_now);
         true
+    }
+
+    /// The late answer to candidate `i`'s take arrives: a success, its renew deadline counted
+    /// from the take's send (from the answer under [`Mutation::RenewDeadlineFromAnswer`]); CMD
+    /// starts if the guard's deadline has not passed (the guard lets CMD start only before it).
+    fn answered(&self, n: &mut State, i: u8) {
+        let c = &mut n.cands[i as usize];
+        let Some((term, sent)) = c.in_flight.take() else {
+            return;
+        };
+        let from = match self.mutation {
+            Some(Mutation::RenewDeadlineFromAnswer) => n.t,
+            _ => sent,
+        };
+        if c.agent == Agent::Standby && c.cmd.is_none() && n.t < from + RENEW_DEADLINE {
+            c.agent = Agent::Holding { term, sent: from };
+            c.deadline = from + RENEW_DEADLINE;
+            c.cmd = Some(term);
+        }
     }
 
     /// A replica's second: as the active replica, renew the HA lease by compare-and-swap from
@@ -720,7 +897,7 @@ impl System {
         self.learn(n, r);
         let candidates: Vec<Candidate> = (0..self.candidates)
             .filter(|&i| n.ops[ri].registrations[i as usize] > 0)
-            .map(|i| candidate(n, r, i, self.rules()))
+            .map(|i| candidate(n, r, i, self.rules(), self.mutation))
             .collect();
         if candidates.is_empty() {
             return;
@@ -789,7 +966,7 @@ impl System {
         let mut unchanged_for = secs(n.t - since);
         if self.mutation == Some(Mutation::ExpiryByRenewTime) {
             // The holder's timestamp read on the operator's wall clock.
-            unchanged_for = secs(n.t.saturating_sub(l.renew));
+            unchanged_for = secs(n.t.saturating_sub(l.renew.0));
         }
         decide::Lease {
             holder: l.holder.map(name),
@@ -924,7 +1101,7 @@ impl System {
             assigned: Some((holder, term)),
             released_by: None,
             preferred: None,
-            renew: n.t,
+            renew: (n.t, 0),
             holder_pod: n.ops[ri].pods[holder as usize],
             truth: (n.cands[holder as usize].pod, None),
         });
@@ -1002,8 +1179,16 @@ fn deliver(n: &mut State, r: usize) {
     }
     match &n.lease {
         Some(l) => {
-            let same = op.record.as_ref().is_some_and(|(r, _)| r == l);
-            if !same {
+            // A record is judged by its content (a write that changes no field of the spec,
+            // like an annotation, is no sign of life).
+            let since = op
+                .record
+                .as_ref()
+                .filter(|(r, _)| fingerprint(r) == fingerprint(l))
+                .map(|(_, since)| *since);
+            if let Some(since) = since {
+                op.record = Some((l.clone(), since));
+            } else {
                 op.record = Some((l.clone(), now));
                 if let Some(h) = l.holder {
                     // A record naming the holder it remembers: seen now (the watch learns no
@@ -1023,9 +1208,15 @@ fn deliver(n: &mut State, r: usize) {
     }
 }
 
-fn candidate(n: &State, r: u8, i: u8, rules: Rules) -> Candidate {
-    let judged =
+fn candidate(n: &State, r: u8, i: u8, rules: Rules, mutation: Option<Mutation>) -> Candidate {
+    let mut judged =
         n.ops[r as usize].heard[i as usize].judge(instant(n.t), wall(n.t), rules.ack_valid_for);
+    if mutation == Some(Mutation::FutureRenewAsAnswer)
+        && let (Some(p), Some(o)) = (judged.ping.as_mut(), n.cand_objs[i as usize].as_ref())
+    {
+        // The candidate's timestamp compared with the ping's time on the operator's clock.
+        p.answered |= wall(o.renew) >= p.sent;
+    }
     // Older candidates rank first: c0 runs 1.30.0, c1 1.31.0, ...
     let version = format!("1.{}.0", 30 + i);
     Candidate {
@@ -1090,21 +1281,49 @@ fn take_term(n: &mut State, i: u8) -> bool {
         return false;
     };
     let c = &mut n.cands[i as usize];
-    if c.cut || l.holder != Some(i) || l.assigned != Some((i, l.term)) || c.cmd.is_some() {
+    if c.cut
+        || l.holder != Some(i)
+        || l.assigned != Some((i, l.term))
+        || c.cmd.is_some()
+        || c.in_flight.is_some()
+        || matches!(c.agent, Agent::Holding { .. })
+    {
         return false;
     }
     // Its first renew of the term, then CMD.
     n.lease_rv += 1;
     l.rv = n.lease_rv;
-    l.renew = c.wall(n.t);
+    l.renew = renewed_after(l.renew, c.wall(n.t));
+    l.truth.1 = Some(c.pod);
+    if c.slow {
+        // Applied now, answered later (or never): CMD waits for the answer.
+        c.slow = false;
+        c.in_flight = Some((l.term, n.t));
+        return true;
+    }
     c.agent = Agent::Holding {
         term: l.term,
         sent: n.t,
     };
     c.deadline = n.t + RENEW_DEADLINE;
     c.cmd = Some(l.term);
-    l.truth.1 = Some(c.pod);
     true
+}
+
+/// Candidate `i` written by hand: a new registration whose `renewTime` is far in the future,
+/// naming its pod, with no process behind it.
+fn ghost(n: &mut State, i: u8) {
+    let c = &n.cands[i as usize];
+    n.cand_rv[i as usize] += 1;
+    let old = n.cand_objs[i as usize].as_ref();
+    n.cand_objs[i as usize] = Some(CandObj {
+        rv: n.cand_rv[i as usize],
+        renew: n.t + GHOST_AHEAD,
+        pinged_at_rv: None,
+        leader_term: old.and_then(|o| o.leader_term),
+        registrations: old.map_or(0, |o| o.registrations) + 1,
+        owner_pod: c.pod,
+    });
 }
 
 fn release(n: &mut State, i: u8) -> bool {
@@ -1133,11 +1352,15 @@ fn replace_pod(c: &mut Cand) {
     c.agent = Agent::Down;
     c.cmd = None;
     c.paused = false;
+    c.agent_paused = false;
+    c.guard_paused = false;
     c.cut = false;
     c.answered = None;
     c.pod += 1;
     c.restarts = 0;
     c.evicted = false;
+    c.slow = false;
+    c.in_flight = None;
 }
 
 /// Evicts `pod` of candidate `h`, deposed from `deposed`, with the pod's uid as a

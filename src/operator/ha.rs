@@ -359,7 +359,7 @@ impl Elector {
         // From the last write: nobody else wrote since, or the compare-and-swap says so, and
         // then (in this same renew) from the Lease as it is now.
         let cached = self.written.lock().unwrap().clone();
-        if let Some(l) = cached {
+        if let Some(l) = cached.clone() {
             match self.swap(l).await {
                 Err(Renew::Failed(e))
                     if e.downcast_ref::<CasError>().is_some_and(|c| {
@@ -376,6 +376,17 @@ impl Elector {
         else {
             return Err(Renew::Lost("it was deleted".into()));
         };
+        // Someone wrote it since. At another term, another replica took it over in between,
+        // whoever names this one now (a hand edit, a backup restored): it may be acting.
+        if let Some(last) = cached
+            && lease::term(&l) != lease::term(&last)
+        {
+            return Err(Renew::Lost(format!(
+                "it was taken over since (term {} is now {})",
+                lease::term(&last),
+                lease::term(&l)
+            )));
+        }
         self.swap(l).await
     }
 
@@ -422,8 +433,58 @@ impl Elector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_api::{Answer, FakeApi};
 
     const GAP: Duration = Duration::from_secs(10);
+
+    fn record(version: &str, term: i32) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "arbiter-operator", "namespace": "ns", "resourceVersion": version},
+            "spec": {
+                "holderIdentity": "op-a",
+                "leaseDurationSeconds": 15,
+                "leaseTransitions": term,
+                "renewTime": "2026-01-01T00:00:00.000000Z",
+            },
+        })
+    }
+
+    /// The renew from the last write conflicts, and the Lease read back names this replica
+    /// again, but at the next term: another replica took it over in between and someone edited
+    /// it back (or restored a backup). That is lost leadership, not a renew.
+    #[tokio::test]
+    async fn a_lease_that_names_this_replica_at_another_term_is_lost() {
+        let (client, api) = FakeApi::new(|r| match r.method.as_str() {
+            "GET" => Answer::ok(record("6", 4)),
+            // A compare-and-swap from version 5 conflicts; from 6 it goes through.
+            "PUT" if r.body.contains(r#""resourceVersion":"5""#) => {
+                Answer::status(409, "Conflict", "the object has been modified")
+            }
+            _ => Answer::echo(r, 200),
+        });
+        let timings = Timings {
+            lease_duration: secs(15),
+            renew_deadline: GAP,
+            retry_period: secs(2),
+        };
+        let elector = Elector::new(
+            LeaseStore::new(client, "ns"),
+            "arbiter-operator",
+            "op-a",
+            timings,
+            Gate::default(),
+        );
+        elector.remember(serde_json::from_value(record("5", 3)).unwrap());
+        match elector.renew().await {
+            Err(Renew::Lost(why)) => assert!(why.contains("term 3 is now 4"), "{why}"),
+            Err(Renew::Failed(e)) => panic!("renew failed: {e}"),
+            Ok(()) => panic!("renewed a Lease another replica took over in between"),
+        }
+        let puts = api.requests().iter().filter(|r| r.method == "PUT").count();
+        assert_eq!(puts, 1, "no write after the read: {:?}", api.requests());
+    }
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
