@@ -47,6 +47,7 @@ fn two(mutation: Option<Mutation>, faults: u8) -> System {
         replicas: 2,
         max_time: 14,
         faults,
+        extended: true,
         mutation,
     }
 }
@@ -68,6 +69,29 @@ fn unreported_term() -> Vec<Step> {
         vec![Operate(0), Tick],
         vec![Operate(0), Register(0), Cut(1), DeleteLease, Tick],
         vec![Operate(0), Tick],
+    ]
+    .concat()
+}
+
+/// c1 is named at term 1; in the same second c0 registers, c1's pod is deleted and replaced
+/// before its agent took the term (with `edit`, the Lease's recorded pod is then deleted by
+/// hand), and the new pod's agent registers; two more seconds.
+fn pod_replaced_before_the_take(edit: bool) -> Vec<Step> {
+    let mut second = vec![
+        Operate(0),
+        Operate(1),
+        Register(0),
+        ReplacePod(1),
+        Register(1),
+    ];
+    if edit {
+        second.push(EditHolderPod);
+    }
+    second.push(Tick);
+    [
+        vec![Operate(0), Operate(1), Register(1), Tick],
+        second,
+        seconds(2),
     ]
     .concat()
 }
@@ -154,16 +178,17 @@ pub fn cases() -> Vec<Case> {
             end: |s| !s.in_order(),
         },
         Case {
-            // c1 is named at term 1 in its first pod, which is replaced before its agent took
-            // the term; the new pod's agent registers and is cut off; the term lapses, and the
-            // forced exit hits the new pod, which never held it.
+            // c1 is named at term 1 in its first pod, which is force-deleted (no proof it
+            // stopped) and replaced before its agent took the term; the new pod's agent
+            // registers and is cut off; the term lapses, and the forced exit hits the new pod,
+            // which never held it.
             name: "owner-pod: a forced exit of the pod the candidate names now",
             system: two(Some(Mutation::OwnerPod), 2),
             steps: [
                 vec![Operate(1), Operate(0), Register(1), Tick],
                 vec![
                     Operate(0),
-                    ReplacePod(1),
+                    ForceReplacePod(1),
                     Register(1),
                     Operate(1),
                     Cut(1),
@@ -209,6 +234,41 @@ pub fn cases() -> Vec<Case> {
             ]
             .concat(),
             end: |s| s.overlap,
+        },
+        Case {
+            // c1 is named at term 1 in its pod, which is deleted before its agent took it; the
+            // new pod of the same name (a StatefulSet's) registers and takes the term; the
+            // operator sees the recorded pod stopped, ends the term and names c0, while c1's
+            // new CMD runs.
+            name: "take-in-any-pod: a new pod of the same name takes a term assigned in the old one",
+            system: two(Some(Mutation::TakeInAnyPod), 1),
+            steps: pod_replaced_before_the_take(false),
+            end: |s| s.overlap,
+        },
+        Case {
+            // The same with the protocol: the new pod's agent does not take a term assigned in
+            // another pod; the old pod's stop ends that term, and c0 is named.
+            name: "a term assigned in a pod since replaced is not taken by its successor",
+            system: two(None, 1),
+            steps: pod_replaced_before_the_take(false),
+            end: |s| s.cands[1].cmd.is_none() && s.cands[0].cmd.is_some(),
+        },
+        Case {
+            // The recorded pod deleted by hand from the Lease: the new pod's agent takes the
+            // term; the operator, ending terms on the recorded pod's stop whoever took them,
+            // names c0 while c1's new CMD runs.
+            name: "pod-stop-whoever-took: the recorded pod's stop ends a term taken elsewhere",
+            system: two(Some(Mutation::PodStopWhoeverTook), 2),
+            steps: pod_replaced_before_the_take(true),
+            end: |s| s.overlap,
+        },
+        Case {
+            // The same with the protocol: the term was taken in the new pod, so the old pod's
+            // stop does not end it; c1 runs it until it hands over to c0 (older), releasing it.
+            name: "a recorded pod's stop does not end a term taken in another pod",
+            system: two(None, 2),
+            steps: pod_replaced_before_the_take(true),
+            end: |s| s.max_term == 1 && s.lease.as_ref().is_some_and(|l| l.released_by == Some(1)),
         },
         Case {
             // c1 holds; its agent is frozen (CMD runs on); c0 registers and c1 is asked to

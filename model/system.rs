@@ -77,6 +77,13 @@ pub enum Mutation {
     /// waits for a slow answer to its take as long as it comes (the real agent cuts every
     /// request off at the renew deadline counted from the send).
     RenewDeadlineFromAnswer,
+    /// An agent takes a fresh assignment to its name whatever pod the arbiter recorded for it
+    /// (a new pod of the same name takes a term assigned while the old one ran, and the old
+    /// pod's stop then ends the term the new one runs).
+    TakeInAnyPod,
+    /// The operator ends a term when the pod it recorded at assignment stops, whichever pod
+    /// took the term (and, with the Lease gone, whether or not a take was seen).
+    PodStopWhoeverTook,
     /// The agent never stops CMD itself at its renew deadline: only its guard does.
     AgentReliesOnGuard,
     /// No guard: only the agent stops CMD at its renew deadline.
@@ -88,7 +95,7 @@ pub enum Mutation {
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 13] = [
+    pub const ALL: [Mutation; 15] = [
         Mutation::NoRenewDeadline,
         Mutation::LongKillGrace,
         Mutation::ExpiryByRenewTime,
@@ -99,6 +106,8 @@ impl Mutation {
         Mutation::OwnerPod,
         Mutation::NoUnknownTerm,
         Mutation::RenewDeadlineFromAnswer,
+        Mutation::TakeInAnyPod,
+        Mutation::PodStopWhoeverTook,
         Mutation::AgentReliesOnGuard,
         Mutation::NoGuard,
         Mutation::FutureRenewAsAnswer,
@@ -116,6 +125,8 @@ impl Mutation {
             Mutation::OwnerPod => "owner-pod",
             Mutation::NoUnknownTerm => "no-unknown-term",
             Mutation::RenewDeadlineFromAnswer => "renew-deadline-from-answer",
+            Mutation::TakeInAnyPod => "take-in-any-pod",
+            Mutation::PodStopWhoeverTook => "pod-stop-whoever-took",
             Mutation::AgentReliesOnGuard => "agent-relies-on-guard",
             Mutation::NoGuard => "no-guard",
             Mutation::FutureRenewAsAnswer => "future-renew-as-answer",
@@ -143,6 +154,10 @@ pub struct System {
     pub replicas: u8,
     pub max_time: u8,
     pub faults: u8,
+    /// The fault kinds added with late answers: slow answers, hand-written candidates, an agent
+    /// or guard frozen alone, force-deleted pods, the recorded pod deleted from the Lease by
+    /// hand (off: the first kinds only, for the deeper fault budgets).
+    pub extended: bool,
     pub mutation: Option<Mutation>,
 }
 
@@ -164,6 +179,10 @@ pub struct LeaseObj {
     /// What really happened, for the forced-exit property: the pod the holder ran in when the
     /// term was assigned, and the pod whose agent took it.
     pub truth: (u8, Option<u8>),
+    /// The process that took the term (`arbiter.dev/incarnation`; none on a fresh assignment).
+    pub incarnation: Option<u8>,
+    /// The pod it took the term in (`arbiter.dev/taken-in-pod-uid`).
+    pub taken_in: Option<u8>,
 }
 
 /// A `renewTime`: a second of a wall clock, and how many renewals in that second (or after a
@@ -222,6 +241,10 @@ pub enum Agent {
         term: i32,
         sent: u8,
     },
+    /// Stands by after its leadership of `term` ended: it does not take that term again.
+    Ended {
+        term: i32,
+    },
 }
 
 /// A candidate's processes: the agent, its guard (which holds the deadline), CMD.
@@ -244,6 +267,11 @@ pub struct Cand {
     pub cut: bool,
     /// The last ping (by rv) it answered.
     pub answered: Option<u64>,
+    /// Its agent process (a new registration, a new number): its incarnation.
+    pub inc: u8,
+    /// Its pods below this number are confirmed stopped (deleted through the kubelet); a pod
+    /// force-deleted is gone without that proof ([`Step::ForceReplacePod`]).
+    pub confirmed: u8,
     /// The pod it runs in (a new pod, a new number) and its container restarts.
     pub pod: u8,
     pub restarts: u8,
@@ -266,7 +294,32 @@ impl Cand {
 
     /// Running, reachable and registered: a candidate that can lead.
     pub fn live(&self) -> bool {
-        self.agent != Agent::Down && !self.paused && !self.cut
+        self.agent != Agent::Down && !self.paused && !self.agent_paused && !self.cut
+    }
+}
+
+/// A replica's memory of a holder (`operator/term/held.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Held {
+    pub holder: u8,
+    pub term: i32,
+    /// When the last record naming it was first seen.
+    pub seen: u8,
+    /// Its pod, as recorded when the term was assigned.
+    pub pod: Option<u8>,
+    /// The pod its agent took the term in, once a record of the take was seen.
+    pub taker: Option<u8>,
+}
+
+impl Held {
+    fn new(holder: u8, term: i32, seen: u8, pod: Option<u8>) -> Held {
+        Held {
+            holder,
+            term,
+            seen,
+            pod,
+            taker: None,
+        }
     }
 }
 
@@ -282,9 +335,12 @@ pub struct Op {
     pub pods: Vec<Option<(u8, u8)>>,
     /// The Lease record as last delivered, and when (tick) a record with its content was first.
     pub record: Option<(LeaseObj, u8)>,
-    /// The holder it last saw or assigned, its term and when the last record naming it was
-    /// first seen (what makes hand edits harmless: [`decide::Previous`]).
-    pub held: Option<(u8, i32, u8)>,
+    /// The holder it last saw or assigned (what makes hand edits harmless:
+    /// [`decide::Previous`]).
+    pub held: Option<Held>,
+    /// Per candidate, the pods below this number its pod watch saw deleted (a kubelet's
+    /// report that whatever ran in them stopped).
+    pub gone: Vec<u8>,
     /// When it first saw the current term.
     pub term_seen: Option<(i32, u8)>,
     /// The terms reserved by its last mark write.
@@ -415,7 +471,12 @@ pub enum Step {
     ReplacePod(u8),
     /// An evicted pod's termination ends: its processes die, a new pod replaces it.
     PodGone(u8),
+    /// The candidate's pod is force-deleted (its node lost): its processes stop, a new pod
+    /// replaces it, and nothing confirms the old one stopped.
+    ForceReplacePod(u8),
     DeleteLease,
+    /// The Lease's `arbiter.dev/holder-pod-uid` deleted by hand.
+    EditHolderPod,
     RestartOperator(u8),
     PauseOperator(u8),
     ResumeOperator(u8),
@@ -501,6 +562,8 @@ impl System {
                     clock_behind: 0,
                     cut: false,
                     answered: None,
+                    inc: 0,
+                    confirmed: 0,
                     pod: 0,
                     restarts: 0,
                     evicted: false,
@@ -572,6 +635,14 @@ impl System {
                     out.push(Step::ClockBehind(i));
                 }
                 out.push(Step::ReplacePod(i));
+            }
+            let holder = s.lease.as_ref().is_some_and(|l| l.holder == Some(i));
+            if s.faults < self.faults && self.extended {
+                // A force-deleted holder's pod (the forced exit and the pod-stop rule look at
+                // its pods).
+                if holder {
+                    out.push(Step::ForceReplacePod(i));
+                }
                 // A slow answer to the take of a term assigned to it. (To a later renewal, in
                 // whole seconds, it is a failed renewal: the agent gives the term up at the
                 // deadline counted from its last answered renewal; the store holds a later one,
@@ -583,7 +654,7 @@ impl System {
                 if !c.slow
                     && c.in_flight.is_none()
                     && c.cmd.is_none()
-                    && c.agent == Agent::Standby
+                    && matches!(c.agent, Agent::Standby | Agent::Ended { .. })
                     && named
                 {
                     out.push(Step::SlowAnswer(i));
@@ -620,6 +691,14 @@ impl System {
         }
         if s.faults < self.faults && s.lease.is_some() {
             out.push(Step::DeleteLease);
+            // Before the take (what an agent reads to take it).
+            let untaken = s
+                .lease
+                .as_ref()
+                .is_some_and(|l| l.holder_pod.is_some() && l.incarnation.is_none());
+            if self.extended && untaken {
+                out.push(Step::EditHolderPod);
+            }
         }
     }
 
@@ -658,9 +737,16 @@ impl System {
                 c.slow = false;
                 c.in_flight = None;
             }),
-            Step::ReplacePod(i) => fault(&mut n, |n| replace_pod(&mut n.cands[i as usize])),
+            Step::ReplacePod(i) => fault(&mut n, |n| {
+                let c = &mut n.cands[i as usize];
+                replace_pod(c);
+                c.confirmed = c.pod;
+            }),
+            Step::ForceReplacePod(i) => fault(&mut n, |n| replace_pod(&mut n.cands[i as usize])),
             Step::PodGone(i) => {
-                replace_pod(&mut n.cands[i as usize]);
+                let c = &mut n.cands[i as usize];
+                replace_pod(c);
+                c.confirmed = c.pod;
                 n.calm_since = n.t;
                 true
             }
@@ -707,6 +793,12 @@ impl System {
             }
             Step::Ghost(i) => fault(&mut n, |n| ghost(n, i)),
             Step::DeleteLease => fault(&mut n, |n| n.lease = None),
+            Step::EditHolderPod => fault(&mut n, |n| {
+                let l = n.lease.as_mut().unwrap();
+                n.lease_rv += 1;
+                l.rv = n.lease_rv;
+                l.holder_pod = None;
+            }),
             Step::RestartOperator(r) => fault(&mut n, |n| {
                 // A crash: the HA lease still names it until someone takes it over.
                 n.ops[r as usize] = Op::new(n.cands.len())
@@ -749,7 +841,7 @@ impl System {
             if self.mutation != Some(Mutation::IgnorePings) {
                 answer(n, i);
             }
-            take_term(n, i);
+            take_term(n, i, self.mutation == Some(Mutation::TakeInAnyPod));
         }
         deliver_all(n);
         true
@@ -772,12 +864,12 @@ impl System {
             if c.agent_paused {
                 continue;
             }
-            if let Agent::Holding { sent, .. } = c.agent
+            if let Agent::Holding { sent, term } = c.agent
                 && n.t >= sent + RENEW_DEADLINE
             {
                 // Past the renew deadline the agent gives the term up and stops CMD: SIGTERM,
                 // SIGKILL a kill grace later (CMD may act until then).
-                c.agent = Agent::Standby;
+                c.agent = Agent::Ended { term };
             }
             // The take is cut off at the renew deadline counted from its send.
             if answer_cut_off
@@ -813,7 +905,7 @@ impl System {
         if !ours {
             // Deleted, reassigned, or its holder cleared: stop CMD (SIGTERM now, SIGKILL a kill
             // grace later) and stand by.
-            c.agent = Agent::Standby;
+            c.agent = Agent::Ended { term };
             c.deadline = c.deadline.min(n.t);
             return true;
         }
@@ -839,7 +931,8 @@ impl System {
             Some(Mutation::RenewDeadlineFromAnswer) => n.t,
             _ => sent,
         };
-        if c.agent == Agent::Standby && c.cmd.is_none() && n.t < from + RENEW_DEADLINE {
+        let standby = matches!(c.agent, Agent::Standby | Agent::Ended { .. });
+        if standby && c.cmd.is_none() && n.t < from + RENEW_DEADLINE {
             c.agent = Agent::Holding { term, sent: from };
             c.deadline = from + RENEW_DEADLINE;
             c.cmd = Some(term);
@@ -975,7 +1068,7 @@ impl System {
             duration: secs(LEASE),
             unchanged_for,
             released_by: l.released_by.map(name),
-            holder_pod_stopped: false,
+            holder_pod_stopped: self.holder_pod_stopped(op, l),
             term_seen: op
                 .term_seen
                 .filter(|(term, _)| *term == l.term)
@@ -986,20 +1079,51 @@ impl System {
         }
     }
 
+    /// Whether the pod the Lease's holder was assigned its term in is known to have stopped:
+    /// the pod the replica recorded, while it remembers that holder, else the one the record
+    /// names (`reconcile/view.rs`).
+    fn holder_pod_stopped(&self, op: &Op, l: &LeaseObj) -> bool {
+        let Some(h) = l.holder else {
+            return false;
+        };
+        match op.held {
+            Some(held) if held.holder == h => op.stopped(h, self.stop_proof(&held, true)),
+            // Not the holder it remembers: the record's pod, if the term was taken there.
+            _ => {
+                let pod = l.holder_pod.map(|(p, _)| p);
+                let taken_elsewhere = l.incarnation.is_some() && l.taken_in != pod;
+                !taken_elsewhere && op.stopped(h, pod)
+            }
+        }
+    }
+
     /// The holder the replica remembers ([`System::learn`]), when the Lease as delivered no
     /// longer names it.
     fn previous(&self, n: &State, r: u8) -> Option<decide::Previous> {
         let op = &n.ops[r as usize];
         let record = op.record.as_ref().map(|(l, _)| l);
-        let (holder, term, seen) = op.held?;
-        let named = record.is_some_and(|l| l.holder == Some(holder) && l.term == term);
+        let held = op.held?;
+        let holder = held.holder;
+        let named = record.is_some_and(|l| l.holder == Some(holder) && l.term == held.term);
         let released = record.is_some_and(|l| l.released_by == Some(holder));
         (!named && !released).then(|| decide::Previous {
             holder: name(holder),
-            quiet_for: secs(n.t - seen),
+            quiet_for: secs(n.t - held.seen),
             duration: secs(LEASE),
-            pod_stopped: false,
+            pod_stopped: op.stopped(holder, self.stop_proof(&held, false)),
         })
+    }
+
+    /// The pod whose stop ends the remembered term (`Term::stop_proof`): the recorded one, if
+    /// the term was taken in it; while no take was seen, only against a Lease that names the
+    /// holder (`with_lease`). Any recorded pod under [`Mutation::TakeInAnyPod`].
+    fn stop_proof(&self, held: &Held, with_lease: bool) -> Option<u8> {
+        let pod = held.pod?;
+        match (self.mutation, held.taker) {
+            (Some(Mutation::TakeInAnyPod | Mutation::PodStopWhoeverTook), _) => Some(pod),
+            (_, Some(taker)) => (taker == pod).then_some(pod),
+            (_, None) => with_lease.then_some(pod),
+        }
     }
 
     /// What the replica remembers of the holder, learned as its reconcile looks at the lease
@@ -1019,11 +1143,12 @@ impl System {
         let op = &mut n.ops[r as usize];
         let known = op.held.is_some();
         let record = op.record.as_ref().map(|(l, since)| (l.clone(), *since));
-        let over = op.held.is_none_or(|(h, _, seen)| {
+        let over = op.held.is_none_or(|held| {
             record
                 .as_ref()
-                .is_some_and(|(l, _)| l.holder.is_none() && l.released_by == Some(h))
-                || now - seen >= LEASE
+                .is_some_and(|(l, _)| l.holder.is_none() && l.released_by == Some(held.holder))
+                || op.stopped(held.holder, self.stop_proof(&held, false))
+                || now - held.seen >= LEASE
         });
         match record {
             Some((l, since)) if l.holder.is_some() => {
@@ -1033,21 +1158,31 @@ impl System {
                 if let (false, Some((c, term))) = (known, leader)
                     && c != h
                 {
-                    op.held = Some((c, term, now));
+                    op.held = Some(Held::new(c, term, now, None));
                     return;
                 }
                 match op.held.as_mut() {
-                    Some((holder, _, seen)) if *holder == h => *seen = (*seen).max(since),
+                    Some(held) if held.holder == h => {
+                        held.seen = held.seen.max(since);
+                        // The take, learned once from a record of the term.
+                        if held.taker.is_none() && l.incarnation.is_some() && l.term == held.term {
+                            held.taker = l.taken_in;
+                        }
+                    }
                     Some(_) if !over => {}
-                    _ => op.held = Some((h, l.term, since)),
+                    _ => {
+                        let mut held = Held::new(h, l.term, since, l.holder_pod.map(|(p, _)| p));
+                        held.taker = l.incarnation.and(l.taken_in);
+                        op.held = Some(held);
+                    }
                 }
             }
             ref record
                 if !known && record.as_ref().is_none_or(|(l, _)| l.released_by.is_none()) =>
             {
                 op.held = match leader {
-                    Some((c, term)) => Some((c, term, now)),
-                    None if handed_out => Some((UNKNOWN, 0, now)),
+                    Some((c, term)) => Some(Held::new(c, term, now, None)),
+                    None if handed_out => Some(Held::new(UNKNOWN, 0, now, None)),
                     None => None,
                 };
             }
@@ -1104,9 +1239,16 @@ impl System {
             renew: (n.t, 0),
             holder_pod: n.ops[ri].pods[holder as usize],
             truth: (n.cands[holder as usize].pod, None),
+            incarnation: None,
+            taken_in: None,
         });
         let op = &mut n.ops[ri];
-        op.held = Some((holder, term, n.t));
+        op.held = Some(Held::new(
+            holder,
+            term,
+            n.t,
+            op.pods[holder as usize].map(|(p, _)| p),
+        ));
         op.term_seen = Some((term, n.t));
         op.pending_status = Some((holder, term));
         true
@@ -1127,6 +1269,11 @@ impl System {
 }
 
 impl Op {
+    /// Whether candidate `h`'s pod `pod` is known to have stopped (its deletion delivered).
+    fn stopped(&self, h: u8, pod: Option<u8>) -> bool {
+        h != UNKNOWN && pod.is_some_and(|p| p < self.gone[h as usize])
+    }
+
     fn new(n: usize) -> Op {
         Op {
             heard: vec![Heard::default(); n],
@@ -1134,6 +1281,7 @@ impl Op {
             pods: vec![None; n],
             record: None,
             held: None,
+            gone: vec![0; n],
             term_seen: None,
             block: None,
             pending_mark: None,
@@ -1161,6 +1309,10 @@ fn deliver_all(n: &mut State) {
 fn deliver(n: &mut State, r: usize) {
     let now = n.t;
     let op = &mut n.ops[r];
+    // The pod watch: the pods confirmed stopped.
+    for (i, c) in n.cands.iter().enumerate() {
+        op.gone[i] = c.confirmed;
+    }
     for (i, o) in n.cand_objs.iter().enumerate() {
         if let Some(o) = o {
             if op.registrations[i] != o.registrations {
@@ -1193,8 +1345,8 @@ fn deliver(n: &mut State, r: usize) {
                 if let Some(h) = l.holder {
                     // A record naming the holder it remembers: seen now (the watch learns no
                     // new holder; a reconcile does, [`System::learn`]).
-                    if let Some((held, _, seen)) = op.held.as_mut()
-                        && *held == h
+                    if let Some(Held { holder, seen, .. }) = op.held.as_mut()
+                        && *holder == h
                     {
                         *seen = now;
                     }
@@ -1240,6 +1392,7 @@ fn register(n: &mut State, i: u8) -> bool {
     }
     c.agent = Agent::Standby;
     c.answered = None;
+    c.inc += 1;
     n.cand_rv[i as usize] += 1;
     let registrations = n.cand_objs[i as usize]
         .as_ref()
@@ -1276,14 +1429,20 @@ fn answer(n: &mut State, i: u8) -> bool {
     true
 }
 
-fn take_term(n: &mut State, i: u8) -> bool {
+fn take_term(n: &mut State, i: u8, any_pod: bool) -> bool {
     let Some(l) = n.lease.as_mut() else {
         return false;
     };
     let c = &mut n.cands[i as usize];
+    // An assignment to its name that no other process took (a take whose answer was lost is
+    // taken again), made for the pod it runs in (any pod under [`Mutation::TakeInAnyPod`]),
+    // and not a term whose leadership it ended.
     if c.cut
         || l.holder != Some(i)
         || l.assigned != Some((i, l.term))
+        || l.incarnation.is_some_and(|x| x != c.inc)
+        || matches!(c.agent, Agent::Ended { term } if term == l.term)
+        || (!any_pod && l.holder_pod.is_some_and(|(p, _)| p != c.pod))
         || c.cmd.is_some()
         || c.in_flight.is_some()
         || matches!(c.agent, Agent::Holding { .. })
@@ -1295,6 +1454,8 @@ fn take_term(n: &mut State, i: u8) -> bool {
     l.rv = n.lease_rv;
     l.renew = renewed_after(l.renew, c.wall(n.t));
     l.truth.1 = Some(c.pod);
+    l.incarnation = Some(c.inc);
+    l.taken_in = Some(c.pod);
     if c.slow {
         // Applied now, answered later (or never): CMD waits for the answer.
         c.slow = false;
@@ -1339,7 +1500,7 @@ fn release(n: &mut State, i: u8) -> bool {
     }
     // Asked to hand over: CMD stops first, then the release.
     c.cmd = None;
-    c.agent = Agent::Standby;
+    c.agent = Agent::Ended { term };
     n.lease_rv += 1;
     l.rv = n.lease_rv;
     l.holder = None;

@@ -28,6 +28,10 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 /// assignment, so that the holder's confirmed death is recognised even after its candidate is
 /// gone).
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
+/// On a Lease: the uid of the pod whose agent took the current term (written by the agent with
+/// its incarnation; absent when the agent runs outside a pod). The recorded pod's stop ends the
+/// term only if the term was taken in it.
+pub const TAKEN_IN_POD_ANNOTATION: &str = "arbiter.dev/taken-in-pod-uid";
 /// On a Lease: the holder pod's container restart count when the arbiter assigned it (a forced
 /// exit is due only if the deposed pod still runs with that count).
 pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
@@ -285,6 +289,16 @@ pub fn agent_incarnation(lease: &Lease) -> Option<&str> {
         .get(INCARNATION_ANNOTATION)
         .map(String::as_str)
         .filter(|i| !i.is_empty() && written_by_arbiter(&lease.metadata, INCARNATION_ANNOTATION))
+}
+
+/// The pod the agent that took the Lease's current term runs in, only as an agent wrote it
+/// (arbiter's field manager).
+pub fn taken_in_pod(lease: &Lease) -> Option<&str> {
+    lease
+        .annotations()
+        .get(TAKEN_IN_POD_ANNOTATION)
+        .map(String::as_str)
+        .filter(|u| !u.is_empty() && written_by_arbiter(&lease.metadata, TAKEN_IN_POD_ANNOTATION))
 }
 
 /// Whether any incarnation is stamped on the Lease, whoever wrote it: the operator never acts

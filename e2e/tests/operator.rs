@@ -34,6 +34,8 @@ crate::tests![operator:
     expired_lease_goes_to_a_live_candidate,
     a_renewing_holder_keeps_its_lease_though_no_renewal_is_reconciled,
     holder_pod_stopped_is_replaced_before_expiry,
+    a_pod_created_again_under_its_name_never_runs_beside_the_next_holder,
+    a_recorded_pod_deleted_from_the_lease_does_not_end_a_term_taken_elsewhere,
     only_the_pods_it_follows_are_kept,
     lapsed_holder_pod_still_running_is_evicted,
     eviction_blocked_by_pdb_is_reported_and_retried,
@@ -425,6 +427,135 @@ async fn holder_pod_stopped_is_replaced_before_expiry(env: Arc<TestEnv>) {
     // The holder's pod is confirmed stopped: no need to wait out the 60 s lease.
     wait_for_holder(&env, "dead", "pod-b", Duration::from_secs(20)).await;
     assert!(stopped.elapsed() < Duration::from_secs(20));
+}
+
+async fn a_pod_created_again_under_its_name_never_runs_beside_the_next_holder(env: Arc<TestEnv>) {
+    pod_created_again_under_its_name(&env, false).await
+}
+
+async fn a_recorded_pod_deleted_from_the_lease_does_not_end_a_term_taken_elsewhere(
+    env: Arc<TestEnv>,
+) {
+    pod_created_again_under_its_name(&env, true).await
+}
+
+/// A pod with a stable name (a StatefulSet's `web-0`) is named holder, then deleted before its
+/// agent took the term, and created again under its name, where `arbiter run` (the same
+/// identity, a newer version than `web-1`'s) starts. Found by the model checker: the new pod's
+/// agent took the term assigned in the old pod, the arbiter saw the old pod stopped, ended the
+/// term and named `web-1` while the new pod's workload ran. Now the agent does not take a term
+/// assigned in another pod, and (`edit`: the recorded pod deleted from the Lease by hand, so
+/// the agent takes it) the old pod's stop does not end a term taken elsewhere. Either way
+/// `web-1` is named only after `web-0`'s workload, if it ran, stopped.
+async fn pod_created_again_under_its_name(env: &TestEnv, edit: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let op = Operator::start(env, &[]);
+    let responder = Responder::start(env.client.clone(), &env.ns, &["web-0", "web-1"]);
+    // The first web-0 runs no agent: the assignment is never taken in it.
+    let first = candidate_in_a_pod(env, "web-0", "sts", "1.19.0").await;
+    wait_for_holder(env, "sts", "web-0", DEADLINE).await;
+    let _b = candidate_in_a_pod(env, "web-1", "sts", "1.20.0").await;
+
+    // The arbiter is frozen while the pod is replaced, so that the new pod's agent acts on the
+    // assignment before the arbiter sees the old pod stop.
+    kill(Pid::from_raw(op.pid()), Signal::SIGSTOP).unwrap();
+    responder.alive.lock().unwrap().remove("web-0");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    pods.delete("web-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    first.wait_exit(DEADLINE).await;
+    eventually("the old web-0 to be gone", DEADLINE, || async {
+        pods.get_opt("web-0")
+            .await
+            .ok()
+            .and_then(|p| p.is_none().then_some(()))
+    })
+    .await;
+    let leases: Api<Lease> = env.api();
+    if edit {
+        let patch = json!({"metadata": {"annotations": {lease::HOLDER_POD_ANNOTATION: null}}});
+        leases
+            .patch("sts", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    let log = dir.path().join("web-0.log");
+    let agent_log = dir.path().join("web-0.agent.log");
+    let mut args = vec![
+        "-c".to_string(),
+        format!("exec \"$0\" \"$@\" 2>>{}", agent_log.display()),
+        env!("CARGO_BIN_EXE_arbiter").to_string(),
+    ];
+    args.extend(crate::support::agent::agent_args(
+        &env.ns, "web-0", "sts", "1.21.0", &log,
+    ));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kubeconfig = env.kubeconfig.display().to_string();
+    let _second = StandIn::spawn_with_env(
+        env.client.clone(),
+        &env.ns,
+        "web-0",
+        BTreeMap::from([("arbiter.dev/lease".to_string(), "sts".to_string())]),
+        5,
+        "sh",
+        &args,
+        &[
+            ("KUBECONFIG", &kubeconfig),
+            ("RUST_LOG", "info,arbiter=debug"),
+        ],
+    )
+    .await;
+    let agent_says = |what: &'static str| {
+        let agent_log = agent_log.clone();
+        move || {
+            std::fs::read_to_string(&agent_log)
+                .unwrap_or_default()
+                .contains(what)
+        }
+    };
+    let (taken, refused) = (agent_says("leading"), agent_says("in another pod"));
+    eventually(
+        "the new pod's agent to act on the assignment",
+        DEADLINE,
+        || async { (taken() || refused()).then_some(()) },
+    )
+    .await;
+    kill(Pid::from_raw(op.pid()), Signal::SIGCONT).unwrap();
+
+    let l = wait_for_holder(env, "sts", "web-1", DEADLINE).await;
+    let named_at = l
+        .spec
+        .as_ref()
+        .and_then(|s| s.acquire_time.as_ref())
+        .map(|t| t.0.as_second() as f64 + f64::from(t.0.subsec_nanosecond()) / 1e9)
+        .expect("an assignment's acquireTime");
+    let workload = std::fs::read_to_string(&log).unwrap_or_default();
+    let at = |word: &str| {
+        workload
+            .lines()
+            .find(|l| l.starts_with(word))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+    };
+    let agent = std::fs::read_to_string(&agent_log).unwrap_or_default();
+    if at("start").is_some() {
+        let stopped = at("stop").expect("web-0's workload stopped");
+        assert!(
+            stopped < named_at,
+            "web-1 was named at {named_at} while web-0's workload ran until {stopped}:\n{agent}"
+        );
+    }
+    if edit {
+        assert!(
+            at("start").is_some(),
+            "with no recorded pod on the Lease, the new pod's agent takes the term:\n{agent}"
+        );
+    } else {
+        assert!(
+            at("start").is_none() && refused(),
+            "the new pod's agent ran under a term assigned in the old pod:\n{workload}\n{agent}"
+        );
+    }
 }
 
 /// The pod watch sees every pod and keeps only candidates' pods: ordinary pods are dropped, and

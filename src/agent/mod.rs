@@ -78,6 +78,10 @@ pub struct Settings {
     /// The Pod's uid, to make the candidate owned by (and deleted with) the Pod.
     #[arg(long, env = "POD_UID", hide_env_values = true)]
     pub pod_uid: Option<String>,
+    /// The Pod's name, with --pod-uid (default: POD_NAME, else the identity): the candidate's
+    /// owner, when --identity names the candidate otherwise.
+    #[arg(long, env = "POD_NAME", hide_env_values = true)]
+    pub pod_name: Option<String>,
     /// The container's termination log: the agent records its incarnation there when it
     /// starts, so that the arbiter hands the lease on as soon as the kubelet reports the
     /// container ended (instead of at expiry). Written only if the file exists; "" to disable.
@@ -148,7 +152,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         builder = builder.emulation_version(v);
     }
     if let Some(uid) = &settings.pod_uid {
-        builder = builder.pod(&settings.identity, uid);
+        let pod = settings.pod_name.as_deref().unwrap_or(&settings.identity);
+        builder = builder.pod(pod, uid);
     }
     if !settings.termination_log.as_os_str().is_empty() {
         builder = builder.termination_log(&settings.termination_log);

@@ -11,7 +11,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Config, EndReason, Renewed, State};
-use crate::lease::{self, CasError, INCARNATION_ANNOTATION, LeaseStore};
+use crate::lease::{
+    self, CasError, HOLDER_POD_ANNOTATION, INCARNATION_ANNOTATION, LeaseStore,
+    TAKEN_IN_POD_ANNOTATION,
+};
 
 /// What the lease says about this process.
 enum Standing {
@@ -21,6 +24,10 @@ enum Standing {
     Ours,
     /// Assigned to this identity but held by an earlier process of it: must not be resumed.
     Stale,
+    /// A fresh assignment to this identity made for another pod of that name (the pod uid the
+    /// arbiter recorded is not this process's): the arbiter ends that term when that pod is
+    /// seen stopped, so this process must never run under it.
+    OtherPod(String),
     /// Names this identity, but the arbiter did not assign it (no label and assignment mark:
     /// a client-go Lease kept under `arbiter run`, one made or edited by hand): someone else's.
     Unassigned,
@@ -40,14 +47,30 @@ fn standing(l: &Lease, config: &Config, incarnation: &str) -> Standing {
         Some(i) if !i.is_empty() && i != incarnation => return Standing::Stale,
         // Taken by this process already: its term, whatever marks were edited since.
         Some(i) if i == incarnation => {}
-        // A fresh assignment: only the arbiter's.
+        // A fresh assignment: only the arbiter's, and only in the pod it was made for.
         _ if !lease::assigned_by_arbiter(l) => return Standing::Unassigned,
-        _ => {}
+        _ => {
+            if let Some(uid) = assigned_in_another_pod(l, config) {
+                return Standing::OtherPod(uid);
+            }
+        }
     }
     match lease::preferred_holder(l) {
         Some(p) if p != config.identity => Standing::HandoverTo(p.to_string()),
         _ => Standing::Ours,
     }
+}
+
+/// The pod uid the arbiter recorded with its assignment (`arbiter.dev/holder-pod-uid`), when it
+/// is not this process's: a StatefulSet pod deleted and created again under the same name
+/// (the same identity) must not take a term assigned while the old pod ran, since that pod's
+/// stop is what the arbiter takes for the term's end.
+fn assigned_in_another_pod(l: &Lease, config: &Config) -> Option<String> {
+    let uid = l
+        .annotations()
+        .get(HOLDER_POD_ANNOTATION)
+        .filter(|u| !u.is_empty())?;
+    (config.pod_uid.as_deref() != Some(uid.as_str())).then(|| uid.clone())
 }
 
 /// One renew by compare-and-swap: the lease must still be ours. Returns the term.
@@ -62,7 +85,7 @@ async fn renew(
     match standing(&l, config, incarnation) {
         Standing::Ours => {}
         Standing::HandoverTo(to) => return Ok(Err(EndReason::Handover { to })),
-        Standing::Other | Standing::Stale | Standing::Unassigned => {
+        Standing::Other | Standing::Stale | Standing::OtherPod(_) | Standing::Unassigned => {
             return Ok(Err(EndReason::HolderChanged(
                 lease::holder(&l).map(str::to_string),
             )));
@@ -72,6 +95,9 @@ async fn renew(
     spec.renew_time = Some(lease::renewed_after(spec.renew_time.as_ref()));
     spec.lease_duration_seconds = Some(crate::lease::seconds(config.timings.lease_duration));
     lease::set_annotation(&mut l, INCARNATION_ANNOTATION, Some(incarnation));
+    // The pod it took the term in: the arbiter takes the stop of the pod it recorded for the
+    // term as its end only if the term was taken there.
+    lease::set_annotation(&mut l, TAKEN_IN_POD_ANNOTATION, config.pod_uid.as_deref());
     let written = store.replace(&l).await?;
     Ok(Ok(lease::term(&written)))
 }
@@ -129,6 +155,8 @@ pub async fn run(
         // The term of a Lease naming this identity without the arbiter's assignment, once
         // reported (its holder may renew it every few seconds).
         let mut reported_unassigned = None;
+        // The other pod a fresh assignment was made for, once reported.
+        let mut reported_other_pod = None;
         loop {
             match latest
                 .lease
@@ -141,6 +169,14 @@ pub async fn run(
                     // do not release it either (that process, or its workload, may still run;
                     // the arbiter reassigns the lease once it expires).
                     tracing::warn!(lease = %config.lease, "the lease names this identity but an earlier process held it; waiting for the arbiter to reassign it");
+                }
+                Some(Standing::OtherPod(uid)) => {
+                    // Like an earlier process's term: neither taken nor released (the other
+                    // pod may still run); the arbiter reassigns once that pod stops.
+                    if reported_other_pod.as_ref() != Some(&uid) {
+                        tracing::warn!(lease = %config.lease, pod_uid = %uid, "the lease was assigned to this identity in another pod; waiting for the arbiter to reassign it");
+                        reported_other_pod = Some(uid);
+                    }
                 }
                 Some(Standing::Unassigned) => {
                     // Never run under a term the arbiter did not assign (its fencing token
@@ -270,7 +306,7 @@ async fn lead(
                     match latest.lease.as_ref().map(|l| standing(l, config, incarnation)) {
                         None => return EndReason::LeaseDeleted,
                         Some(Standing::HandoverTo(to)) => return EndReason::Handover { to },
-                        Some(Standing::Other | Standing::Stale | Standing::Unassigned) => {
+                        Some(Standing::Other | Standing::Stale | Standing::OtherPod(_) | Standing::Unassigned) => {
                             return EndReason::HolderChanged(latest.lease.as_ref().and_then(lease::holder).map(str::to_string));
                         }
                         Some(Standing::Ours) => {}
@@ -398,5 +434,55 @@ mod tests {
             standing(&lease("you", 3, true, Some("you/3"), None), &c, "inc"),
             Standing::Other
         ));
+    }
+
+    /// A StatefulSet pod deleted and created again under its name: the new pod's process must
+    /// not take a term the arbiter assigned in the old pod (whose stop ends that term).
+    #[test]
+    fn a_fresh_assignment_is_taken_only_in_the_pod_it_was_made_for() {
+        let in_pod = |uid: Option<&str>| Config {
+            pod_uid: uid.map(str::to_string),
+            ..config()
+        };
+        let assigned_in = |uid: &str, incarnation: Option<&str>| {
+            let mut l = lease("me", 3, true, Some("me/3"), incarnation);
+            lease::set_annotation(&mut l, HOLDER_POD_ANNOTATION, Some(uid));
+            l
+        };
+        let old = assigned_in("uid-old", None);
+        assert!(matches!(
+            standing(&old, &in_pod(Some("uid-new")), "inc"),
+            Standing::OtherPod(uid) if uid == "uid-old"
+        ));
+        assert!(
+            matches!(standing(&old, &in_pod(None), "inc"), Standing::OtherPod(_)),
+            "a process that cannot say its pod cannot be the one"
+        );
+        assert!(matches!(
+            standing(&old, &in_pod(Some("uid-old")), "inc"),
+            Standing::Ours
+        ));
+        assert!(
+            matches!(
+                standing(
+                    &lease("me", 3, true, Some("me/3"), None),
+                    &in_pod(Some("uid-new")),
+                    "inc"
+                ),
+                Standing::Ours
+            ),
+            "assigned with no pod recorded"
+        );
+        assert!(
+            matches!(
+                standing(
+                    &assigned_in("uid-old", Some("inc")),
+                    &in_pod(Some("uid-new")),
+                    "inc"
+                ),
+                Standing::Ours
+            ),
+            "taken by this process already"
+        );
     }
 }

@@ -63,6 +63,9 @@ struct Observed {
     silence: Silence,
     /// Whether it ever saw the Lease exist.
     ever_seen: bool,
+    /// The highest term (`leaseTransitions`) it saw: a Lease it creates again starts above it,
+    /// so that every takeover moves the term (a replica's renewal goes by it).
+    last_term: i32,
 }
 
 /// How long a standby has seen the Lease's record unchanged, counting only the time it could
@@ -230,6 +233,9 @@ impl Elector {
         };
         let existed = *ever_seen;
         *ever_seen |= current.is_some();
+        if let Some(l) = &current {
+            observed.last_term = observed.last_term.max(lease::term(l));
+        }
         if !existed && let Some(l) = &current {
             tracing::info!(lease = %self.name, holder = ?lease::holder(l), "watching the operator lease");
         }
@@ -241,7 +247,7 @@ impl Elector {
             }
             let mut l = Lease::default();
             l.metadata.name = Some(self.name.clone());
-            l.spec = Some(self.record(1));
+            l.spec = Some(self.record(observed.last_term + 1));
             self.remember(self.store.create(&l).await?);
             tracing::info!(lease = %self.name, identity = %self.identity, "created the operator lease; acting after the renew deadline");
             return Ok(Acquired::Created);
@@ -449,6 +455,48 @@ mod tests {
                 "renewTime": "2026-01-01T00:00:00.000000Z",
             },
         })
+    }
+
+    /// A Lease deleted under the replicas and created again by one of them starts above every
+    /// term that replica saw: a takeover always moves the term, which a renewal goes by.
+    #[tokio::test]
+    async fn a_lease_created_again_starts_above_the_terms_seen() {
+        let (client, api) = FakeApi::new(|r| match r.method.as_str() {
+            "GET" => Answer::status(404, "NotFound", "not found"),
+            _ => Answer::echo(r, 201),
+        });
+        let timings = Timings {
+            // Silent for a full duration at once.
+            lease_duration: Duration::ZERO,
+            renew_deadline: GAP,
+            retry_period: secs(2),
+        };
+        let elector = Elector::new(
+            LeaseStore::new(client, "ns"),
+            "arbiter-operator",
+            "op-b",
+            timings,
+            Gate::default(),
+        );
+        let mut observed = Observed {
+            ever_seen: true,
+            last_term: 7,
+            ..Observed::default()
+        };
+        assert!(matches!(
+            elector.try_acquire(&mut observed).await.unwrap(),
+            Acquired::Created
+        ));
+        let created = api.requests();
+        let post = created
+            .iter()
+            .find(|r| r.method == "POST")
+            .expect("a create");
+        assert!(
+            post.body.contains(r#""leaseTransitions":8"#),
+            "{}",
+            post.body
+        );
     }
 
     /// The renew from the last write conflicts, and the Lease read back names this replica

@@ -54,11 +54,15 @@ impl Worker {
         )
     }
 
-    /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped.
+    /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped,
+    /// and the term, if an agent took it, was taken in that pod.
     fn holder_pod_stopped(&self, l: &Lease) -> bool {
         let Some(uid) = l.annotations().get(HOLDER_POD_ANNOTATION) else {
             return false;
         };
+        if lease::agent_incarnation(l).is_some() && lease::taken_in_pod(l) != Some(uid.as_str()) {
+            return false;
+        }
         let ns = l.namespace().unwrap_or_default();
         self.caches.stopped_pods.contains(&ns, uid)
     }
@@ -179,6 +183,7 @@ impl Worker {
                 .filter(|_| crate::api::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION)),
             released_by: lease::released_by(l),
             incarnation: lease::agent_incarnation(l),
+            taken_in: lease::taken_in_pod(l),
             term: lease::term(l),
         }
     }
@@ -247,10 +252,15 @@ impl Worker {
         };
         // While the holder is the one remembered, its term's longest duration and its pod as
         // recorded at assignment count, not what the Lease says now.
+        // The pod ends the term only if the term was taken in it (a new pod of the same name
+        // may have taken it: `Held::ended_by_stop_of`).
         let (duration, pod_stopped) = match holder.as_deref().and_then(|h| held.term_of(key, h)) {
-            Some((longest, Some(uid))) => (longest.max(written), stopped(&uid)),
-            // Assigned without a pod: an annotation added later proves nothing.
-            Some((longest, None)) => (longest.max(written), false),
+            Some((longest, _)) => {
+                let uid = holder
+                    .as_deref()
+                    .and_then(|h| held.ended_by_stop_of(key, h));
+                (longest.max(written), uid.is_some_and(|u| stopped(&u)))
+            }
             None => (written, self.holder_pod_stopped(l)),
         };
         let withdrew = ended.withdrew && held.incarnation(key).map(|(h, _)| h) == holder;

@@ -437,6 +437,7 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
     spec.lease_duration_seconds = Some(duration);
     lease::set_preferred_holder(l, None);
     lease::set_annotation(l, lease::INCARNATION_ANNOTATION, None);
+    lease::set_annotation(l, lease::TAKEN_IN_POD_ANNOTATION, None);
     lease::set_annotation(l, lease::RELEASED_BY_ANNOTATION, None);
     // The mark an agent takes a term from (see lease::assigned_by_arbiter).
     let mark = lease::assignment(holder, term);

@@ -35,6 +35,9 @@ struct Term {
     /// termination message, proves the term's work stopped. The first one seen in the term
     /// counts: the agent that took a term never changes it, so a later value is an edit.
     incarnation: Option<String>,
+    /// The pod that process took the term in (`arbiter.dev/taken-in-pod-uid`), learned with
+    /// the incarnation: `None` while no take was seen, `Some(None)` for a process outside a pod.
+    taken_in: Option<Option<String>>,
     /// The term (`leaseTransitions`) this memory is of: an incarnation is learned only from a
     /// record of that term (a stale record of the term before must not lend it its process).
     term: i32,
@@ -72,6 +75,8 @@ pub struct Seen<'a> {
     pub released_by: Option<&'a str>,
     /// The holder's incarnation recorded on the Lease (by arbiter's field manager).
     pub incarnation: Option<&'a str>,
+    /// The pod the holder's agent took the term in, as it recorded it with its incarnation.
+    pub taken_in: Option<&'a str>,
     /// The Lease's term (`leaseTransitions`).
     pub term: i32,
 }
@@ -126,6 +131,7 @@ impl Held {
                 duration: fallback_duration.max(leader.declared),
                 pod_uid: leader.pod_uid.clone(),
                 incarnation: None,
+                taken_in: None,
                 term: 0,
                 withdrew: false,
             };
@@ -148,6 +154,7 @@ impl Held {
                     if let (None, Some(i), true) = (&t.incarnation, l.incarnation, l.term == t.term)
                     {
                         t.incarnation = Some(i.to_string());
+                        t.taken_in = Some(l.taken_in.map(str::to_string));
                     }
                 }
                 // Named by someone other than the arbiter while the last term may still run:
@@ -167,6 +174,7 @@ impl Held {
                         duration,
                         pod_uid: l.pod_uid.map(str::to_string),
                         incarnation: l.incarnation.map(str::to_string),
+                        taken_in: l.incarnation.map(|_| l.taken_in.map(str::to_string)),
                         term: l.term,
                         withdrew: false,
                     };
@@ -210,6 +218,7 @@ impl Held {
             duration,
             pod_uid: pod_uid.map(str::to_string),
             incarnation: None,
+            taken_in: None,
             term,
             withdrew: false,
         };
@@ -242,7 +251,7 @@ impl Held {
             holder: t.holder.clone(),
             quiet_for: now.saturating_duration_since(t.last_seen),
             duration: t.duration,
-            pod_stopped: t.pod_uid.as_deref().is_some_and(&stopped),
+            pod_stopped: t.stop_proof(false).is_some_and(&stopped),
         })
     }
 
@@ -266,6 +275,31 @@ impl Held {
             .filter(|t| t.holder == holder)
             .map(|t| (t.duration, t.pod_uid.clone()))
     }
+
+    /// The pod whose confirmed stop ends `holder`'s term, if it is the one remembered, judged
+    /// against the Lease that names it now (see [`Term::stop_proof`]).
+    pub fn ended_by_stop_of(&self, key: &LeaseKey, holder: &str) -> Option<String> {
+        self.locked()
+            .get(key)
+            .filter(|t| t.holder == holder)
+            .and_then(|t| t.stop_proof(true).map(str::to_string))
+    }
+}
+
+impl Term {
+    /// The pod whose confirmed stop ends this term: the pod recorded at assignment, if the term
+    /// was taken in it. A term taken elsewhere (a new pod of the same name took an assignment
+    /// made while the old one ran) does not end with the recorded pod. While no take was seen,
+    /// the recorded pod counts only against a Lease that names the holder (`with_lease`): a
+    /// take the arbiter has not seen yet makes the compare-and-swap that deposes the holder
+    /// fail; with the Lease gone or renamed nothing would stop that write.
+    fn stop_proof(&self, with_lease: bool) -> Option<&str> {
+        let pod = self.pod_uid.as_deref()?;
+        match &self.taken_in {
+            Some(taken_in) => (taken_in.as_deref() == Some(pod)).then_some(pod),
+            None => with_lease.then_some(pod),
+        }
+    }
 }
 
 /// Whether a remembered term is certainly over.
@@ -273,7 +307,7 @@ fn over(t: &Term, lease: Option<&Seen>, now: Instant, stopped: &impl Fn(&str) ->
     let released_itself =
         lease.is_some_and(|l| l.holder.is_none() && l.released_by == Some(t.holder.as_str()));
     released_itself
-        || t.pod_uid.as_deref().is_some_and(stopped)
+        || t.stop_proof(false).is_some_and(stopped)
         || now.saturating_duration_since(t.last_seen) >= t.duration
 }
 
@@ -351,8 +385,57 @@ mod tests {
             pod_uid: None,
             released_by: None,
             incarnation: None,
+            taken_in: None,
             term: 1,
         }
+    }
+
+    /// The pod recorded at assignment ends the term only if the term was taken in it: a new
+    /// pod of the same name (a StatefulSet pod created again) that took the term is not ended
+    /// by the old pod's stop. While no take was seen, the recorded pod's stop counts against a
+    /// Lease that names the holder (a take not seen yet makes the deposing write conflict),
+    /// not when the Lease is gone.
+    #[test]
+    fn a_recorded_pod_ends_only_a_term_taken_in_it() {
+        let t0 = Instant::now();
+        let old_stopped = |uid: &str| uid == "uid-old";
+        let taken = |held: &Held, taken_in: Option<&'static str>| {
+            let record = Seen {
+                incarnation: Some("a2"),
+                taken_in,
+                ..seen(Some("a"), t0, D)
+            };
+            held.learn(&key(), Some(&record), None, D, t0, old_stopped);
+        };
+        let proof = |held: &Held| held.ended_by_stop_of(&key(), "a");
+        let previous = |held: &Held| held.previous(&key(), t0, old_stopped).unwrap().pod_stopped;
+
+        // Assigned in the old pod, not taken yet.
+        let held = Held::default();
+        held.assigned(&key(), "a", 1, D, Some("uid-old"), t0);
+        assert_eq!(proof(&held).as_deref(), Some("uid-old"));
+        assert!(
+            !previous(&held),
+            "with the Lease gone, an unseen take is waited out"
+        );
+
+        // Taken in the new pod.
+        taken(&held, Some("uid-new"));
+        assert_eq!(proof(&held), None);
+        assert!(!previous(&held));
+
+        // Taken in the recorded pod.
+        let held = Held::default();
+        held.assigned(&key(), "a", 1, D, Some("uid-old"), t0);
+        taken(&held, Some("uid-old"));
+        assert_eq!(proof(&held).as_deref(), Some("uid-old"));
+        assert!(previous(&held));
+
+        // Taken outside any pod (or by an agent that does not say where).
+        let held = Held::default();
+        held.assigned(&key(), "a", 1, D, Some("uid-old"), t0);
+        taken(&held, None);
+        assert_eq!(proof(&held), None);
     }
 
     #[test]
@@ -451,8 +534,11 @@ mod tests {
         let t0 = Instant::now();
         let held = Held::default();
         held.assigned(&key(), "a", 1, D, Some("uid-a"), t0);
+        // Taken in its pod, and the record's pod annotation rewritten.
         let forged = Seen {
             pod_uid: Some("uid-dead"),
+            incarnation: Some("a1"),
+            taken_in: Some("uid-a"),
             ..seen(Some("a"), t0, D)
         };
         let stopped = |uid: &str| uid == "uid-dead";
