@@ -181,7 +181,7 @@ pub struct LeaseObj {
     pub truth: (u8, Option<u8>),
     /// The process that took the term (`arbiter.dev/incarnation`; none on a fresh assignment).
     pub incarnation: Option<u8>,
-    /// The pod it took the term in (`arbiter.dev/taken-in-pod-uid`).
+    /// The pod it took the term in (`arbiter.dev/taken-in-pod`).
     pub taken_in: Option<u8>,
 }
 
@@ -1087,7 +1087,10 @@ impl System {
             return false;
         };
         match op.held {
-            Some(held) if held.holder == h => op.stopped(h, self.stop_proof(&held, true)),
+            // Of the term it remembers only (`Held::ended_by_stop_of`).
+            Some(held) if held.holder == h => {
+                held.term == l.term && op.stopped(h, self.stop_proof(&held, true))
+            }
             // Not the holder it remembers: the record's pod, if the term was taken there.
             _ => {
                 let pod = l.holder_pod.map(|(p, _)| p);
@@ -1162,6 +1165,13 @@ impl System {
                     return;
                 }
                 match op.held.as_mut() {
+                    // The same holder at a later term: that term, from its record, waited out
+                    // at least as long (`held.rs`).
+                    Some(held) if held.holder == h && l.term > held.term => {
+                        let seen = held.seen.max(since);
+                        *held = Held::new(h, l.term, seen, l.holder_pod.map(|(p, _)| p));
+                        held.taker = l.incarnation.and(l.taken_in);
+                    }
                     Some(held) if held.holder == h => {
                         held.seen = held.seen.max(since);
                         // The take, learned once from a record of the term.

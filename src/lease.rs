@@ -28,10 +28,17 @@ pub const PREFERRED_HOLDER_ANNOTATION: &str = "arbiter.dev/preferred-holder";
 /// assignment, so that the holder's confirmed death is recognised even after its candidate is
 /// gone).
 pub const HOLDER_POD_ANNOTATION: &str = "arbiter.dev/holder-pod-uid";
-/// On a Lease: the uid of the pod whose agent took the current term (written by the agent with
-/// its incarnation; absent when the agent runs outside a pod). The recorded pod's stop ends the
-/// term only if the term was taken in it.
-pub const TAKEN_IN_POD_ANNOTATION: &str = "arbiter.dev/taken-in-pod-uid";
+/// On a Lease: `INCARNATION:UID`, the pod whose agent took the current term (written by the agent
+/// with its incarnation, which it names, so that a value left from an earlier process proves
+/// nothing; absent when the agent runs outside a pod). The recorded pod's stop ends the term
+/// only if the term was taken in it.
+pub const TAKEN_IN_POD_ANNOTATION: &str = "arbiter.dev/taken-in-pod";
+
+/// The value of [`TAKEN_IN_POD_ANNOTATION`] for process `incarnation` in pod `uid` (read back by
+/// [`taken_in_pod`]).
+pub fn taken_in(incarnation: &str, uid: &str) -> String {
+    format!("{incarnation}:{uid}")
+}
 /// On a Lease: the holder pod's container restart count when the arbiter assigned it (a forced
 /// exit is due only if the deposed pod still runs with that count).
 pub const RESTARTS_ANNOTATION: &str = "arbiter.dev/holder-restarts";
@@ -292,13 +299,15 @@ pub fn agent_incarnation(lease: &Lease) -> Option<&str> {
 }
 
 /// The pod the agent that took the Lease's current term runs in, only as an agent wrote it
-/// (arbiter's field manager).
+/// (arbiter's field manager) and for the incarnation on the Lease ([`agent_incarnation`]).
 pub fn taken_in_pod(lease: &Lease) -> Option<&str> {
-    lease
-        .annotations()
-        .get(TAKEN_IN_POD_ANNOTATION)
-        .map(String::as_str)
-        .filter(|u| !u.is_empty() && written_by_arbiter(&lease.metadata, TAKEN_IN_POD_ANNOTATION))
+    let incarnation = agent_incarnation(lease)?;
+    let value = lease.annotations().get(TAKEN_IN_POD_ANNOTATION)?;
+    let (by, uid) = value.split_once(':')?;
+    (by == incarnation
+        && !uid.is_empty()
+        && written_by_arbiter(&lease.metadata, TAKEN_IN_POD_ANNOTATION))
+    .then_some(uid)
 }
 
 /// Whether any incarnation is stamped on the Lease, whoever wrote it: the operator never acts
@@ -408,6 +417,44 @@ mod tests {
         set_annotation(&mut lease, INCARNATION_ANNOTATION, Some(""));
         assert_eq!(agent_incarnation(&lease), None, "an empty stamp is none");
         assert!(!incarnation_stamped(&lease));
+    }
+
+    /// The pod a term was taken in counts only as an agent wrote it, for the incarnation on the
+    /// Lease: a value an earlier process left (an operator from before it was cleared on
+    /// assignment, an agent from before it was written) proves nothing.
+    #[test]
+    fn the_pod_a_term_was_taken_in_counts_only_for_the_incarnation_that_took_it() {
+        let by_agent = managed_by(
+            FIELD_MANAGER,
+            serde_json::json!({"f:metadata": {"f:annotations": {
+                format!("f:{INCARNATION_ANNOTATION}"): {},
+                format!("f:{TAKEN_IN_POD_ANNOTATION}"): {},
+            }}}),
+        );
+        let mut lease = Lease::default();
+        lease.metadata.managed_fields = Some(vec![by_agent]);
+        set_annotation(&mut lease, INCARNATION_ANNOTATION, Some("p2"));
+        set_annotation(
+            &mut lease,
+            TAKEN_IN_POD_ANNOTATION,
+            Some(&taken_in("p2", "uid-1")),
+        );
+        assert_eq!(taken_in_pod(&lease), Some("uid-1"));
+        set_annotation(
+            &mut lease,
+            TAKEN_IN_POD_ANNOTATION,
+            Some(&taken_in("p1", "uid-0")),
+        );
+        assert_eq!(taken_in_pod(&lease), None, "left by an earlier process");
+        set_annotation(&mut lease, TAKEN_IN_POD_ANNOTATION, Some("uid-0"));
+        assert_eq!(taken_in_pod(&lease), None, "not a value an agent writes");
+        set_annotation(&mut lease, INCARNATION_ANNOTATION, None);
+        set_annotation(
+            &mut lease,
+            TAKEN_IN_POD_ANNOTATION,
+            Some(&taken_in("p2", "uid-1")),
+        );
+        assert_eq!(taken_in_pod(&lease), None, "no take on the Lease");
     }
 
     #[test]

@@ -52,6 +52,7 @@ crate::tests![agent:
     an_agent_whose_watch_lags_answers_a_ping_from_a_read,
     deleting_the_lease_settles_on_the_live_candidate,
     arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version,
+    an_agent_outside_a_pod_drops_a_pod_left_as_its_candidates_owner,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -1424,5 +1425,55 @@ async fn arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version(
     assert!(
         !kube::ResourceExt::annotations(&l).contains_key(lease::HANDOVER_REQUEST_ANNOTATION),
         "the request is removed once carried out"
+    );
+}
+
+/// A candidate left owned by a pod that declares the lease (an earlier process of this identity
+/// ran in it, or someone set the owner), and a process of that identity outside any pod: the
+/// arbiter would record that pod with each assignment, and the agent takes a term only in the
+/// pod it was assigned in. Registering, the agent drops the pod from the candidate's owners, so
+/// its terms are assigned without a pod, and it leads.
+async fn an_agent_outside_a_pod_drops_a_pod_left_as_its_candidates_owner(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let pod = StandIn::spawn(
+        env.client.clone(),
+        &env.ns,
+        "web-9",
+        BTreeMap::from([("arbiter.dev/lease".to_string(), "solo".to_string())]),
+        5,
+        "sh",
+        &["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"],
+    )
+    .await;
+    let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        ..Default::default()
+    };
+    crate::support::operator::create_candidate(
+        &env,
+        "x",
+        "solo",
+        "1.30.0",
+        Some("1.30.0"),
+        arbiter::api::OLDEST_EMULATION_VERSION,
+        Some(owner),
+    )
+    .await;
+    let _agent = Agent::spawn(&env.kubeconfig, &env.ns, "x", "solo", "1.30.0", &log);
+    wait_started(&log, "x").await;
+    let candidates: Api<LeaseCandidate> = env.api();
+    let c = candidates.get("x").await.unwrap();
+    assert!(
+        c.metadata
+            .owner_references
+            .unwrap_or_default()
+            .iter()
+            .all(|o| o.kind != "Pod"),
+        "the pod is no longer the candidate's owner"
     );
 }

@@ -97,7 +97,11 @@ async fn renew(
     lease::set_annotation(&mut l, INCARNATION_ANNOTATION, Some(incarnation));
     // The pod it took the term in: the arbiter takes the stop of the pod it recorded for the
     // term as its end only if the term was taken there.
-    lease::set_annotation(&mut l, TAKEN_IN_POD_ANNOTATION, config.pod_uid.as_deref());
+    let taken_in = config
+        .pod_uid
+        .as_deref()
+        .map(|uid| lease::taken_in(incarnation, uid));
+    lease::set_annotation(&mut l, TAKEN_IN_POD_ANNOTATION, taken_in.as_deref());
     let written = store.replace(&l).await?;
     Ok(Ok(lease::term(&written)))
 }
@@ -170,13 +174,11 @@ pub async fn run(
                     // the arbiter reassigns the lease once it expires).
                     tracing::warn!(lease = %config.lease, "the lease names this identity but an earlier process held it; waiting for the arbiter to reassign it");
                 }
-                Some(Standing::OtherPod(uid)) => {
-                    // Like an earlier process's term: neither taken nor released (the other
-                    // pod may still run); the arbiter reassigns once that pod stops.
-                    if reported_other_pod.as_ref() != Some(&uid) {
-                        tracing::warn!(lease = %config.lease, pod_uid = %uid, "the lease was assigned to this identity in another pod; waiting for the arbiter to reassign it");
-                        reported_other_pod = Some(uid);
-                    }
+                // Like an earlier process's term: neither taken nor released (the other pod may
+                // still run); the arbiter reassigns once that pod stops. Said once per pod.
+                Some(Standing::OtherPod(uid)) if reported_other_pod.as_ref() != Some(&uid) => {
+                    tracing::warn!(lease = %config.lease, pod_uid = %uid, "the lease was assigned to this identity in another pod; waiting for the arbiter to reassign it");
+                    reported_other_pod = Some(uid);
                 }
                 Some(Standing::Unassigned) => {
                     // Never run under a term the arbiter did not assign (its fencing token

@@ -132,11 +132,30 @@ async fn try_register(
                 config.identity,
                 existing.spec.lease_name
             ),
-            Some(_) => {
+            Some(existing) => {
                 // A new process: an overrun reported by an earlier one is history (its Event
                 // and metric remain). It may run in a new pod of the same name (a StatefulSet's
-                // replacement): the candidate goes with this pod from now on.
-                let owners = owner_references(config);
+                // replacement): the candidate goes with this pod from now on. A process outside
+                // a pod drops a pod an earlier one left as owner (the arbiter would take that
+                // pod for this process's: record terms in it, which this process cannot take);
+                // owners of other kinds stay.
+                let left_pods = existing
+                    .metadata
+                    .owner_references
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|r| r.kind == "Pod"));
+                let owners = owner_references(config).or_else(|| {
+                    left_pods.then(|| {
+                        existing
+                            .metadata
+                            .owner_references
+                            .clone()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter(|r| r.kind != "Pod")
+                            .collect()
+                    })
+                });
                 let mut patch = json!({
                     "metadata": { "annotations": {
                         INCARNATION_ANNOTATION: incarnation,

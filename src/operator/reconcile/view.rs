@@ -258,7 +258,7 @@ impl Worker {
             Some((longest, _)) => {
                 let uid = holder
                     .as_deref()
-                    .and_then(|h| held.ended_by_stop_of(key, h));
+                    .and_then(|h| held.ended_by_stop_of(key, h, lease::term(l)));
                 (longest.max(written), uid.is_some_and(|u| stopped(&u)))
             }
             None => (written, self.holder_pod_stopped(l)),

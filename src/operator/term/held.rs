@@ -35,7 +35,7 @@ struct Term {
     /// termination message, proves the term's work stopped. The first one seen in the term
     /// counts: the agent that took a term never changes it, so a later value is an edit.
     incarnation: Option<String>,
-    /// The pod that process took the term in (`arbiter.dev/taken-in-pod-uid`), learned with
+    /// The pod that process took the term in (`arbiter.dev/taken-in-pod`), learned with
     /// the incarnation: `None` while no take was seen, `Some(None)` for a process outside a pod.
     taken_in: Option<Option<String>>,
     /// The term (`leaseTransitions`) this memory is of: an incarnation is learned only from a
@@ -148,6 +148,21 @@ impl Held {
         }
         match (lease, lease.and_then(|l| l.holder)) {
             (Some(l), Some(h)) => match terms.get_mut(key) {
+                // The same holder at a later term (reassigned to it by another replica while
+                // this one did not look, or a term this memory did not know: learned from the
+                // `Leader` condition): that term, from its record, waited out at least as long.
+                Some(t) if t.holder == h && l.term > t.term => {
+                    *t = Term {
+                        holder: h.to_string(),
+                        last_seen: t.last_seen.max(l.since),
+                        duration: t.duration.max(l.duration),
+                        pod_uid: l.pod_uid.map(str::to_string),
+                        incarnation: l.incarnation.map(str::to_string),
+                        taken_in: l.incarnation.map(|_| l.taken_in.map(str::to_string)),
+                        term: l.term,
+                        withdrew: false,
+                    };
+                }
                 Some(t) if t.holder == h => {
                     t.last_seen = t.last_seen.max(l.since);
                     t.duration = t.duration.max(l.duration);
@@ -277,11 +292,12 @@ impl Held {
     }
 
     /// The pod whose confirmed stop ends `holder`'s term, if it is the one remembered, judged
-    /// against the Lease that names it now (see [`Term::stop_proof`]).
-    pub fn ended_by_stop_of(&self, key: &LeaseKey, holder: &str) -> Option<String> {
+    /// against the Lease that names it now at `term` (see [`Term::stop_proof`]; a record of
+    /// another term proves nothing about the remembered one).
+    pub fn ended_by_stop_of(&self, key: &LeaseKey, holder: &str, term: i32) -> Option<String> {
         self.locked()
             .get(key)
-            .filter(|t| t.holder == holder)
+            .filter(|t| t.holder == holder && t.term == term)
             .and_then(|t| t.stop_proof(true).map(str::to_string))
     }
 }
@@ -390,6 +406,54 @@ mod tests {
         }
     }
 
+    /// The same holder at a later term (given to it by another replica while this one did not
+    /// look, a node drain moving it to a new pod): that term's record counts, its pod and its
+    /// take; the earlier term's pod stopping proves nothing about it.
+    #[test]
+    fn a_later_term_of_the_same_holder_replaces_the_remembered_one() {
+        let t0 = Instant::now();
+        let record = |term, pod, incarnation, taken_in| Seen {
+            pod_uid: Some(pod),
+            incarnation: Some(incarnation),
+            taken_in: Some(taken_in),
+            term,
+            ..seen(Some("a"), t0, D)
+        };
+        let held = Held::default();
+        let uid0_stopped = |uid: &str| uid == "uid-0";
+        held.learn(
+            &key(),
+            Some(&record(1, "uid-0", "a1", "uid-0")),
+            None,
+            D,
+            t0,
+            uid0_stopped,
+        );
+        assert_eq!(
+            held.ended_by_stop_of(&key(), "a", 1).as_deref(),
+            Some("uid-0")
+        );
+        held.learn(
+            &key(),
+            Some(&record(2, "uid-1", "a2", "uid-1")),
+            None,
+            D,
+            t0,
+            uid0_stopped,
+        );
+        assert_eq!(
+            held.ended_by_stop_of(&key(), "a", 2).as_deref(),
+            Some("uid-1")
+        );
+        assert_eq!(
+            held.ended_by_stop_of(&key(), "a", 1),
+            None,
+            "a record of another term"
+        );
+        assert!(!held.previous(&key(), t0, uid0_stopped).unwrap().pod_stopped);
+        assert_eq!(held.incarnation(&key()), Some(("a".into(), "a2".into())));
+    }
+
     /// The pod recorded at assignment ends the term only if the term was taken in it: a new
     /// pod of the same name (a StatefulSet pod created again) that took the term is not ended
     /// by the old pod's stop. While no take was seen, the recorded pod's stop counts against a
@@ -407,7 +471,7 @@ mod tests {
             };
             held.learn(&key(), Some(&record), None, D, t0, old_stopped);
         };
-        let proof = |held: &Held| held.ended_by_stop_of(&key(), "a");
+        let proof = |held: &Held| held.ended_by_stop_of(&key(), "a", 1);
         let previous = |held: &Held| held.previous(&key(), t0, old_stopped).unwrap().pod_stopped;
 
         // Assigned in the old pod, not taken yet.
