@@ -38,8 +38,10 @@ impl Model for System {
         vec![
             // Two CMDs never act at once (a frozen one does not act).
             Property::<Self>::always("exclusion", |_, s: &State| !s.overlap),
-            // Every assignment's term is above every term assigned before.
-            Property::<Self>::always("fencing", |_, s: &State| !s.term_reused),
+            // Every assignment's term is above every term assigned before, and the protected
+            // resource never accepts two processes' writes at one term (a frozen holder's
+            // write as it resumes is refused).
+            Property::<Self>::always("fencing", |_, s: &State| !s.term_reused && !s.two_writers),
             // Once calm for long enough, a live candidate runs CMD and stays there.
             Property::<Self>::always("liveness", |_, s: &State| s.live()),
             // With no fault, a holder outranked by a live candidate hands over in time.
@@ -56,6 +58,7 @@ impl Model for System {
             }),
             Property::<Self>::sometimes("liveness is due", |_, s: &State| s.live_due()),
             Property::<Self>::sometimes("a pod is forced out", |_, s: &State| s.evicted),
+            Property::<Self>::sometimes("a stale write is refused", |_, s: &State| s.refused),
         ]
     }
 }
@@ -209,12 +212,13 @@ const PROMISES: [&str; 5] = [
     "version order",
     "forced exits",
 ];
-const SANITY: [&str; 5] = [
+const SANITY: [&str; 6] = [
     "a CMD runs",
     "a second term",
     "a replica takes over",
     "liveness is due",
     "a pod is forced out",
+    "a stale write is refused",
 ];
 
 type Discoveries = std::collections::HashMap<&'static str, stateright::Path<State, Step>>;
@@ -347,6 +351,8 @@ fn main() {
             let unreachable = match name {
                 "a replica takes over" => bound.1 < 2,
                 "liveness is due" => bound.2 < system::CALM,
+                // A holder frozen, its term lapsed, the next one taken and written: 9 s.
+                "a stale write is refused" => bound.2 < 9,
                 _ => false,
             };
             if unreachable {

@@ -387,6 +387,14 @@ pub struct State {
     pub overlap: bool,
     /// Sticky: a term was assigned that was not above every term assigned before.
     pub term_reused: bool,
+    /// The protected resource: the highest `ARBITER_TERM` it accepted a write with, and the
+    /// process that wrote it (candidate, incarnation). It refuses a lower term.
+    pub accepted: Option<(i32, u8, u8)>,
+    /// Sticky: it accepted writes from two processes at one term (what fencing rules out).
+    pub two_writers: bool,
+    /// Sticky: it refused a write (a resumed holder's, below a later term: the model reaches
+    /// that).
+    pub refused: bool,
     /// The highest term ever assigned.
     pub max_term: i32,
     /// Sticky: a pod was forced out that neither ran the deposed holder when its term was
@@ -421,7 +429,12 @@ impl State {
 
     /// Every promise holds in this state (what a replayed trace of the protocol must keep).
     pub fn promises_hold(&self) -> bool {
-        !self.overlap && !self.term_reused && self.live() && self.in_order() && !self.wrong_eviction
+        !self.overlap
+            && !self.term_reused
+            && !self.two_writers
+            && self.live()
+            && self.in_order()
+            && !self.wrong_eviction
     }
 
     /// Version order: with no fault, the holder is never outranked for [`HANDOVER`] or longer.
@@ -576,6 +589,9 @@ impl System {
             faults: 0,
             overlap: false,
             term_reused: false,
+            accepted: None,
+            two_writers: false,
+            refused: false,
             max_term: 0,
             wrong_eviction: false,
             evicted: false,
@@ -754,9 +770,12 @@ impl System {
             Step::Resume(i) => {
                 let c = &mut n.cands[i as usize];
                 c.paused = false;
-                // The guard's deadline is on CLOCK_BOOTTIME: past it, CMD dies on resuming.
+                // The guard's deadline is on CLOCK_BOOTTIME: past it, CMD dies on resuming, but
+                // may write once first (the moment before the guard runs), with its old term:
+                // the resource must refuse it if a later term wrote.
                 if c.cmd.is_some() && n.t >= c.deadline + self.kill_grace() && !self.no_deadline() {
-                    c.cmd = None;
+                    write_resource(&mut n, i);
+                    n.cands[i as usize].cmd = None;
                 }
                 n.calm_since = n.t;
                 true
@@ -842,6 +861,12 @@ impl System {
                 answer(n, i);
             }
             take_term(n, i, self.mutation == Some(Mutation::TakeInAnyPod));
+        }
+        // Every CMD that runs writes to the protected resource with its term.
+        for i in 0..n.cands.len() as u8 {
+            if n.cands[i as usize].cmd.is_some() && !n.cands[i as usize].paused {
+                write_resource(n, i);
+            }
         }
         deliver_all(n);
         true
@@ -1479,6 +1504,22 @@ fn take_term(n: &mut State, i: u8, any_pod: bool) -> bool {
     c.deadline = n.t + RENEW_DEADLINE;
     c.cmd = Some(l.term);
     true
+}
+
+/// Candidate `i`'s CMD writes to the protected resource with its term: accepted at or above the
+/// highest term accepted, refused below it. Two processes accepted at one term is what fencing
+/// must rule out.
+fn write_resource(n: &mut State, i: u8) {
+    let c = &n.cands[i as usize];
+    let Some(term) = c.cmd else {
+        return;
+    };
+    let writer = (term, i, c.inc);
+    match n.accepted {
+        Some((highest, ..)) if term < highest => n.refused = true,
+        Some(accepted) if term == accepted.0 && accepted != writer => n.two_writers = true,
+        _ => n.accepted = Some(writer),
+    }
 }
 
 /// Candidate `i` written by hand: a new registration whose `renewTime` is far in the future,

@@ -30,6 +30,9 @@ pub enum Command {
     Operator(Box<crate::operator::Settings>),
     /// Run CMD only while this candidate holds the lease: `arbiter run [flags] -- CMD [ARGS...]`.
     Run(Box<crate::agent::Settings>),
+    /// Copy this binary into DIR as DIR/arbiter (an init container's job: a pod whose image
+    /// lacks the agent runs it from a shared volume).
+    Install(crate::self_install::Settings),
     /// Show the leases arbiter manages: holder, term, versions, candidates, state.
     Status(crate::status::Settings),
     /// A planned switchover: ask the operator to hand LEASE over to a candidate (or the best
@@ -76,6 +79,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Operator(settings) => crate::operator::run(*settings).await.map(|()| 0),
         Command::Run(settings) => crate::agent::run(*settings).await,
         Command::Status(settings) => crate::status::run(settings).await,
+        Command::Install(settings) => crate::self_install::run(settings),
         Command::Handover(settings) => crate::handover::run(settings).await,
         // Inside an async runtime the guard could die of its own parent-death signal (see
         // `agent::guard`): main runs it before any runtime starts.

@@ -19,6 +19,7 @@ mod layers;
 pub mod lease;
 pub mod memory;
 pub mod operator;
+pub mod self_install;
 pub mod status;
 pub mod tolerant;
 pub mod workloads;

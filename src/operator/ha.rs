@@ -443,6 +443,22 @@ mod tests {
 
     const GAP: Duration = Duration::from_secs(10);
 
+    /// Replica `identity`'s elector for the HA Lease, on `client`.
+    fn elector(client: kube::Client, identity: &str, lease_duration: Duration) -> Elector {
+        let timings = Timings {
+            lease_duration,
+            renew_deadline: GAP,
+            retry_period: secs(2),
+        };
+        Elector::new(
+            LeaseStore::new(client, "ns"),
+            "arbiter-operator",
+            identity,
+            timings,
+            Gate::default(),
+        )
+    }
+
     fn record(version: &str, term: i32) -> serde_json::Value {
         serde_json::json!({
             "apiVersion": "coordination.k8s.io/v1",
@@ -465,19 +481,8 @@ mod tests {
             "GET" => Answer::status(404, "NotFound", "not found"),
             _ => Answer::echo(r, 201),
         });
-        let timings = Timings {
-            // Silent for a full duration at once.
-            lease_duration: Duration::ZERO,
-            renew_deadline: GAP,
-            retry_period: secs(2),
-        };
-        let elector = Elector::new(
-            LeaseStore::new(client, "ns"),
-            "arbiter-operator",
-            "op-b",
-            timings,
-            Gate::default(),
-        );
+        // Silent for a full duration at once.
+        let elector = elector(client, "op-b", Duration::ZERO);
         let mut observed = Observed {
             ever_seen: true,
             last_term: 7,
@@ -512,18 +517,7 @@ mod tests {
             }
             _ => Answer::echo(r, 200),
         });
-        let timings = Timings {
-            lease_duration: secs(15),
-            renew_deadline: GAP,
-            retry_period: secs(2),
-        };
-        let elector = Elector::new(
-            LeaseStore::new(client, "ns"),
-            "arbiter-operator",
-            "op-a",
-            timings,
-            Gate::default(),
-        );
+        let elector = elector(client, "op-a", secs(15));
         elector.remember(serde_json::from_value(record("5", 3)).unwrap());
         match elector.renew().await {
             Err(Renew::Lost(why)) => assert!(why.contains("term 3 is now 4"), "{why}"),
