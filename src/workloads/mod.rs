@@ -11,6 +11,7 @@
 //! `arbiter.dev/on-depose` when it is still running, then assign the Lease and label the new pod
 //! `active`; so no two pods ever carry `active` at once.
 
+pub mod inject;
 pub mod sync;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -143,6 +144,16 @@ impl Workload {
 /// The version a pod runs: its `app.kubernetes.io/version` label, else its first container's
 /// image tag (a leading `v` tolerated; digests ignored). Normalised to strict semver.
 pub fn pod_version(pod: &Pod) -> Result<String, String> {
+    let first = pod.spec.as_ref().and_then(|s| s.containers.first());
+    container_version(pod, first)
+}
+
+/// The version `container` of `pod` runs: the pod's `app.kubernetes.io/version` label, else
+/// the container's image tag.
+pub fn container_version(
+    pod: &Pod,
+    container: Option<&k8s_openapi::api::core::v1::Container>,
+) -> Result<String, String> {
     if let Some(v) = pod.labels().get(VERSION_LABEL) {
         return Version::parse(v).map(|v| v.to_string()).map_err(|e| {
             format!(
@@ -151,12 +162,7 @@ pub fn pod_version(pod: &Pod) -> Result<String, String> {
             )
         });
     }
-    let image = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default();
+    let image = container.and_then(|c| c.image.clone()).unwrap_or_default();
     template_version(&image)
 }
 

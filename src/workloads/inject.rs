@@ -1,0 +1,400 @@
+//! Injection: the change the admission webhook makes to a pod that carries the label
+//! `arbiter.dev/inject: "true"`, so that exactly one replica's process runs without an image
+//! change. Pure (no I/O): the pod in, the pod to admit (or a refusal with the reason the API
+//! server shows the user) out.
+//!
+//! The change:
+//!
+//! - an init container from the arbiter image copies the static binary into an `emptyDir`
+//!   (`arbiter install --to DIR`);
+//! - the chosen container (`arbiter.dev/container`, else the first) runs
+//!   `DIR/arbiter run --lease NAME --binary-version V [...] -- <its command and args>`, the
+//!   command and args moved behind `--` unchanged (so the kubelet still expands `$(VAR)` in
+//!   them);
+//! - `POD_NAME`, `POD_NAMESPACE` and `POD_UID` from the downward API, unless the container sets
+//!   them already (the agent's identity, its Lease's namespace, its candidate's owner pod).
+//!
+//! The lease is `arbiter.dev/lease-name`, else the workload's name (the pod's ReplicaSet owner
+//! without its `pod-template-hash` suffix, or its StatefulSet owner). The version is the pod's
+//! `app.kubernetes.io/version` label, else the container's image tag, as for single-active
+//! workloads. A container without a command in the pod spec cannot be wrapped without reading
+//! its image: the pod is refused with a message naming `arbiter.dev/command`, which supplies it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, Volume,
+    VolumeMount,
+};
+use kube::ResourceExt;
+
+use super::{LEASE_NAME_ANNOTATION, container_version};
+
+/// The label that selects a pod for injection (the webhook's `objectSelector`: a pod without it
+/// is never sent to the webhook, so an outage of the webhook affects only these pods).
+pub const INJECT_LABEL: &str = "arbiter.dev/inject";
+/// The container to wrap, by name (default: the first).
+pub const CONTAINER_ANNOTATION: &str = "arbiter.dev/container";
+/// The command to wrap, as a JSON array, for a container whose command is its image's
+/// entrypoint (not in the pod spec).
+pub const COMMAND_ANNOTATION: &str = "arbiter.dev/command";
+/// `arbiter run --kill-grace` (default: the agent's).
+pub const KILL_GRACE_ANNOTATION: &str = "arbiter.dev/kill-grace";
+/// The init container that copies the binary.
+pub const INIT_CONTAINER: &str = "arbiter-install";
+/// The volume the binary is copied into, and where it is mounted.
+pub const VOLUME: &str = "arbiter-bin";
+pub const DIR: &str = "/arbiter-bin";
+/// Where the binary is in the arbiter image (the Dockerfile's `COPY --from=build /arbiter`).
+const IMAGE_BINARY: &str = "/arbiter";
+/// The container's default termination message path, where the agent records its incarnation.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Why a pod is refused: the API server returns the message to whoever created the pod (for a
+/// Deployment's pods, its ReplicaSet's events show it).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("arbiter: {CONTAINER_ANNOTATION}={0:?} names no container of this pod")]
+    NoSuchContainer(String),
+    #[error(
+        "arbiter: container {0:?} has no command in the pod spec, and its image's entrypoint cannot be read at admission: set the annotation {COMMAND_ANNOTATION} to the command to run, as a JSON array (for example [\"/app\", \"serve\"])"
+    )]
+    NoCommand(String),
+    #[error("arbiter: annotation {key}: {why}")]
+    Annotation { key: &'static str, why: String },
+    #[error(
+        "arbiter: no lease name: set the annotation {LEASE_NAME_ANNOTATION} (the pod has no ReplicaSet or StatefulSet owner to name the lease after)"
+    )]
+    NoLease,
+    #[error("arbiter: no version for container {container:?}: {why}")]
+    Version { container: String, why: String },
+    #[error("arbiter: the pod has no containers")]
+    NoContainers,
+}
+
+/// `pod` as admitted with the agent injected, with the arbiter `image` for the init container;
+/// `None` when it is injected already (a webhook may be called again for one pod).
+pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
+    let annotations = pod.annotations();
+    let lease = lease_of(pod, annotations)?;
+    let Some(spec) = pod.spec.as_ref() else {
+        return Err(Refusal::NoContainers);
+    };
+    if spec
+        .init_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == INIT_CONTAINER)
+    {
+        return Ok(None);
+    }
+    let index = match annotations.get(CONTAINER_ANNOTATION) {
+        Some(name) => spec
+            .containers
+            .iter()
+            .position(|c| &c.name == name)
+            .ok_or_else(|| Refusal::NoSuchContainer(name.clone()))?,
+        None if spec.containers.is_empty() => return Err(Refusal::NoContainers),
+        None => 0,
+    };
+    let version =
+        container_version(pod, spec.containers.get(index)).map_err(|why| Refusal::Version {
+            container: spec.containers[index].name.clone(),
+            why,
+        })?;
+    let mut pod = pod.clone();
+    let spec = pod.spec.as_mut().expect("checked above");
+    let container = &mut spec.containers[index];
+    let command = match (&container.command, annotations.get(COMMAND_ANNOTATION)) {
+        (Some(command), _) if !command.is_empty() => command.clone(),
+        (_, Some(json)) => serde_json::from_str::<Vec<String>>(json)
+            .ok()
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| Refusal::Annotation {
+                key: COMMAND_ANNOTATION,
+                why: format!("{json:?} is not a non-empty JSON array of strings"),
+            })?,
+        _ => return Err(Refusal::NoCommand(container.name.clone())),
+    };
+    let mut args: Vec<String> = ["run", "--lease", &lease, "--binary-version", &version]
+        .map(String::from)
+        .into();
+    if let Some(grace) = annotations.get(KILL_GRACE_ANNOTATION) {
+        humantime::parse_duration(grace).map_err(|e| Refusal::Annotation {
+            key: KILL_GRACE_ANNOTATION,
+            why: format!("{grace:?} is not a duration ({e}): use e.g. 3s, 500ms"),
+        })?;
+        args.extend(["--kill-grace".into(), grace.clone()]);
+    }
+    // The agent records its incarnation where the kubelet reads the container's termination
+    // message: the container's own path, if it moved it.
+    if let Some(path) = container
+        .termination_message_path
+        .as_ref()
+        .filter(|p| *p != TERMINATION_LOG)
+    {
+        args.extend(["--termination-log".into(), path.clone()]);
+    }
+    args.push("--".into());
+    args.extend(command);
+    args.extend(container.args.take().unwrap_or_default());
+    container.command = Some(vec![format!("{DIR}/arbiter")]);
+    container.args = Some(args);
+    let env = container.env.get_or_insert_with(Vec::new);
+    for (name, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("POD_UID", "metadata.uid"),
+    ] {
+        if !env.iter().any(|e| e.name == name) {
+            env.push(downward(name, field));
+        }
+    }
+    container
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: VOLUME.into(),
+            mount_path: DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    spec.init_containers
+        .get_or_insert_with(Vec::new)
+        .push(Container {
+            name: INIT_CONTAINER.into(),
+            image: Some(image.into()),
+            command: Some(
+                [IMAGE_BINARY, "install", "--to", DIR]
+                    .map(String::from)
+                    .into(),
+            ),
+            volume_mounts: Some(vec![VolumeMount {
+                name: VOLUME.into(),
+                mount_path: DIR.into(),
+                ..VolumeMount::default()
+            }]),
+            ..Container::default()
+        });
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    });
+    Ok(Some(pod))
+}
+
+/// The lease: the annotation, else the workload's name from the pod's controller.
+fn lease_of(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<String, Refusal> {
+    if let Some(name) = annotations.get(LEASE_NAME_ANNOTATION) {
+        return Ok(name.clone());
+    }
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .ok_or(Refusal::NoLease)?;
+    match owner.kind.as_str() {
+        "StatefulSet" => Ok(owner.name.clone()),
+        "ReplicaSet" => {
+            let hash = pod
+                .labels()
+                .get("pod-template-hash")
+                .ok_or(Refusal::NoLease)?;
+            owner
+                .name
+                .strip_suffix(&format!("-{hash}"))
+                .map(str::to_string)
+                .ok_or(Refusal::NoLease)
+        }
+        _ => Err(Refusal::NoLease),
+    }
+}
+
+fn downward(name: &str, field: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const IMAGE: &str = "registry.example/arbiter:0.1.0";
+
+    /// A pod of Deployment `kv` (ReplicaSet `kv-5d9f`), its container `app` at 1.31.0.
+    fn pod(container: serde_json::Value, annotations: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "kv-5d9f-abcde",
+                "namespace": "ns",
+                "labels": {INJECT_LABEL: "true", "pod-template-hash": "5d9f"},
+                "annotations": annotations,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "kv-5d9f",
+                    "uid": "u-rs", "controller": true}],
+            },
+            "spec": {"containers": [container]},
+        }))
+        .unwrap()
+    }
+
+    fn app(extra: serde_json::Value) -> serde_json::Value {
+        let mut c = json!({"name": "app", "image": "example/kv:1.31.0"});
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        c
+    }
+
+    fn wrapped(pod: &Pod) -> &Container {
+        &pod.spec.as_ref().unwrap().containers[0]
+    }
+
+    #[test]
+    fn the_container_runs_its_command_under_the_agent() {
+        let p = pod(
+            app(json!({"command": ["sh", "-c"], "args": ["echo $(POD_NAME)"]})),
+            json!({KILL_GRACE_ANNOTATION: "5s"}),
+        );
+        let injected = inject(&p, IMAGE).unwrap().unwrap();
+        let c = wrapped(&injected);
+        assert_eq!(
+            c.command.as_deref(),
+            Some(&["/arbiter-bin/arbiter".to_string()][..])
+        );
+        assert_eq!(
+            c.args.as_deref().unwrap(),
+            [
+                "run",
+                "--lease",
+                "kv",
+                "--binary-version",
+                "1.31.0",
+                "--kill-grace",
+                "5s",
+                "--",
+                "sh",
+                "-c",
+                "echo $(POD_NAME)"
+            ]
+        );
+        let env: Vec<_> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert_eq!(env, ["POD_NAME", "POD_NAMESPACE", "POD_UID"]);
+        let spec = injected.spec.as_ref().unwrap();
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some(IMAGE));
+        assert_eq!(
+            init.command.as_deref().unwrap(),
+            ["/arbiter", "install", "--to", "/arbiter-bin"]
+        );
+        assert_eq!(spec.volumes.as_ref().unwrap()[0].name, VOLUME);
+        assert_eq!(inject(&injected, IMAGE), Ok(None), "injected once only");
+    }
+
+    #[test]
+    fn a_container_without_a_command_is_refused_unless_the_annotation_supplies_it() {
+        let refused = inject(&pod(app(json!({})), json!({})), IMAGE).unwrap_err();
+        assert_eq!(refused, Refusal::NoCommand("app".into()));
+        assert!(
+            refused.to_string().contains(COMMAND_ANNOTATION),
+            "{refused}"
+        );
+
+        let p = pod(
+            app(json!({"args": ["--port", "80"]})),
+            json!({COMMAND_ANNOTATION: r#"["/kv"]"#}),
+        );
+        let injected = inject(&p, IMAGE).unwrap().unwrap();
+        let args = wrapped(&injected).args.clone().unwrap();
+        assert_eq!(args[args.len() - 4..], ["--", "/kv", "--port", "80"]);
+
+        let bad = pod(app(json!({})), json!({COMMAND_ANNOTATION: "/kv --port 80"}));
+        assert!(matches!(
+            inject(&bad, IMAGE),
+            Err(Refusal::Annotation {
+                key: COMMAND_ANNOTATION,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn annotations_choose_the_lease_the_container_and_say_what_is_wrong() {
+        let two = |annotations| {
+            let mut p = pod(app(json!({"command": ["/kv"]})), annotations);
+            p.spec.as_mut().unwrap().containers.push(
+                serde_json::from_value(
+                    json!({"name": "sidecar", "image": "proxy:2.0.0", "command": ["/proxy"]}),
+                )
+                .unwrap(),
+            );
+            p
+        };
+        let injected = inject(
+            &two(json!({CONTAINER_ANNOTATION: "sidecar", LEASE_NAME_ANNOTATION: "proxy"})),
+            IMAGE,
+        )
+        .unwrap()
+        .unwrap();
+        let spec = injected.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.containers[0].command.as_deref().unwrap(),
+            ["/kv"],
+            "untouched"
+        );
+        let args = spec.containers[1].args.clone().unwrap();
+        assert_eq!(
+            args[..5],
+            ["run", "--lease", "proxy", "--binary-version", "2.0.0"]
+        );
+
+        assert_eq!(
+            inject(&two(json!({CONTAINER_ANNOTATION: "web"})), IMAGE),
+            Err(Refusal::NoSuchContainer("web".into()))
+        );
+        assert!(matches!(
+            inject(&two(json!({KILL_GRACE_ANNOTATION: "soon"})), IMAGE),
+            Err(Refusal::Annotation {
+                key: KILL_GRACE_ANNOTATION,
+                ..
+            })
+        ));
+        let mut orphan = two(json!({}));
+        orphan.metadata.owner_references = None;
+        assert_eq!(inject(&orphan, IMAGE), Err(Refusal::NoLease));
+        let untagged = pod(
+            app(json!({"image": "example/kv", "command": ["/kv"]})),
+            json!({}),
+        );
+        assert!(matches!(
+            inject(&untagged, IMAGE),
+            Err(Refusal::Version { .. })
+        ));
+    }
+
+    #[test]
+    fn a_moved_termination_message_path_is_where_the_agent_records_itself() {
+        let p = pod(
+            app(json!({"command": ["/kv"], "terminationMessagePath": "/tmp/end"})),
+            json!({}),
+        );
+        let injected = inject(&p, IMAGE).unwrap().unwrap();
+        let args = wrapped(&injected).args.clone().unwrap();
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--termination-log", "/tmp/end"]),
+            "{args:?}"
+        );
+    }
+}
