@@ -219,6 +219,7 @@ const OPERATOR: &[&str] = &[
     "single_active",
     "reconcile",
     "ha",
+    "webhook",
 ];
 
 /// Where a module outside the operator stands (the operator counts as one): higher uses lower.

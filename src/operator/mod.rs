@@ -14,6 +14,7 @@ pub(crate) mod reconcile;
 pub(crate) mod report;
 pub(crate) mod single_active;
 pub mod term;
+pub mod webhook;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,105 @@
+//! The injection webhook's answer to an admission review: the JSON patch that injects the agent
+//! into a pod labelled `arbiter.dev/inject` ([`crate::workloads::inject`]), nothing for a pod
+//! that has it already, or a denial whose message says what to change. It needs no leadership:
+//! every replica answers, from the pod in the request alone.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse};
+
+use crate::workloads::inject::inject;
+
+/// The response to `request`, with `image` (the arbiter image) for the init container.
+pub fn review(request: &AdmissionRequest<Pod>, image: &str) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    // Only pod creations are sent (the webhook's rules); anything else passes as it is.
+    let Some(pod) = &request.object else {
+        return response;
+    };
+    match inject(pod, image) {
+        Ok(None) => response,
+        Ok(Some(injected)) => {
+            let (Ok(before), Ok(after)) =
+                (serde_json::to_value(pod), serde_json::to_value(&injected))
+            else {
+                return response.deny("arbiter: the pod could not be encoded");
+            };
+            let patch = json_patch::diff(&before, &after);
+            match AdmissionResponse::from(request).with_patch(patch) {
+                Ok(patched) => patched,
+                Err(e) => response.deny(format!("arbiter: {e}")),
+            }
+        }
+        Err(refusal) => response.deny(refusal),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::admission::AdmissionReview;
+    use serde_json::json;
+
+    use super::*;
+
+    /// An AdmissionReview as the API server sends it for a Deployment's new pod.
+    fn request(container: serde_json::Value) -> AdmissionRequest<Pod> {
+        let review: AdmissionReview<Pod> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "ns",
+                "operation": "CREATE",
+                "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+                "object": {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {
+                        "generateName": "kv-5d9f-",
+                        "labels": {"arbiter.dev/inject": "true", "pod-template-hash": "5d9f"},
+                        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                            "name": "kv-5d9f", "uid": "u-rs", "controller": true}],
+                    },
+                    "spec": {"containers": [container]},
+                },
+                "dryRun": false,
+            },
+        }))
+        .unwrap();
+        review.try_into().unwrap()
+    }
+
+    #[test]
+    fn the_patch_makes_the_pod_run_its_command_under_the_agent() {
+        let req = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
+        let response = review(&req, "arbiter:0.1.0");
+        assert!(response.allowed);
+        assert_eq!(response.uid, req.uid);
+        let patch: json_patch::Patch =
+            serde_json::from_slice(response.patch.as_deref().expect("a patch")).unwrap();
+        let mut pod = serde_json::to_value(req.object.as_ref().unwrap()).unwrap();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        let args = pod.spec.unwrap().containers[0].args.clone().unwrap();
+        assert_eq!(
+            args[..5],
+            ["run", "--lease", "kv", "--binary-version", "1.2.3"]
+        );
+        assert_eq!(args[args.len() - 2..], ["--", "/kv"]);
+    }
+
+    #[test]
+    fn a_pod_that_cannot_be_wrapped_is_denied_with_the_reason() {
+        let req = request(json!({"name": "app", "image": "kv:1.2.3"}));
+        let response = review(&req, "arbiter:0.1.0");
+        assert!(!response.allowed);
+        assert!(response.patch.is_none());
+        assert!(
+            response.result.message.contains("arbiter.dev/command"),
+            "{}",
+            response.result.message
+        );
+    }
+}
