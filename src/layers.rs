@@ -219,6 +219,7 @@ const OPERATOR: &[&str] = &[
     "single_active",
     "reconcile",
     "ha",
+    "certs",
     "webhook",
 ];
 

@@ -5,6 +5,7 @@
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
 pub mod cache;
+pub mod certs;
 pub(crate) mod force;
 pub(crate) mod ha;
 pub(crate) mod key;
