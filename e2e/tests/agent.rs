@@ -53,6 +53,7 @@ crate::tests![agent:
     deleting_the_lease_settles_on_the_live_candidate,
     arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version,
     an_agent_outside_a_pod_drops_a_pod_left_as_its_candidates_owner,
+    the_health_endpoint_answers_on_a_standby_and_on_the_leader,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -1476,4 +1477,61 @@ async fn an_agent_outside_a_pod_drops_a_pod_left_as_its_candidates_owner(env: Ar
             .all(|o| o.kind != "Pod"),
         "the pod is no longer the candidate's owner"
     );
+}
+
+/// `--health-address`: `/healthz` answers 200 on the leader and on a standby, whose workload does
+/// not run (a liveness probe on it must not restart standbys).
+async fn the_health_endpoint_answers_on_a_standby_and_on_the_leader(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("workload.log");
+    let with_health = |name: &str, version: &str| {
+        let mut args = agent_args(&env.ns, name, "probed", version, &log);
+        let at = args.iter().position(|a| a == "--").unwrap();
+        args.splice(
+            at..at,
+            ["--health-address".to_string(), "127.0.0.1:0".to_string()],
+        );
+        Agent::spawn_args(&env.kubeconfig, name, &args, &log)
+    };
+    let leader = with_health("old", "1.30.0");
+    let standby = with_health("new", "1.31.0");
+    wait_for_holder(&env, "probed", "old", DEADLINE).await;
+    wait_started(&log, "old").await;
+    for agent in [&leader, &standby] {
+        let response = healthz(agent).await;
+        assert!(
+            response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+            "{}: {response}",
+            agent.identity
+        );
+    }
+    assert_eq!(
+        running(&read_log(&log)),
+        ["old"],
+        "the standby's workload does not run"
+    );
+}
+
+/// GETs /healthz from `agent` (its address is in its log).
+async fn healthz(agent: &Agent) -> String {
+    let addr = eventually("the agent's health address", DEADLINE, || async {
+        let logs = std::fs::read_to_string(&agent.log).unwrap_or_default();
+        let line = logs.lines().find(|l| l.contains("serving /healthz"))?;
+        let plain = crate::support::operator::strip_ansi(line);
+        plain
+            .split("address=")
+            .nth(1)
+            .map(|a| a.split_whitespace().next().unwrap().to_string())
+    })
+    .await;
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
 }

@@ -25,6 +25,7 @@
 //! a container's PID 1 the agent reaps orphaned processes ([`reaper`]).
 
 mod child;
+pub mod health;
 pub mod reaper;
 pub mod watchdog;
 
@@ -92,6 +93,11 @@ pub struct Settings {
     /// its container).
     #[arg(long)]
     pub exit_on_handover: bool,
+    /// Serve GET /healthz on this address (e.g. 0.0.0.0:8081): 200 while this agent is a live
+    /// candidate (standing by or leading), 503 otherwise. For a liveness probe of a container
+    /// whose own probe would fail on a standby.
+    #[arg(long, value_name = "ADDR")]
+    pub health_address: Option<std::net::SocketAddr>,
     /// The command to run while leading.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
@@ -159,6 +165,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         builder = builder.termination_log(&settings.termination_log);
     }
     reaper::start_if_init();
+    // Live once registered: standing by or leading (see `serve`).
+    let (healthy, health) = tokio::sync::watch::channel(false);
+    if let Some(address) = settings.health_address {
+        health::start(address, health).await?;
+    }
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
@@ -168,7 +179,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             handle = builder.clone().start(client.clone()) => handle?,
             _ = &mut shutdown => return Ok(0),
         };
-        match serve(&settings, handle, shutdown.as_mut()).await? {
+        match serve(&settings, handle, &healthy, shutdown.as_mut()).await? {
             Served::Exit(code) => return Ok(code),
             Served::HandedOver => {
                 // Back to standby as a new incarnation, once the lease has moved on (a
@@ -216,9 +227,12 @@ async fn moved_on(store: &crate::lease::LeaseStore, settings: &Settings) {
 async fn serve(
     settings: &Settings,
     handle: crate::candidate::Handle,
+    healthy: &tokio::sync::watch::Sender<bool>,
     mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> anyhow::Result<Served> {
     let mut state = handle.state();
+    let live = |s: &State| matches!(s, State::Following | State::Leading { .. });
+    healthy.send_replace(live(&state.borrow()));
     let mut renewals = handle.renewed();
     // The running workload, the term it runs under, and that term's cancellation token.
     let mut running: Option<(Workload, i32, CancellationToken)> = None;
@@ -248,6 +262,7 @@ async fn serve(
                     continue; // the sender is gone: the state says why
                 }
                 let current = state.borrow_and_update().clone();
+                healthy.send_replace(live(&current));
                 let running_term = running.as_ref().map(|r| r.1);
                 match current {
                     State::Leading { term, lost } if running.is_none() => {
