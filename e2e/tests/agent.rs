@@ -1515,23 +1515,6 @@ async fn the_health_endpoint_answers_on_a_standby_and_on_the_leader(env: Arc<Tes
 
 /// GETs /healthz from `agent` (its address is in its log).
 async fn healthz(agent: &Agent) -> String {
-    let addr = eventually("the agent's health address", DEADLINE, || async {
-        let logs = std::fs::read_to_string(&agent.log).unwrap_or_default();
-        let line = logs.lines().find(|l| l.contains("serving /healthz"))?;
-        let plain = crate::support::operator::strip_ansi(line);
-        plain
-            .split("address=")
-            .nth(1)
-            .map(|a| a.split_whitespace().next().unwrap().to_string())
-    })
-    .await;
-    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream
-        .write_all(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
+    let logs = || std::fs::read_to_string(&agent.log).unwrap_or_default();
+    crate::support::get_from_logged(logs, "serving /healthz", "/healthz").await
 }

@@ -174,6 +174,35 @@ where
 }
 
 /// The (reason, message) of every Event about the object named `name` in the test namespace.
+/// GETs `path` from the HTTP server a process logged as serving `marker` (`... serving
+/// /metrics address=HOST:PORT`), once its log `logs()` shows it; the whole response.
+pub async fn get_from_logged(logs: impl Fn() -> String, marker: &str, path: &str) -> String {
+    let addr = eventually(
+        &format!("the address of {marker}"),
+        Duration::from_secs(30),
+        || async {
+            let logs = logs();
+            let line = logs.lines().find(|l| l.contains(marker))?;
+            operator::strip_ansi(line)
+                .split("address=")
+                .nth(1)
+                .map(|a| a.split_whitespace().next().unwrap().to_string())
+        },
+    )
+    .await;
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {marker} at {addr}: {e}"));
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
 pub async fn events_for(env: &TestEnv, name: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::core::v1::Event> = env.api();
     let list = api.list(&Default::default()).await.expect("listing events");

@@ -94,31 +94,7 @@ impl Operator {
 
     /// GETs `path` from the operator's metrics server (its address is in its log).
     pub async fn http_get(&self, path: &str) -> String {
-        let addr = eventually(
-            "the operator's metrics address",
-            Duration::from_secs(30),
-            || async {
-                let logs = self.logs();
-                let line = logs.lines().find(|l| l.contains("serving /metrics"))?;
-                let plain: String = strip_ansi(line);
-                plain
-                    .split("address=")
-                    .nth(1)
-                    .map(|a| a.split_whitespace().next().unwrap().to_string())
-            },
-        )
-        .await;
-        let mut stream = tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connecting to the metrics server");
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut body = String::new();
-        stream.read_to_string(&mut body).await.unwrap();
-        body
+        super::get_from_logged(|| self.logs(), "serving /metrics", path).await
     }
 
     pub fn logs(&self) -> String {
