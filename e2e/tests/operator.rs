@@ -57,6 +57,7 @@ crate::tests![operator:
     clearing_the_operator_lease_does_not_make_two_arbiters,
     clearing_the_operator_lease_after_a_release_does_not_make_two_arbiters,
     naming_the_standby_in_the_operator_lease_does_not_make_two_arbiters,
+    the_operator_lease_at_another_term_is_lost_leadership,
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
@@ -1351,6 +1352,41 @@ async fn naming_the_standby_in_the_operator_lease_does_not_make_two_arbiters(env
     assert!(first.logs().contains("lost the operator lease"));
 }
 
+/// The operators' HA Lease edited by hand to another term while it still names the active
+/// replica (what a takeover followed by an edit naming it again, or a backup restored, leaves):
+/// the active replica's renewal conflicts, reads the Lease back, and takes the other term as
+/// lost leadership (another replica may have acted under it); the standby takes over after a
+/// full HA lease duration. (Before, it renewed and went on acting.)
+async fn the_operator_lease_at_another_term_is_lost_leadership(env: Arc<TestEnv>) {
+    let (mut first, second, active) = two_operators(&env).await;
+    second.wait_watching().await;
+    let leases: Api<Lease> = env.api();
+    let before = leases.get("arbiter-operator").await.unwrap();
+    let p = json!({ "spec": { "leaseTransitions": lease::term(&before) + 1 } });
+    leases
+        .patch(
+            "arbiter-operator",
+            &PatchParams::default(),
+            &Patch::Merge(&p),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        first.wait_exit(DEADLINE).await,
+        Some(1),
+        "lost leadership exits 1"
+    );
+    let logs = first.logs();
+    assert!(
+        logs.contains("lost the operator lease") && logs.contains("taken over since"),
+        "{logs}"
+    );
+    eventually("the standby to take over", DEADLINE, || async {
+        ha_holder(&env).await.filter(|h| *h != active)
+    })
+    .await;
+}
+
 /// The operators' own HA Lease edited by hand (deleted, or its holder cleared): the active
 /// replica stops at its next renew, and the standby, which cannot tell the edit from nothing,
 /// takes over only after a full HA lease duration. (Before: the standby took over at once while
@@ -1364,6 +1400,7 @@ async fn operator_lease_edit_does_not_make_two_arbiters(
     // at once: a fresh install).
     second.wait_watching().await;
     let leases: Api<Lease> = env.api();
+    let term_before = lease::term(&leases.get("arbiter-operator").await.unwrap());
     if delete {
         leases
             .delete("arbiter-operator", &DeleteParams::default())
@@ -1379,6 +1416,12 @@ async fn operator_lease_edit_does_not_make_two_arbiters(
     assert!(
         first.exited(),
         "{next} took over while {active} was still running"
+    );
+    // Every takeover moves the term, a Lease created again too.
+    let term_after = lease::term(&leases.get("arbiter-operator").await.unwrap());
+    assert!(
+        term_after > term_before,
+        "{next} took over at term {term_after}, not above {term_before}"
     );
     assert_eq!(first.wait_exit(DEADLINE).await, Some(1));
     assert!(

@@ -28,6 +28,7 @@ crate::tests![real_node:
     the_charts_operator_runs_in_the_cluster_and_fails_over,
     single_active_routes_a_service_to_one_real_pod_and_eviction_moves_it,
     a_deleted_agent_pods_workload_stops_before_the_next_starts,
+    an_init_container_puts_the_agent_into_an_image_without_it,
     a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry,
     a_container_sharing_its_pid_namespace_waits_for_expiry,
     a_holder_in_crash_loop_back_off_is_passed_over_at_once,
@@ -431,6 +432,51 @@ async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<Tes
         || async { pods.get_opt("job-a").await.ok()?.is_none().then_some(()) },
     )
     .await;
+}
+
+/// The agent in an image that lacks it, as docs/guides/wrap-a-process.md shows: an init
+/// container from arbiter's image runs `arbiter install --to /arbiter-bin` into an emptyDir,
+/// and busybox's container runs `/arbiter-bin/arbiter run ... -- sh -c ...` from it. The pod is
+/// elected and its workload runs under the term.
+async fn an_init_container_puts_the_agent_into_an_image_without_it(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    let _op = Operator::start(&env, &[]);
+    node::agent_service_account(&env.client, &env.ns).await;
+    let shared = node::shared_dir();
+    let log = shared.path().join("log");
+    let mut pod = agent_pod("plain-0", "1.30.0", shared.path());
+    let spec = &mut pod["spec"];
+    let volume = json!({"name": "arbiter-bin", "mountPath": "/arbiter-bin"});
+    spec["initContainers"] = json!([{
+        "name": "arbiter-install", "image": ARBITER_IMAGE, "imagePullPolicy": "Never",
+        "command": ["/arbiter", "install", "--to", "/arbiter-bin"],
+        "volumeMounts": [volume],
+    }]);
+    let app = &mut spec["containers"][0];
+    app["image"] = json!(BUSYBOX_IMAGE);
+    app["command"] = json!(["/arbiter-bin/arbiter"]);
+    app["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "arbiter-bin", "mountPath": "/arbiter-bin", "readOnly": true}));
+    spec["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "arbiter-bin", "emptyDir": {}}));
+    create::<Pod>(&env, pod).await;
+    let l = wait_for_holder(&env, "job", "plain-0", DEADLINE).await;
+    let term = eventually("plain-0's workload to start", DEADLINE, || async {
+        read_log(&log).iter().find_map(|e| match e {
+            Entry::Start { id, term, .. } if id == "plain-0" => Some(*term),
+            _ => None,
+        })
+    })
+    .await;
+    assert_eq!(
+        term,
+        arbiter::lease::term(&l),
+        "it runs under the lease's term"
+    );
 }
 
 /// Agent pods `job-a` (1.30.0) and `job-b` (1.31.0) that the kubelet restarts when their

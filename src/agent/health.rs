@@ -1,7 +1,9 @@
 //! `arbiter run --health-address`: `GET /healthz` answers 200 while this agent is a live
-//! candidate (standing by or leading) and 503 otherwise. It is meant for a container's liveness
-//! probe when the workload's own probe would fail on a standby (whose workload does not run):
-//! the kubelet then restarts a container whose agent is stuck, not every standby.
+//! candidate (standing by or leading), and 503 before it has registered (an agent whose term
+//! ends exits, so there is no later unhealthy state to report). It is meant for a container's
+//! liveness probe when the workload's own probe would fail on a standby (whose workload does
+//! not run): the kubelet then restarts a container whose agent cannot register, not every
+//! standby.
 //!
 //! Served on its own task; if it ends, the process exits (its workload dies with it: its
 //! parent-death signal), since a probe that cannot be answered would have the kubelet restart

@@ -94,8 +94,8 @@ pub struct Settings {
     #[arg(long)]
     pub exit_on_handover: bool,
     /// Serve GET /healthz on this address (e.g. 0.0.0.0:8081): 200 while this agent is a live
-    /// candidate (standing by or leading), 503 otherwise. For a liveness probe of a container
-    /// whose own probe would fail on a standby.
+    /// candidate (standing by or leading), 503 before it has registered. For a liveness probe
+    /// of a container whose own probe would fail on a standby.
     #[arg(long, value_name = "ADDR")]
     pub health_address: Option<std::net::SocketAddr>,
     /// The command to run while leading.

@@ -54,10 +54,15 @@ impl Worker {
         )
     }
 
-    /// Whether the pod the lease's holder ran in (recorded at assignment) is confirmed stopped,
-    /// and the term, if an agent took it, was taken in that pod.
+    /// Whether the pod the lease's holder ran in (recorded at assignment, by arbiter: a uid
+    /// written by hand proves nothing) is confirmed stopped, and the term, if an agent took it,
+    /// was taken in that pod.
     fn holder_pod_stopped(&self, l: &Lease) -> bool {
-        let Some(uid) = l.annotations().get(HOLDER_POD_ANNOTATION) else {
+        let Some(uid) = l
+            .annotations()
+            .get(HOLDER_POD_ANNOTATION)
+            .filter(|_| crate::api::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION))
+        else {
             return false;
         };
         if lease::agent_incarnation(l).is_some() && lease::taken_in_pod(l) != Some(uid.as_str()) {

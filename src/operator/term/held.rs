@@ -152,16 +152,8 @@ impl Held {
                 // this one did not look, or a term this memory did not know: learned from the
                 // `Leader` condition): that term, from its record, waited out at least as long.
                 Some(t) if t.holder == h && l.term > t.term => {
-                    *t = Term {
-                        holder: h.to_string(),
-                        last_seen: t.last_seen.max(l.since),
-                        duration: t.duration.max(l.duration),
-                        pod_uid: l.pod_uid.map(str::to_string),
-                        incarnation: l.incarnation.map(str::to_string),
-                        taken_in: l.incarnation.map(|_| l.taken_in.map(str::to_string)),
-                        term: l.term,
-                        withdrew: false,
-                    };
+                    *t =
+                        Term::of_record(l, h, t.last_seen.max(l.since), t.duration.max(l.duration));
                 }
                 Some(t) if t.holder == h => {
                     t.last_seen = t.last_seen.max(l.since);
@@ -183,17 +175,7 @@ impl Held {
                     } else {
                         l.duration.max(fallback_duration)
                     };
-                    let term = Term {
-                        holder: h.to_string(),
-                        last_seen: l.since,
-                        duration,
-                        pod_uid: l.pod_uid.map(str::to_string),
-                        incarnation: l.incarnation.map(str::to_string),
-                        taken_in: l.incarnation.map(|_| l.taken_in.map(str::to_string)),
-                        term: l.term,
-                        withdrew: false,
-                    };
-                    terms.insert(key.clone(), term);
+                    terms.insert(key.clone(), Term::of_record(l, h, l.since, duration));
                 }
             },
             // Nothing known since this process started, and no Lease, or one without a holder
@@ -303,6 +285,21 @@ impl Held {
 }
 
 impl Term {
+    /// `holder`'s term as record `l` shows it (its pod, and its take if the record has one),
+    /// last seen at `last_seen`, waited out for `duration`.
+    fn of_record(l: &Seen, holder: &str, last_seen: Instant, duration: Duration) -> Term {
+        Term {
+            holder: holder.to_string(),
+            last_seen,
+            duration,
+            pod_uid: l.pod_uid.map(str::to_string),
+            incarnation: l.incarnation.map(str::to_string),
+            taken_in: l.incarnation.map(|_| l.taken_in.map(str::to_string)),
+            term: l.term,
+            withdrew: false,
+        }
+    }
+
     /// The pod whose confirmed stop ends this term: the pod recorded at assignment, if the term
     /// was taken in it. A term taken elsewhere (a new pod of the same name took an assignment
     /// made while the old one ran) does not end with the recorded pod. While no take was seen,
