@@ -219,7 +219,6 @@ const OPERATOR: &[&str] = &[
     "single_active",
     "reconcile",
     "ha",
-    "certs",
     "webhook",
 ];
 

@@ -5,7 +5,6 @@
 //! Lease, or any watch dies, the process exits: a replica never acts without holding the Lease.
 
 pub mod cache;
-pub mod certs;
 pub(crate) mod force;
 pub(crate) mod ha;
 pub(crate) mod key;
@@ -108,6 +107,8 @@ pub struct Settings {
     /// Apply the LeaseCandidate CRD at start-up (server-side apply).
     #[arg(long)]
     pub install_crds: bool,
+    #[command(flatten)]
+    pub webhook: webhook::Settings,
     #[arg(skip)]
     pub rules: Rules,
 }
@@ -129,6 +130,7 @@ impl Settings {
     }
 
     fn validate(&mut self) -> anyhow::Result<()> {
+        self.webhook.validate()?;
         if self.ha_retry_period >= self.ha_renew_deadline
             || self.ha_renew_deadline >= self.ha_lease_duration
         {
@@ -195,7 +197,29 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
 
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
-    let server = tokio::spawn(metrics::serve(settings.metrics_address, metrics.clone()));
+    let webhook = webhook::start(
+        &settings.webhook,
+        &client,
+        &namespace,
+        metrics.webhook_pending.clone(),
+    )
+    .await?;
+    let server = tokio::spawn({
+        let metrics = metrics.clone();
+        let address = settings.metrics_address;
+        async move {
+            let webhook = async {
+                match webhook {
+                    Some(w) => w.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = metrics::serve(address, metrics) => r.map_err(|e| e.context("metrics server")),
+                r = webhook => r,
+            }
+        }
+    });
     let (caches, queues, sync, watches) = start_caches(&client, &settings, &metrics);
 
     let timings = ha::Timings {
@@ -218,24 +242,37 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let acquired = tokio::select! {
         acquired = async { sync.await; elector.acquire().await } => acquired,
         _ = &mut shutdown => return Ok(()),
-        r = &mut server => return Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+        r = &mut server => return Err(anyhow::anyhow!("a server stopped: {r:?}")),
         r = &mut watches => anyhow::bail!("watches ended: {r:?}"),
     };
     metrics.active.set(1);
     tracing::info!(%identity, "acting as the arbiter");
-    let run = reconcile::run(
+    let work = reconcile::run(
         client.clone(),
         caches,
         queues,
         settings.clone(),
         metrics.clone(),
     );
+    let upkeep = webhook::upkeep(
+        &settings.webhook,
+        client.clone(),
+        namespace.clone(),
+        settings.watch_namespace.clone(),
+    );
+    // The webhook's upkeep never ends: the work queue closing ends `run`.
+    let run = async {
+        tokio::select! {
+            () = work => {}
+            () = upkeep => {}
+        }
+    };
     tokio::pin!(run);
     // The metrics server and the watches are watched while acting too: a replica whose caches
     // stopped must not go on acting on them.
     let result = tokio::select! {
         r = lead(&elector, acquired, run.as_mut(), shutdown.as_mut(), &metrics) => r,
-        r = &mut server => Err(anyhow::anyhow!("metrics server stopped: {r:?}")),
+        r = &mut server => Err(anyhow::anyhow!("a server stopped: {r:?}")),
         r = &mut watches => Err(anyhow::anyhow!("watches ended: {r:?}")),
     };
     if result.is_ok() {

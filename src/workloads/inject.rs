@@ -12,7 +12,12 @@
 //!   command and args moved behind `--` unchanged (so the kubelet still expands `$(VAR)` in
 //!   them);
 //! - `POD_NAME`, `POD_NAMESPACE` and `POD_UID` from the downward API, unless the container sets
-//!   them already (the agent's identity, its Lease's namespace, its candidate's owner pod).
+//!   them already (the agent's identity, its Lease's namespace, its candidate's owner pod);
+//! - the container's liveness, readiness and startup probes, where it has them, ask the agent's
+//!   `/healthz` instead (`--health-address`), keeping their timings: a standby's command is not
+//!   running, so a probe of the workload would fail on every standby, and the kubelet would
+//!   restart it for ever (liveness) or a rolling update would wait for ever for it to be Ready
+//!   (readiness). `arbiter.dev/probes: keep` leaves them as they are.
 //!
 //! The lease is `arbiter.dev/lease-name`, else the workload's name (the pod's ReplicaSet owner
 //! without its `pod-template-hash` suffix, or its StatefulSet owner). The version is the pod's
@@ -23,9 +28,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, Volume,
-    VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Pod, Probe, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::{LEASE_NAME_ANNOTATION, container_version};
@@ -40,6 +46,13 @@ pub const CONTAINER_ANNOTATION: &str = "arbiter.dev/container";
 pub const COMMAND_ANNOTATION: &str = "arbiter.dev/command";
 /// `arbiter run --kill-grace` (default: the agent's).
 pub const KILL_GRACE_ANNOTATION: &str = "arbiter.dev/kill-grace";
+/// `agent` (the default): the wrapped container's probes ask the agent's `/healthz`; `keep`:
+/// they stay as written.
+pub const PROBES_ANNOTATION: &str = "arbiter.dev/probes";
+/// The port of the agent's `/healthz` when it answers the probes.
+pub const HEALTH_PORT_ANNOTATION: &str = "arbiter.dev/health-port";
+/// [`HEALTH_PORT_ANNOTATION`]'s default.
+pub const HEALTH_PORT: i32 = 9440;
 /// The init container that copies the binary.
 pub const INIT_CONTAINER: &str = "arbiter-install";
 /// The volume the binary is copied into, and where it is mounted.
@@ -68,6 +81,8 @@ pub enum Refusal {
     NoLease,
     #[error("arbiter: no version for container {container:?}: {why}")]
     Version { container: String, why: String },
+    #[error("arbiter: annotation {PROBES_ANNOTATION}: {0:?} is neither \"agent\" nor \"keep\"")]
+    Probes(String),
     #[error("arbiter: the pod has no containers")]
     NoContainers,
 }
@@ -135,6 +150,9 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     {
         args.extend(["--termination-log".into(), path.clone()]);
     }
+    if let Some(port) = probes_to_agent(container, annotations)? {
+        args.extend(["--health-address".into(), format!("0.0.0.0:{port}")]);
+    }
     args.push("--".into());
     args.extend(command);
     args.extend(container.args.take().unwrap_or_default());
@@ -174,6 +192,21 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
                 mount_path: DIR.into(),
                 ..VolumeMount::default()
             }]),
+            // What the `restricted` Pod Security Standard asks of a container.
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                run_as_non_root: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    ..Capabilities::default()
+                }),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..SeccompProfile::default()
+                }),
+                ..SecurityContext::default()
+            }),
             ..Container::default()
         });
     spec.volumes.get_or_insert_with(Vec::new).push(Volume {
@@ -209,6 +242,53 @@ fn lease_of(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<String,
         }
         _ => Err(Refusal::NoLease),
     }
+}
+
+/// Points `container`'s probes at the agent's `/healthz`, keeping their timings, unless the pod
+/// says `keep`; the port the agent must serve it on, if any probe now asks it.
+fn probes_to_agent(
+    container: &mut Container,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<i32>, Refusal> {
+    match annotations.get(PROBES_ANNOTATION).map(String::as_str) {
+        None | Some("agent") => {}
+        Some("keep") => return Ok(None),
+        Some(other) => return Err(Refusal::Probes(other.into())),
+    }
+    let port = match annotations.get(HEALTH_PORT_ANNOTATION) {
+        None => HEALTH_PORT,
+        Some(p) => p
+            .parse::<i32>()
+            .ok()
+            .filter(|p| (1..=65535).contains(p))
+            .ok_or_else(|| Refusal::Annotation {
+                key: HEALTH_PORT_ANNOTATION,
+                why: format!("{p:?} is not a port number (1 to 65535)"),
+            })?,
+    };
+    let mut asked = false;
+    for probe in [
+        &mut container.liveness_probe,
+        &mut container.readiness_probe,
+        &mut container.startup_probe,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        *probe = Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::Int(port),
+                ..HTTPGetAction::default()
+            }),
+            exec: None,
+            grpc: None,
+            tcp_socket: None,
+            ..probe.clone()
+        };
+        asked = true;
+    }
+    Ok(asked.then_some(port))
 }
 
 fn downward(name: &str, field: &str) -> EnvVar {
@@ -381,6 +461,68 @@ mod tests {
             inject(&untagged, IMAGE),
             Err(Refusal::Version { .. })
         ));
+    }
+
+    #[test]
+    fn probes_ask_the_agent_keeping_their_timings_unless_told_to_keep_them() {
+        let probed = json!({
+            "command": ["/kv"],
+            "livenessProbe": {"httpGet": {"path": "/live", "port": 8080}, "periodSeconds": 7},
+            "readinessProbe": {"exec": {"command": ["/kv", "ready"]}, "failureThreshold": 2},
+        });
+        let injected = inject(&pod(app(probed.clone()), json!({})), IMAGE)
+            .unwrap()
+            .unwrap();
+        let c = wrapped(&injected);
+        let agent = |p: &Option<Probe>| {
+            let p = p.clone().expect("still probed");
+            assert!(p.exec.is_none() && p.tcp_socket.is_none() && p.grpc.is_none());
+            let get = p.http_get.clone().unwrap();
+            assert_eq!(get.path.as_deref(), Some("/healthz"));
+            assert_eq!(get.port, IntOrString::Int(HEALTH_PORT));
+            p
+        };
+        assert_eq!(agent(&c.liveness_probe).period_seconds, Some(7));
+        assert_eq!(agent(&c.readiness_probe).failure_threshold, Some(2));
+        assert!(c.startup_probe.is_none(), "no probe is added");
+        let args = c.args.clone().unwrap();
+        let at = args.iter().position(|a| a == "--health-address").unwrap();
+        assert_eq!(args[at + 1], "0.0.0.0:9440");
+        assert!(at < args.iter().position(|a| a == "--").unwrap());
+
+        let on = |annotations| inject(&pod(app(probed.clone()), annotations), IMAGE);
+        let moved = on(json!({HEALTH_PORT_ANNOTATION: "9999"}))
+            .unwrap()
+            .unwrap();
+        assert!(
+            wrapped(&moved)
+                .args
+                .clone()
+                .unwrap()
+                .contains(&"0.0.0.0:9999".into())
+        );
+        let kept = on(json!({PROBES_ANNOTATION: "keep"})).unwrap().unwrap();
+        let c = wrapped(&kept);
+        assert!(c.readiness_probe.as_ref().unwrap().exec.is_some());
+        assert!(!c.args.clone().unwrap().contains(&"--health-address".into()));
+        assert_eq!(
+            on(json!({PROBES_ANNOTATION: "off"})),
+            Err(Refusal::Probes("off".into()))
+        );
+        assert!(matches!(
+            on(json!({HEALTH_PORT_ANNOTATION: "0"})),
+            Err(Refusal::Annotation {
+                key: HEALTH_PORT_ANNOTATION,
+                ..
+            })
+        ));
+
+        let unprobed = inject(&pod(app(json!({"command": ["/kv"]})), json!({})), IMAGE)
+            .unwrap()
+            .unwrap();
+        let c = wrapped(&unprobed);
+        assert!(c.liveness_probe.is_none() && c.readiness_probe.is_none());
+        assert!(!c.args.clone().unwrap().contains(&"--health-address".into()));
     }
 
     #[test]

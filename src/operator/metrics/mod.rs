@@ -113,6 +113,8 @@ pub struct Metrics {
     pub pods_followed: Gauge,
     /// Set once the caches have synced.
     pub ready: AtomicBool,
+    /// The injection webhook is on but has no certificate to serve yet (not ready).
+    pub webhook_pending: Arc<AtomicBool>,
     /// Whether the reconcile worker is making progress (`/livez`).
     pub progress: Progress,
 }
@@ -203,6 +205,7 @@ impl Metrics {
             active: Gauge::default(),
             pods_followed: Gauge::default(),
             ready: AtomicBool::new(false),
+            webhook_pending: Arc::new(AtomicBool::new(false)),
             progress: Progress::new(),
             registry: Registry::default(),
         };
@@ -435,10 +438,15 @@ pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<()
         .route(
             "/readyz",
             get(|State(m): State<Arc<Metrics>>| async move {
-                if m.ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ok")
-                } else {
+                if !m.ready.load(Ordering::Relaxed) {
                     (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+                } else if m.webhook_pending.load(Ordering::Relaxed) {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "no webhook certificate loaded yet",
+                    )
+                } else {
+                    (StatusCode::OK, "ok")
                 }
             }),
         )

@@ -98,6 +98,17 @@ pub fn ca_bundle(current: &str, previous: Option<&str>) -> String {
     }
 }
 
+/// When a PEM certificate starts and stops being valid, or `None` when it is not one.
+pub fn validity(cert_pem: &str) -> Option<(Timestamp, Timestamp)> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes()).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let v = cert.validity();
+    Some((
+        Timestamp::from_second(v.not_before.timestamp()).ok()?,
+        Timestamp::from_second(v.not_after.timestamp()).ok()?,
+    ))
+}
+
 fn offset(t: Timestamp) -> time::OffsetDateTime {
     time::OffsetDateTime::from_unix_timestamp(t.as_second())
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
@@ -171,6 +182,18 @@ mod tests {
             ca_bundle(&issued.ca_pem, Some(&issued.ca_pem)),
             issued.ca_pem
         );
+    }
+
+    #[test]
+    fn the_validity_is_read_back_from_the_certificate() {
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let issued = issue("s", "ns", now, DAY).unwrap();
+        let (from, until) = validity(&issued.cert_pem).unwrap();
+        assert_eq!(from, now - jiff::SignedDuration::from_secs(60));
+        assert_eq!(until, issued.not_after);
+        assert_eq!(validity(&issued.ca_pem).unwrap().1, issued.not_after);
+        assert_eq!(validity("not a certificate"), None);
+        assert_eq!(validity(&issued.key_pem), None);
     }
 
     #[test]

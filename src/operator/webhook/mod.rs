@@ -1,0 +1,145 @@
+//! The injection webhook: a mutating admission webhook that wraps the command of pods labelled
+//! `arbiter.dev/inject: "true"` in the agent ([`crate::workloads::inject`]).
+//!
+//! - [`serve`]: every replica serves it over HTTPS, leader or not (an admission needs no
+//!   election), with the certificate in a Secret, reloaded when the Secret changes;
+//! - [`review`]: the answer to one admission review;
+//! - [`binding`]: the RoleBinding that gives an injected pod's ServiceAccount the agent's
+//!   rights, made before the pod is admitted, and removed by the acting replica once no
+//!   injected pod uses it;
+//! - [`certs`] and [`rotate`]: without cert-manager, the acting replica issues the webhook's CA
+//!   and serving certificate into the Secret, rotates them before they expire, and keeps the
+//!   webhook configuration's `caBundle` trusting what every replica serves.
+
+pub(crate) mod binding;
+pub mod certs;
+pub mod review;
+pub(crate) mod rotate;
+pub(crate) mod serve;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Who issues the webhook's certificate.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Certs {
+    /// The acting operator replica: its own CA, rotated before expiry, and the `caBundle` of
+    /// --webhook-configuration kept current.
+    Managed,
+    /// Someone else writes the Secret (`tls.crt`, `tls.key`) and the `caBundle`, e.g.
+    /// cert-manager and its CA injector.
+    External,
+}
+
+/// The webhook's flags (`arbiter operator --webhook-...`, `--inject-...`).
+#[derive(clap::Args, Debug, Clone)]
+#[group(id = "webhook")]
+pub struct Settings {
+    /// Serve the injection webhook (HTTPS, POST /inject) on this address, on every replica
+    /// (off when unset; needs --inject-image).
+    #[arg(long)]
+    pub webhook_address: Option<SocketAddr>,
+    /// The Secret in the operator's namespace that holds the webhook's certificate (`tls.crt`,
+    /// `tls.key`, `ca.crt`); every replica serves what it holds.
+    #[arg(long, default_value = "arbiter-webhook-tls")]
+    pub webhook_secret: String,
+    /// Who issues that certificate.
+    #[arg(long, value_enum, default_value = "managed")]
+    pub webhook_certs: Certs,
+    /// The Service in front of the webhook: a managed certificate is issued for its names.
+    #[arg(long, default_value = "arbiter-webhook")]
+    pub webhook_service: String,
+    /// The MutatingWebhookConfiguration whose `caBundle` a managed certificate's CA is kept in.
+    #[arg(long, default_value = "arbiter-inject")]
+    pub webhook_configuration: String,
+    /// How long a managed certificate is valid (at least 1m); it is replaced once less than a
+    /// third of that is left.
+    #[arg(long, default_value = "90days", value_parser = cert_validity)]
+    pub webhook_cert_validity: Duration,
+    /// The arbiter image whose binary the injected init container copies into the pod (the
+    /// operator's own image).
+    #[arg(long, env = "ARBITER_IMAGE")]
+    pub inject_image: Option<String>,
+    /// The ClusterRole with an agent's rights, bound by a RoleBinding to each injected pod's
+    /// ServiceAccount in its namespace before the pod is admitted (empty: bind nothing; the
+    /// ServiceAccount must then have those rights already).
+    #[arg(long, default_value = "")]
+    pub inject_cluster_role: String,
+}
+
+impl Settings {
+    pub(crate) fn validate(&self) -> anyhow::Result<()> {
+        if self.webhook_address.is_some() && self.inject_image.as_deref().unwrap_or("").is_empty() {
+            crate::usage!(
+                "--webhook-address needs --inject-image (or ARBITER_IMAGE): the image whose binary the injected init container copies"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn cert_validity(s: &str) -> Result<Duration, String> {
+    let d = crate::flags::positive_duration(s)?;
+    if d < Duration::from_secs(60) {
+        return Err(format!(
+            "{s} is too short: at least 1m (a certificate is valid from a minute before it is issued, for clocks that differ)"
+        ));
+    }
+    Ok(d)
+}
+
+/// Starts serving the webhook if `--webhook-address` is set: the future ends only with an error.
+/// `pending` is set until the certificate loads (the replica is not ready meanwhile).
+pub(crate) async fn start(
+    settings: &Settings,
+    client: &kube::Client,
+    namespace: &str,
+    pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> anyhow::Result<Option<impl std::future::Future<Output = anyhow::Result<()>> + use<>>> {
+    let Some(address) = settings.webhook_address else {
+        return Ok(None);
+    };
+    pending.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Admissions write (the agent's RoleBinding) on every replica, leader or not; the API server
+    // gives the webhook 10 s.
+    let admitting =
+        crate::client::connect_with(crate::client::Timeouts::both(Duration::from_secs(5)), None)
+            .await?;
+    let webhook = std::sync::Arc::new(serve::Webhook {
+        image: settings.inject_image.clone().unwrap_or_default(),
+        cluster_role: settings.inject_cluster_role.clone(),
+        client: admitting,
+    });
+    let secrets = kube::Api::namespaced(client.clone(), namespace);
+    let secret = settings.webhook_secret.clone();
+    Ok(Some(serve::serve(
+        address, secrets, secret, webhook, pending,
+    )))
+}
+
+/// What the acting replica keeps up for the webhook (the managed certificate, the agents'
+/// RoleBindings): never returns; pending when there is nothing to keep.
+pub(crate) async fn upkeep(
+    settings: &Settings,
+    client: kube::Client,
+    namespace: String,
+    watch_namespace: Option<String>,
+) {
+    if settings.webhook_address.is_none() {
+        return std::future::pending().await;
+    }
+    let certs = async {
+        match settings.webhook_certs {
+            Certs::Managed => rotate::maintain(client.clone(), namespace, settings.clone()).await,
+            Certs::External => std::future::pending().await,
+        }
+    };
+    let bindings = async {
+        if settings.inject_cluster_role.is_empty() {
+            std::future::pending().await
+        } else {
+            binding::sweep_forever(client.clone(), watch_namespace).await
+        }
+    };
+    tokio::join!(certs, bindings);
+}
