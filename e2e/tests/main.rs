@@ -7,6 +7,7 @@ mod agent;
 mod chart;
 mod control_plane;
 mod crd;
+mod inject;
 mod operator;
 mod real_node;
 mod release;
@@ -49,6 +50,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(chart::tests());
     all.extend(single_active::tests());
     all.extend(real_node::tests());
+    all.extend(inject::tests());
     all.extend(release::tests());
     all.extend(trust::tests());
     all

@@ -150,9 +150,9 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
 async fn set_bundle(client: &Client, name: &str, bundle: &str) -> anyhow::Result<()> {
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let Some(config) = configs.get_opt(name).await? else {
-        anyhow::bail!(
-            "MutatingWebhookConfiguration {name} does not exist (--webhook-configuration)"
-        );
+        // Nothing calls the webhook then; the certificate is still kept, for when it exists.
+        tracing::warn!(configuration = %name, "the MutatingWebhookConfiguration does not exist (--webhook-configuration): no caBundle to keep");
+        return Ok(());
     };
     let ops: Vec<_> = config
         .webhooks

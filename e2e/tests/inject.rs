@@ -1,0 +1,372 @@
+//! Injection on the real node: the chart's operator runs in the cluster and serves the webhook;
+//! a Deployment whose pods carry `arbiter.dev/inject: "true"` gets the agent wrapped around its
+//! command, and exactly one replica's command runs at a time, through a rolling update, a
+//! rollback, the active pod's deletion and the webhook certificate's rotations.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::chart::install;
+use crate::support::agent::{Entry, WORKLOAD, read_log};
+use crate::support::node::{self, BUSYBOX_IMAGE};
+use crate::support::{TestEnv, eventually};
+
+crate::tests![inject:
+    an_injected_deployment_runs_one_command_at_a_time_through_updates_rollback_and_rotation,
+];
+
+const DEADLINE: Duration = Duration::from_secs(120);
+/// The Leases' duration in this test: a new holder sooner than this was handed the lease, it
+/// did not wait for it to expire.
+const LEASE: Duration = Duration::from_secs(60);
+
+/// Deployment `work`: three busybox replicas at `version` whose command appends its start and
+/// stop to `shared/log`, with a readiness probe that fails wherever it runs unless the
+/// injection points it at the agent.
+fn deployment(version: &str, shared: &Path) -> Value {
+    // busybox's date has no %N; the kubelet reads `$$` as an escaped `$`.
+    let workload = WORKLOAD.replace("%s.%N", "%s").replace("$$", "$$$$");
+    let mut spec = json!({
+        "serviceAccountName": "worker",
+        "containers": [{
+            "name": "work", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", workload, "workload", "/shared/log"],
+            "readinessProbe": {"exec": {"command": ["false"]}, "periodSeconds": 2},
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        }],
+        "volumes": [{"name": "shared", "hostPath": {"path": shared.to_str().unwrap(), "type": "Directory"}}],
+    });
+    node::place(&mut spec);
+    json!({
+        "metadata": {"name": "work"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "work"}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": "work", "arbiter.dev/inject": "true",
+                               "app.kubernetes.io/version": version},
+                    "annotations": {"arbiter.dev/kill-grace": "3s"},
+                },
+                "spec": spec,
+            },
+        },
+    })
+}
+
+/// Waits until every replica of `work` runs `version` and is ready, and the lease's holder is
+/// one of them; returns the holder.
+async fn rolled_out(env: &TestEnv, version: &str) -> String {
+    let deployments: Api<Deployment> = env.api();
+    let leases: Api<Lease> = env.api();
+    let pods: Api<Pod> = env.api();
+    eventually(
+        &format!("work to run {version} and lead with it"),
+        DEADLINE,
+        || async {
+            let d = deployments.get("work").await.ok()?;
+            let status = d.status?;
+            let done = status.observed_generation >= d.metadata.generation
+                && status.updated_replicas == Some(3)
+                && status.ready_replicas == Some(3)
+                && status.replicas == Some(3);
+            let holder = leases.get("work").await.ok()?.spec?.holder_identity?;
+            let pod = pods.get(&holder).await.ok()?;
+            (done
+                && pod
+                    .labels()
+                    .get("app.kubernetes.io/version")
+                    .map(String::as_str)
+                    == Some(version))
+            .then_some(holder)
+        },
+    )
+    .await
+}
+
+async fn set_version(env: &TestEnv, version: &str) {
+    let deployments: Api<Deployment> = env.api();
+    let patch = json!({"spec": {"template": {"metadata": {"labels": {"app.kubernetes.io/version": version}}}}});
+    deployments
+        .patch("work", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// The version of each pod that logged, from its ReplicaSet (`work-HASH-xxxxx`).
+async fn versions(env: &TestEnv) -> std::collections::BTreeMap<String, String> {
+    let sets: Api<ReplicaSet> = env.api();
+    let sets = sets.list(&ListParams::default()).await.unwrap();
+    let mut by_set = std::collections::BTreeMap::new();
+    for rs in sets.items {
+        let version = rs
+            .spec
+            .and_then(|s| {
+                s.template?
+                    .metadata?
+                    .labels?
+                    .get("app.kubernetes.io/version")
+                    .cloned()
+            })
+            .unwrap_or_default();
+        by_set.insert(rs.metadata.name.unwrap_or_default(), version);
+    }
+    by_set
+}
+
+fn version_of<'a>(sets: &'a std::collections::BTreeMap<String, String>, pod: &str) -> &'a str {
+    let set = pod.rsplit_once('-').map_or(pod, |(s, _)| s);
+    sets.get(set).map_or("?", String::as_str)
+}
+
+/// The versions of the workloads started in `entries`, in order.
+fn started_versions(
+    entries: &[Entry],
+    sets: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Start { id, .. } => Some(version_of(sets, id).to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Panics unless, in log order, no workload starts while another runs.
+fn one_at_a_time(entries: &[Entry]) {
+    let mut running: Option<&str> = None;
+    for e in entries {
+        match e {
+            Entry::Start { id, .. } => {
+                assert!(
+                    running.is_none(),
+                    "{id} started while {running:?} ran: {entries:#?}"
+                );
+                running = Some(id);
+            }
+            Entry::Stop { id, .. } if running == Some(id.as_str()) => running = None,
+            _ => {}
+        }
+    }
+}
+
+async fn tls_crt(secrets: &Api<Secret>, name: &str) -> Vec<u8> {
+    eventually(
+        &format!("Secret {name}'s certificate"),
+        DEADLINE,
+        || async {
+            Some(
+                secrets
+                    .get(name)
+                    .await
+                    .ok()?
+                    .data?
+                    .get("tls.crt")?
+                    .0
+                    .clone(),
+            )
+        },
+    )
+    .await
+}
+
+async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollback_and_rotation(
+    env: Arc<TestEnv>,
+) {
+    node::ready(&env).await;
+    let release = format!("inj{}", std::process::id());
+    let name = format!("{release}-arbiter");
+    install(
+        &env,
+        &release,
+        &[
+            "--set",
+            "image.pullPolicy=Never",
+            "--set",
+            "nodeSelector.type=real",
+            "--set",
+            "tolerations[0].key=arbiter.dev/real-node",
+            "--set",
+            "tolerations[0].operator=Exists",
+            // Rotated every 40 s or so: several times during the test.
+            "--set",
+            "injection.certValidity=90s",
+            "--set",
+            "operator.leaseDuration=60s",
+            // Ready only once a certificate is served.
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    );
+    let secrets: Api<Secret> = env.api();
+    let secret = format!("{name}-webhook-tls");
+    let first_cert = tls_crt(&secrets, &secret).await;
+
+    // A ServiceAccount with no rights: the webhook binds the agent's role to it.
+    let accounts: Api<ServiceAccount> = env.api();
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let shared = node::shared_dir();
+    let log = shared.path().join("log");
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(deployment("1.30.0", shared.path())).unwrap(),
+        )
+        .await
+        .unwrap();
+    let first = rolled_out(&env, "1.30.0").await;
+    let bindings: Api<RoleBinding> = env.api();
+    let binding = bindings.get("arbiter-agent-worker").await.unwrap();
+    assert_eq!(binding.role_ref.name, format!("{name}-candidate"));
+    let pods: Api<Pod> = env.api();
+    let holder_pod = pods.get(&first).await.unwrap();
+    let spec = holder_pod.spec.unwrap();
+    assert_eq!(
+        spec.init_containers.unwrap()[0].name,
+        arbiter::workloads::inject::INIT_CONTAINER
+    );
+    assert_eq!(
+        spec.containers[0].command.as_deref().unwrap(),
+        ["/arbiter-bin/arbiter"]
+    );
+
+    // A rolling update: the old version leads while any of its pods is left.
+    let before_update = read_log(&log).len();
+    set_version(&env, "1.31.0").await;
+    rolled_out(&env, "1.31.0").await;
+    let sets = versions(&env).await;
+    let update = started_versions(&read_log(&log)[before_update..], &sets);
+    let first_new = update.iter().position(|v| v == "1.31.0");
+    assert!(
+        first_new.is_some_and(|i| update[i..].iter().all(|v| v == "1.31.0")),
+        "an old pod led again after a new one: {update:?}"
+    );
+
+    // The certificate changes during the test; the pods created from here on are admitted
+    // under a rotated one.
+    eventually(
+        "the webhook certificate to be rotated",
+        DEADLINE,
+        || async {
+            let now = secrets
+                .get(&secret)
+                .await
+                .ok()?
+                .data?
+                .get("tls.crt")?
+                .0
+                .clone();
+            (now != first_cert).then_some(())
+        },
+    )
+    .await;
+
+    // A rollback: the older version takes over as soon as one of its pods is live.
+    let before_rollback = read_log(&log).len();
+    set_version(&env, "1.30.0").await;
+    let active = rolled_out(&env, "1.30.0").await;
+    let sets = versions(&env).await;
+    let rollback = started_versions(&read_log(&log)[before_rollback..], &sets);
+    assert_eq!(
+        rollback.last().map(String::as_str),
+        Some("1.30.0"),
+        "{rollback:?}"
+    );
+
+    // The active pod deleted: its agent stops the command and releases, and another replica's
+    // command starts long before the lease could have expired.
+    let before_delete = read_log(&log).len();
+    let deleted = Instant::now();
+    pods.delete(&active, &DeleteParams::default())
+        .await
+        .unwrap();
+    let next = eventually("another replica's command to start", LEASE, || async {
+        read_log(&log)[before_delete..]
+            .iter()
+            .find_map(|e| match e {
+                Entry::Start { id, .. } if *id != active => Some(id.clone()),
+                _ => None,
+            })
+    })
+    .await;
+    assert!(deleted.elapsed() < LEASE, "{next} started only at expiry");
+
+    // A pod whose command is its image's entrypoint is refused, with what to do.
+    let bare: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "bare",
+                     "labels": {"arbiter.dev/inject": "true", "app.kubernetes.io/version": "1.0.0"},
+                     "annotations": {"arbiter.dev/lease-name": "bare"}},
+        "spec": {"containers": [{"name": "c", "image": BUSYBOX_IMAGE}]},
+    }))
+    .unwrap();
+    let refused = pods
+        .create(&PostParams::default(), &bare)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("arbiter.dev/command"),
+        "{refused}"
+    );
+
+    // No pod of the Deployment was refused (a ReplicaSet reports FailedCreate).
+    let events: Api<Event> = env.api();
+    let failed: Vec<_> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedCreate"))
+        .map(|e| e.message.unwrap_or_default())
+        .collect();
+    assert!(failed.is_empty(), "pods were refused: {failed:?}");
+    // The caBundle trusts the certificate served now.
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    let config = configs.get(&format!("{name}-inject")).await.unwrap();
+    let bundle = config.webhooks.unwrap()[0]
+        .client_config
+        .ca_bundle
+        .clone()
+        .unwrap();
+    let ca = secrets.get(&secret).await.unwrap().data.unwrap()["ca.crt"]
+        .0
+        .clone();
+    assert!(
+        String::from_utf8_lossy(&bundle.0).contains(String::from_utf8_lossy(&ca).as_ref()),
+        "the caBundle does not hold the current CA"
+    );
+
+    // Over the whole test, one command at a time.
+    one_at_a_time(&read_log(&log));
+    crate::chart::run_helm(
+        Some(&env.kubeconfig),
+        &[
+            "uninstall",
+            &release,
+            "-n",
+            &env.ns,
+            "--wait",
+            "--timeout",
+            "60s",
+        ],
+    );
+}
