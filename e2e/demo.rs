@@ -5,7 +5,9 @@
 //! registry (the operator runs in two pods, their image pulled from it), starts three pods whose
 //! entrypoint is `arbiter run` at versions 1.30.0, 1.31.0 and 1.31.0, then walks through a
 //! rolling upgrade to 1.32.0 and a rollback to 1.31.0 that replace those pods, printing
-//! `arbiter status` after each step. Everything it started is stopped when it ends.
+//! `arbiter status` after each step. Then a busybox Deployment labelled `arbiter.dev/inject`
+//! gets the agent injected: one replica writes, and its deletion moves the work. Everything it
+//! started is stopped when it ends.
 
 #[path = "tests/support/mod.rs"]
 #[allow(dead_code)]
@@ -166,6 +168,101 @@ async fn settle(client: &Client, holder: &str) {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
+/// A busybox Deployment whose pods carry `arbiter.dev/inject: "true"`: the webhook wraps its
+/// command in the agent, the operator binds the agent's rights; one replica's command runs.
+async fn inject_demo(client: &Client, kubeconfig: &Path) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let log = "/shared/worker.log";
+    let mut spec = json!({
+        "serviceAccountName": "worker",
+        "containers": [{
+            "name": "worker", "image": node::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c",
+                format!("while :; do echo \"$POD_NAME term $ARBITER_TERM\" >> {log}; sleep 1; done")],
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        }],
+        "volumes": [{"name": "shared", "hostPath": {"path": SHARED.get().unwrap().path().to_str().unwrap(), "type": "Directory"}}],
+    });
+    node::place(&mut spec);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "worker"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "worker"}},
+            "template": {
+                "metadata": {"labels": {"app": "worker", "arbiter.dev/inject": "true",
+                                        "app.kubernetes.io/version": "1.0.0"}},
+                "spec": spec,
+            },
+        },
+    }))
+    .unwrap();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NS);
+    let holder = eventually(
+        "a holder of lease worker",
+        Duration::from_secs(90),
+        || async { arbiter::lease::holder(&leases.get("worker").await.ok()?).map(str::to_string) },
+    )
+    .await;
+    Command::new("kubectl")
+        .args(["get", "pods", "-n", NS, "-l", "app=worker", "-o",
+               "custom-columns=POD:.metadata.name,INIT:.spec.initContainers[*].name,COMMAND:.spec.containers[0].command[0]"])
+        .env("KUBECONFIG", kubeconfig)
+        .status()
+        .unwrap();
+    status(kubeconfig);
+    let shared = SHARED.get().unwrap().path().join("worker.log");
+    let lines = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for line in lines(&shared).lines().rev().take(3) {
+        println!("  worker.log: {line}");
+    }
+    println!(
+        "-> every pod has the init container and runs /arbiter-bin/arbiter; only {holder} writes."
+    );
+
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .delete(&holder, &DeleteParams::default())
+        .await
+        .unwrap();
+    let next = eventually("another holder", Duration::from_secs(60), || async {
+        arbiter::lease::holder(&leases.get("worker").await.ok()?)
+            .filter(|h| *h != holder)
+            .map(str::to_string)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    status(kubeconfig);
+    for line in lines(&shared).lines().rev().take(3) {
+        println!("  worker.log: {line}");
+    }
+    println!("-> {holder} deleted: its command stopped, and {next} took over at a new term.");
+
+    let bare: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "bare", "labels": {"arbiter.dev/inject": "true", "app.kubernetes.io/version": "1.0.0"},
+                     "annotations": {"arbiter.dev/lease-name": "bare"}},
+        "spec": {"containers": [{"name": "c", "image": node::BUSYBOX_IMAGE}]},
+    }))
+    .unwrap();
+    let refused = Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &bare)
+        .await
+        .unwrap_err();
+    println!("-> a pod whose command is its image's entrypoint is refused:\n  {refused}");
+}
+
 fn main() {
     step(
         "Starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler) and a real node (containerd, kubelet)",
@@ -251,6 +348,9 @@ fn main() {
         status(&kubeconfig);
         show_log(&log, &mut seen);
         println!("-> the older version leads again at once: the 1.32.0 holder handed over (no lease expiry).");
+
+        step("Injection: a Deployment of three busybox replicas labelled arbiter.dev/inject=true, image unchanged");
+        inject_demo(&client, &kubeconfig).await;
 
         step("Cleaning up");
         Api::<Namespace>::all(client.clone()).delete(NS, &DeleteParams::default()).await.unwrap();

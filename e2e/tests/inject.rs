@@ -161,6 +161,48 @@ fn one_at_a_time(entries: &[Entry]) {
     }
 }
 
+/// POSTs, from the host, an AdmissionReview the API server never sent to the webhook on
+/// `ip`: a pod of ServiceAccount `forged` in `ns`. Returns the answer.
+fn forge_review(ip: &str, ns: &str) -> String {
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "forged-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": ns, "operation": "CREATE", "userInfo": {"username": "nobody"},
+            "object": {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "forged", "namespace": ns,
+                             "labels": {"arbiter.dev/inject": "true"},
+                             "annotations": {"arbiter.dev/lease-name": "forged"}},
+                "spec": {"serviceAccountName": "forged",
+                         "containers": [{"name": "c", "image": "x:1.0.0", "command": ["/x"]}]},
+            },
+            "dryRun": false,
+        },
+    });
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sk",
+            "--max-time",
+            "5",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(review.to_string())
+        .arg(format!("https://{ip}:9443/inject"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 async fn tls_crt(secrets: &Api<Secret>, name: &str) -> Vec<u8> {
     eventually(
         &format!("Secret {name}'s certificate"),
@@ -214,7 +256,29 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
     let secret = format!("{name}-webhook-tls");
     let first_cert = tls_crt(&secrets, &secret).await;
 
-    // A ServiceAccount with no rights: the webhook binds the agent's role to it.
+    // A review posted to the webhook's port by anyone is only answered: it binds nothing.
+    let operators: Api<Pod> = env.api();
+    let operator_ip = operators
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .find_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .expect("an operator pod with an IP");
+    let answer = forge_review(&operator_ip, &env.ns);
+    assert!(answer.contains("\"patchType\":\"JSONPatch\""), "{answer}");
+    let bindings: Api<RoleBinding> = env.api();
+    assert!(
+        bindings
+            .get_opt("arbiter-agent-forged")
+            .await
+            .unwrap()
+            .is_none(),
+        "a forged review made a RoleBinding"
+    );
+
+    // A ServiceAccount with no rights: the operator binds the agent's role to it.
     let accounts: Api<ServiceAccount> = env.api();
     accounts
         .create(
@@ -234,9 +298,16 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
         .await
         .unwrap();
     let first = rolled_out(&env, "1.30.0").await;
-    let bindings: Api<RoleBinding> = env.api();
     let binding = bindings.get("arbiter-agent-worker").await.unwrap();
     assert_eq!(binding.role_ref.name, format!("{name}-candidate"));
+    assert!(
+        bindings
+            .get_opt("arbiter-agent-forged")
+            .await
+            .unwrap()
+            .is_none(),
+        "a forged review made a RoleBinding"
+    );
     let pods: Api<Pod> = env.api();
     let holder_pod = pods.get(&first).await.unwrap();
     let spec = holder_pod.spec.unwrap();

@@ -60,8 +60,10 @@ const RETRY_FIRST: Duration = Duration::from_secs(2);
 ///
 /// While the API server cannot be reached (connection refused or reset, a timeout, 5xx, 429),
 /// it retries with backoff ([`crate::client::reconnect_backoff`]: 0.5 s doubling to 2 s, each jittered up to twice itself)
-/// and logs each attempt; anything the API server refuses outright (no CRD, no RBAC, an invalid
-/// candidate, a changed leaseName) fails at once.
+/// and logs each attempt. A refusal for want of rights (403) is retried the same way for
+/// [`FORBIDDEN_FOR_AT_MOST`]: the RoleBinding may be created with the pod, or by the operator
+/// just after an injected pod appears. Anything else the API server refuses outright (no CRD,
+/// an invalid candidate, a changed leaseName) fails at once, and so does a 403 after that.
 ///
 /// Returns the ping the candidate carried when the registration wrote its `renewTime`: that
 /// write answers it (the arbiter counts a `renewTime` written after its ping as the answer).
@@ -72,6 +74,7 @@ pub async fn register(
 ) -> anyhow::Result<Option<jiff::Timestamp>> {
     let mut backoff = crate::client::reconnect_backoff();
     let mut attempt = 1u32;
+    let started = tokio::time::Instant::now();
     loop {
         let e = match try_register(client, config, incarnation).await {
             Ok(ping) => return Ok(ping),
@@ -80,19 +83,30 @@ pub async fn register(
         let transient = e
             .chain()
             .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_transient));
-        if !transient {
+        let forbidden = e
+            .chain()
+            .any(|c| c.downcast_ref::<kube::Error>().is_some_and(is_forbidden));
+        let retry = transient || (forbidden && started.elapsed() < FORBIDDEN_FOR_AT_MOST);
+        if !retry {
             return Err(e);
         }
         let wait = backoff.next().unwrap_or(crate::client::RECONNECT_AT_MOST);
-        tracing::warn!(
-            attempt,
-            retry_in = ?wait,
-            error = %format!("{e:#}"),
+        let why = if forbidden {
+            "cannot register the candidate yet: forbidden (its RBAC may not be bound yet); retrying"
+        } else {
             "cannot register the candidate yet: the API server is unreachable; retrying"
-        );
+        };
+        tracing::warn!(attempt, retry_in = ?wait, error = %format!("{e:#}"), "{why}");
         tokio::time::sleep(wait).await;
         attempt += 1;
     }
+}
+
+/// How long a registration refused for want of rights is retried.
+pub const FORBIDDEN_FOR_AT_MOST: Duration = Duration::from_secs(30);
+
+fn is_forbidden(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403)
 }
 
 /// An error worth retrying: the API server did not answer, or answered "not now".

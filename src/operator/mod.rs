@@ -260,7 +260,8 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         namespace.clone(),
         settings.watch_namespace.clone(),
     );
-    // The webhook's upkeep never ends: the work queue closing ends `run`.
+    // The webhook's upkeep ends only if a watch it needs did: like the work queue closing, that
+    // ends the replica's acting.
     let run = async {
         tokio::select! {
             () = work => {}

@@ -1,34 +1,34 @@
 //! The agent's rights for injected pods: a RoleBinding of the candidate ClusterRole
-//! (`--inject-cluster-role`) to the pod's ServiceAccount in its namespace.
+//! (`--inject-cluster-role`) to each injected pod's ServiceAccount in its namespace.
 //!
-//! The webhook applies it before it admits the pod (an admission that is not a dry run), so the
-//! agent never starts without its rights; if it cannot, the pod is refused with the reason.
-//! Each admission writes its request's uid on the binding, so the binding's resourceVersion
-//! moves with every pod admitted for it.
+//! The acting replica makes them from the pods it sees through the API, never from an admission
+//! review: anyone who can reach the webhook's port can post a review naming any namespace and
+//! ServiceAccount, but only pods that exist, carry `arbiter.dev/inject` and were injected (they
+//! have the init container) get a binding. The agent retries a refused registration for a while
+//! ([`crate::candidate::registration`]), so a binding made a moment after the pod is in time.
 //!
-//! The acting replica removes a binding once no injected pod uses its ServiceAccount: only
-//! after it saw no such pod at two looks [`SWEEP_EVERY`] apart with the binding unchanged
-//! between them, and with the resourceVersion of the second look as a precondition. A pod
-//! admitted meanwhile changed the binding, so its delete fails; no clock but the replica's own
-//! timer is involved.
+//! A binding is removed once no injected pod uses its ServiceAccount: only after the replica saw
+//! no such pod at two looks [`SWEEP_EVERY`] apart with the binding unchanged between them, and
+//! with that resourceVersion as the delete's precondition. The pods and the looks are in one
+//! task, so a pod that appears after a removal gets its binding back.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use crate::workloads::inject::INJECT_LABEL;
+use crate::workloads::inject::{INIT_CONTAINER, INJECT_LABEL};
 
 /// The label on every binding arbiter makes for injected pods.
 pub(crate) const BINDING_LABEL: &str = "arbiter.dev/agent-binding";
-/// The uid of the last admission that applied a binding.
-const ADMISSION_ANNOTATION: &str = "arbiter.dev/last-admission";
 /// How far apart the two looks before a removal are.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(300);
-const FIELD_MANAGER: &str = "arbiter-webhook";
+const FIELD_MANAGER: &str = "arbiter";
 
 /// A binding's name for ServiceAccount `sa`: `arbiter-agent-SA`, shortened with a hash of the
 /// whole name when that is longer than a name may be.
@@ -43,14 +43,8 @@ pub(crate) fn name(sa: &str) -> String {
     format!("{}-{:016x}", &full[..236], h.finish())
 }
 
-/// The binding of `cluster_role` to ServiceAccount `sa` of `namespace`, stamped with
-/// `admission`.
-pub(crate) fn desired(
-    namespace: &str,
-    sa: &str,
-    cluster_role: &str,
-    admission: &str,
-) -> RoleBinding {
+/// The binding of `cluster_role` to ServiceAccount `sa` of `namespace`.
+pub(crate) fn desired(namespace: &str, sa: &str, cluster_role: &str) -> RoleBinding {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
@@ -58,7 +52,6 @@ pub(crate) fn desired(
             "name": name(sa),
             "namespace": namespace,
             "labels": {BINDING_LABEL: "true", "app.kubernetes.io/managed-by": "arbiter"},
-            "annotations": {ADMISSION_ANNOTATION: admission},
         },
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
@@ -66,23 +59,24 @@ pub(crate) fn desired(
     .expect("a RoleBinding")
 }
 
-/// Applies the binding for an injected pod being admitted.
-pub(crate) async fn apply(
-    client: &Client,
-    namespace: &str,
-    sa: &str,
-    cluster_role: &str,
-    admission: &str,
-) -> Result<(), kube::Error> {
-    let api: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
-    let binding = desired(namespace, sa, cluster_role, admission);
-    api.patch(
-        &name(sa),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&binding),
-    )
-    .await?;
-    Ok(())
+/// The (namespace, ServiceAccount) whose rights injected pod `pod` needs, if it is one: labelled,
+/// injected, not being deleted.
+pub(crate) fn needs(pod: &Pod) -> Option<(String, String)> {
+    let spec = pod.spec.as_ref()?;
+    let injected = pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true")
+        && spec
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == INIT_CONTAINER);
+    (injected && pod.metadata.deletion_timestamp.is_none()).then(|| {
+        let sa = spec
+            .service_account_name
+            .clone()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".into());
+        (pod.namespace().unwrap_or_default(), sa)
+    })
 }
 
 /// A binding as one look saw it: where, whose, at which resourceVersion.
@@ -111,33 +105,130 @@ pub(crate) fn sweep(
     (delete, unused)
 }
 
-/// Removes bindings no injected pod uses, while the replica acts: never returns.
-pub(crate) async fn sweep_forever(client: Client, namespace: Option<String>) {
+/// Keeps the bindings while the replica acts: never returns. Failures are logged, and retried
+/// at the pod's next event or the next look.
+pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role: String) {
+    let pods: Api<Pod> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let config = watcher::Config::default().labels(&format!("{INJECT_LABEL}=true"));
+    let mut events = watcher(pods, config).default_backoff().boxed();
+    // The injected pods, by (namespace, name), and the pairs whose binding is in place.
+    let mut injected: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<(String, String), (String, String)>> = None;
+    let mut bound: BTreeSet<(String, String)> = BTreeSet::new();
     let mut unused = BTreeSet::new();
+    let mut looks = tokio::time::interval(SWEEP_EVERY);
+    looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first look only after the pods are listed.
+    looks.reset();
     loop {
-        match look(&client, namespace.as_deref(), &unused).await {
-            Ok(next) => unused = next,
-            Err(e) => {
-                tracing::warn!(error = %e, "removing unused agent RoleBindings failed (retrying)")
+        tokio::select! {
+            event = events.next() => {
+                let pod = match event {
+                    Some(Ok(watcher::Event::Init)) => {
+                        listing = Some(BTreeMap::new());
+                        continue;
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        injected = listing.take().unwrap_or_default();
+                        continue;
+                    }
+                    Some(Ok(watcher::Event::InitApply(p))) => {
+                        if let (Some(l), Some(need)) = (listing.as_mut(), needs(&p)) {
+                            l.insert((p.namespace().unwrap_or_default(), p.name_any()), need);
+                        }
+                        p
+                    }
+                    Some(Ok(watcher::Event::Apply(p))) => {
+                        let key = (p.namespace().unwrap_or_default(), p.name_any());
+                        match needs(&p) {
+                            Some(need) => injected.insert(key, need),
+                            None => injected.remove(&key),
+                        };
+                        p
+                    }
+                    Some(Ok(watcher::Event::Delete(p))) => {
+                        injected.remove(&(p.namespace().unwrap_or_default(), p.name_any()));
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "watching injected pods (retrying)");
+                        continue;
+                    }
+                    None => return tracing::error!("the watch of injected pods ended"),
+                };
+                let Some(need) = needs(&pod) else { continue };
+                if bound.contains(&need) {
+                    continue;
+                }
+                match apply(&client, &need.0, &need.1, &cluster_role).await {
+                    Ok(()) => {
+                        bound.insert(need);
+                    }
+                    Err(e) => tracing::warn!(namespace = %need.0, service_account = %need.1, error = %e, "binding the agent's ClusterRole failed (retrying at the pod's next change)"),
+                }
+            }
+            _ = looks.tick() => {
+                let used: BTreeSet<_> = injected.values().cloned().collect();
+                match look(&client, namespace.as_deref(), &used, &unused).await {
+                    Ok((next, removed)) => {
+                        unused = next;
+                        for r in removed {
+                            bound.remove(&r);
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "removing unused agent RoleBindings failed (retrying)"),
+                }
             }
         }
-        tokio::time::sleep(SWEEP_EVERY).await;
     }
 }
 
+/// Applies the binding for ServiceAccount `sa` of `namespace`, unless a RoleBinding of that name
+/// exists that arbiter did not make (it is left alone, and said so).
+async fn apply(
+    client: &Client,
+    namespace: &str,
+    sa: &str,
+    cluster_role: &str,
+) -> anyhow::Result<()> {
+    let api: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
+    let binding = desired(namespace, sa, cluster_role);
+    if let Some(existing) = api.get_opt(&name(sa)).await? {
+        if existing.labels().get(BINDING_LABEL).map(String::as_str) != Some("true") {
+            anyhow::bail!(
+                "RoleBinding {namespace}/{} exists and was not made by arbiter: it is left as it is (the injected agent needs ClusterRole {cluster_role} bound to ServiceAccount {sa})",
+                name(sa)
+            );
+        }
+        if existing.role_ref == binding.role_ref && existing.subjects == binding.subjects {
+            return Ok(());
+        }
+    }
+    api.patch(
+        &name(sa),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&binding),
+    )
+    .await?;
+    tracing::info!(%namespace, service_account = %sa, binding = %name(sa), "bound the agent's ClusterRole for injected pods");
+    Ok(())
+}
+
+/// One look: deletes the bindings unused now and at the previous look, unchanged. Returns the
+/// unused ones to remember, and the (namespace, ServiceAccount) pairs whose binding went.
 async fn look(
     client: &Client,
     namespace: Option<&str>,
+    used: &BTreeSet<(String, String)>,
     unused_before: &BTreeSet<Seen>,
-) -> anyhow::Result<BTreeSet<Seen>> {
-    let (bindings, pods): (Api<RoleBinding>, Api<Pod>) = match namespace {
-        Some(ns) => (
-            Api::namespaced(client.clone(), ns),
-            Api::namespaced(client.clone(), ns),
-        ),
-        None => (Api::all(client.clone()), Api::all(client.clone())),
+) -> anyhow::Result<(BTreeSet<Seen>, Vec<(String, String)>)> {
+    let bindings: Api<RoleBinding> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     };
-    // The bindings first: a pod admitted after this list changed its binding since.
     let seen: Vec<Seen> = bindings
         .list(&ListParams::default().labels(&format!("{BINDING_LABEL}=true")))
         .await?
@@ -152,17 +243,8 @@ async fn look(
             })
         })
         .collect();
-    let used: BTreeSet<(String, String)> = pods
-        .list(&ListParams::default().labels(&format!("{INJECT_LABEL}=true")))
-        .await?
-        .items
-        .iter()
-        .filter_map(|p| {
-            let sa = p.spec.as_ref()?.service_account_name.clone();
-            Some((p.namespace()?, sa.unwrap_or_else(|| "default".into())))
-        })
-        .collect();
-    let (delete, unused) = sweep(&seen, &used, unused_before);
+    let (delete, unused) = sweep(&seen, used, unused_before);
+    let mut removed = Vec::new();
     for b in delete {
         let api: Api<RoleBinding> = Api::namespaced(client.clone(), &b.namespace);
         let dp = DeleteParams {
@@ -174,18 +256,24 @@ async fn look(
         };
         match api.delete(&b.name, &dp).await {
             Ok(_) => {
-                tracing::info!(namespace = %b.namespace, binding = %b.name, "removed an agent RoleBinding no injected pod uses")
+                tracing::info!(namespace = %b.namespace, binding = %b.name, "removed an agent RoleBinding no injected pod uses");
+                removed.push((b.namespace, b.service_account));
             }
-            // Changed (a pod was admitted) or gone meanwhile: it stays, or is gone already.
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {}
+            // Changed meanwhile (it stays) or gone already.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                removed.push((b.namespace, b.service_account))
+            }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(unused)
+    Ok((unused, removed))
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn seen(ns: &str, sa: &str, version: &str) -> Seen {
@@ -212,15 +300,52 @@ mod tests {
         let (delete, _) = sweep(&looks, &used, &unused);
         assert_eq!(delete, [seen("b", "worker", "5")]);
 
-        let admitted = [seen("b", "worker", "6")];
-        let (delete, unused) = sweep(&admitted, &BTreeSet::new(), &unused);
-        assert!(delete.is_empty(), "a pod was admitted between the looks");
-        let (delete, _) = sweep(&admitted, &BTreeSet::new(), &unused);
-        assert_eq!(delete, admitted);
+        let changed = [seen("b", "worker", "6")];
+        let (delete, unused) = sweep(&changed, &BTreeSet::new(), &unused);
+        assert!(delete.is_empty(), "changed between the looks");
+        let (delete, _) = sweep(&changed, &BTreeSet::new(), &unused);
+        assert_eq!(delete, changed);
 
         let back = BTreeSet::from([("b".to_string(), "worker".to_string())]);
-        let (delete, unused) = sweep(&admitted, &back, &unused);
+        let (delete, unused) = sweep(&changed, &back, &unused);
         assert!(delete.is_empty() && unused.is_empty(), "used again");
+    }
+
+    #[test]
+    fn only_injected_pods_that_exist_need_a_binding() {
+        let pod = |labels: serde_json::Value, init: bool, sa: Option<&str>| -> Pod {
+            let init = if init {
+                json!([{"name": INIT_CONTAINER, "image": "arbiter"}])
+            } else {
+                json!([])
+            };
+            serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "labels": labels},
+                "spec": {"serviceAccountName": sa, "initContainers": init,
+                         "containers": [{"name": "c", "image": "x"}]},
+            }))
+            .unwrap()
+        };
+        let label = json!({INJECT_LABEL: "true"});
+        assert_eq!(
+            needs(&pod(label.clone(), true, Some("worker"))),
+            Some(("ns".into(), "worker".into()))
+        );
+        assert_eq!(
+            needs(&pod(label.clone(), true, None)),
+            Some(("ns".into(), "default".into()))
+        );
+        assert_eq!(
+            needs(&pod(label.clone(), false, Some("worker"))),
+            None,
+            "labelled but not injected (created while injection was off, or the label added later)"
+        );
+        assert_eq!(needs(&pod(json!({}), true, Some("worker"))), None);
+        let mut going = pod(label, true, Some("worker"));
+        going.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        );
+        assert_eq!(needs(&going), None);
     }
 
     #[test]
@@ -230,7 +355,7 @@ mod tests {
         let (a, b) = (name(&long('a')), name(&format!("{}b", &long('a')[1..])));
         assert!(a.len() <= 253 && b.len() <= 253);
         assert_ne!(a, b);
-        let rb = desired("ns", "worker", "arbiter-candidate", "uid-1");
+        let rb = desired("ns", "worker", "arbiter-candidate");
         assert_eq!(rb.role_ref.name, "arbiter-candidate");
         assert_eq!(rb.subjects.unwrap()[0].namespace.as_deref(), Some("ns"));
     }

@@ -5,7 +5,7 @@
 //!   election), with the certificate in a Secret, reloaded when the Secret changes;
 //! - [`review`]: the answer to one admission review;
 //! - [`binding`]: the RoleBinding that gives an injected pod's ServiceAccount the agent's
-//!   rights, made before the pod is admitted, and removed by the acting replica once no
+//!   rights, made by the acting replica for the injected pods it sees, and removed once no
 //!   injected pod uses it;
 //! - [`certs`] and [`rotate`]: without cert-manager, the acting replica issues the webhook's CA
 //!   and serving certificate into the Secret, rotates them before they expire, and keeps the
@@ -61,7 +61,7 @@ pub struct Settings {
     #[arg(long, env = "ARBITER_IMAGE")]
     pub inject_image: Option<String>,
     /// The ClusterRole with an agent's rights, bound by a RoleBinding to each injected pod's
-    /// ServiceAccount in its namespace before the pod is admitted (empty: bind nothing; the
+    /// ServiceAccount in its namespace by the acting replica (empty: bind nothing; the
     /// ServiceAccount must then have those rights already).
     #[arg(long, default_value = "")]
     pub inject_cluster_role: String,
@@ -100,15 +100,8 @@ pub(crate) async fn start(
         return Ok(None);
     };
     pending.store(true, std::sync::atomic::Ordering::Relaxed);
-    // Admissions write (the agent's RoleBinding) on every replica, leader or not; the API server
-    // gives the webhook 10 s.
-    let admitting =
-        crate::client::connect_with(crate::client::Timeouts::both(Duration::from_secs(5)), None)
-            .await?;
     let webhook = std::sync::Arc::new(serve::Webhook {
         image: settings.inject_image.clone().unwrap_or_default(),
-        cluster_role: settings.inject_cluster_role.clone(),
-        client: admitting,
     });
     let secrets = kube::Api::namespaced(client.clone(), namespace);
     let secret = settings.webhook_secret.clone();
@@ -118,7 +111,8 @@ pub(crate) async fn start(
 }
 
 /// What the acting replica keeps up for the webhook (the managed certificate, the agents'
-/// RoleBindings): never returns; pending when there is nothing to keep.
+/// RoleBindings): returns only if a watch it needs ended; pending when there is nothing to
+/// keep.
 pub(crate) async fn upkeep(
     settings: &Settings,
     client: kube::Client,
@@ -138,8 +132,17 @@ pub(crate) async fn upkeep(
         if settings.inject_cluster_role.is_empty() {
             std::future::pending().await
         } else {
-            binding::sweep_forever(client.clone(), watch_namespace).await
+            binding::keep(
+                client.clone(),
+                watch_namespace,
+                settings.inject_cluster_role.clone(),
+            )
+            .await
         }
     };
-    tokio::join!(certs, bindings);
+    // Each runs for ever: one that ends (a watch that stopped) ends the replica's acting.
+    tokio::select! {
+        () = certs => {}
+        () = bindings => {}
+    }
 }

@@ -12,22 +12,18 @@ use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::Client;
 use kube::api::{Api, DynamicObject};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use super::review;
 use super::rotate::{CERT, KEY};
-use super::{binding, review};
 
-/// What an admission needs.
+/// What an admission needs. An admission has no side effect: anyone who can reach the port can
+/// post a review, and gets only an answer.
 pub(crate) struct Webhook {
     /// The arbiter image for the init container.
     pub image: String,
-    /// The ClusterRole bound to injected pods' ServiceAccounts ("" = none).
-    pub cluster_role: String,
-    /// A client whose writes are not gated by the operator lease: every replica admits.
-    pub client: Client,
 }
 
 /// Serves POST /inject on `address` once Secret `secret` holds a certificate; `pending` is
@@ -99,7 +95,7 @@ fn pem_pair(secret: &Secret) -> Option<(Vec<u8>, Vec<u8>)> {
     Some((data.get(CERT)?.0.clone(), data.get(KEY)?.0.clone()))
 }
 
-/// One admission review: the injection's answer, after the agent's RoleBinding is in place.
+/// One admission review: the injection's answer.
 async fn admit(
     State(webhook): State<Arc<Webhook>>,
     body: axum::body::Bytes,
@@ -113,31 +109,8 @@ async fn admit(
         Ok(r) => r,
         Err(e) => return Json(AdmissionResponse::invalid(format!("arbiter: {e}")).into_review()),
     };
-    let mut response = review::review(&request, &webhook.image);
+    let response = review::review(&request, &webhook.image);
     let namespace = request.namespace.clone().unwrap_or_default();
-    let sa = request
-        .object
-        .as_ref()
-        .and_then(|p| p.spec.as_ref()?.service_account_name.clone())
-        .unwrap_or_else(|| "default".into());
-    if response.allowed
-        && response.patch.is_some()
-        && !request.dry_run
-        && !webhook.cluster_role.is_empty()
-        && let Err(e) = binding::apply(
-            &webhook.client,
-            &namespace,
-            &sa,
-            &webhook.cluster_role,
-            &request.uid,
-        )
-        .await
-    {
-        response = AdmissionResponse::from(&request).deny(format!(
-            "arbiter: cannot bind ClusterRole {} to ServiceAccount {namespace}/{sa}, which the injected agent needs: {e}",
-            webhook.cluster_role
-        ));
-    }
     let pod = request
         .object
         .as_ref()
