@@ -201,6 +201,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         &settings.webhook,
         &client,
         &namespace,
+        settings.watch_namespace.clone(),
         metrics.webhook_pending.clone(),
     )
     .await?;
@@ -265,7 +266,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     let run = async {
         tokio::select! {
             () = work => {}
-            () = upkeep => {}
+            () = upkeep => tracing::error!("the webhook's upkeep stopped (a watch it needs ended)"),
         }
     };
     tokio::pin!(run);

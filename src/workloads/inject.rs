@@ -85,6 +85,18 @@ pub enum Refusal {
     Probes(String),
     #[error("arbiter: the pod has no containers")]
     NoContainers,
+    #[error(
+        "arbiter: the pod has an init container named {INIT_CONTAINER:?} but its container {0:?} does not run the agent: it was changed after injection, or names its own init container so (rename it)"
+    )]
+    HalfInjected(String),
+    #[error(
+        "arbiter: annotation {LEASE_NAME_ANNOTATION}={0:?} is not a valid Lease name (lowercase letters, digits, '-' and '.', at most 253): every replica must name the same lease"
+    )]
+    LeaseName(String),
+    #[error(
+        "arbiter: the pod does not mount its ServiceAccount token (automountServiceAccountToken: false): the agent needs it to reach the API server"
+    )]
+    NoToken,
 }
 
 /// `pod` as admitted with the agent injected, with the arbiter `image` for the init container;
@@ -95,13 +107,8 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     let Some(spec) = pod.spec.as_ref() else {
         return Err(Refusal::NoContainers);
     };
-    if spec
-        .init_containers
-        .iter()
-        .flatten()
-        .any(|c| c.name == INIT_CONTAINER)
-    {
-        return Ok(None);
+    if spec.automount_service_account_token == Some(false) {
+        return Err(Refusal::NoToken);
     }
     let index = match annotations.get(CONTAINER_ANNOTATION) {
         Some(name) => spec
@@ -112,6 +119,23 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
         None if spec.containers.is_empty() => return Err(Refusal::NoContainers),
         None => 0,
     };
+    if spec
+        .init_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == INIT_CONTAINER)
+    {
+        // Called again for a pod injected already: nothing to do, if the agent still wraps the
+        // chosen container's command.
+        let c = &spec.containers[index];
+        let wrapped = c.command.as_deref() == Some(&[format!("{DIR}/arbiter")][..])
+            && c.args.as_ref().and_then(|a| a.first()).map(String::as_str) == Some("run");
+        return if wrapped {
+            Ok(None)
+        } else {
+            Err(Refusal::HalfInjected(c.name.clone()))
+        };
+    }
     let version =
         container_version(pod, spec.containers.get(index)).map_err(|why| Refusal::Version {
             container: spec.containers[index].name.clone(),
@@ -197,6 +221,8 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
                 allow_privilege_escalation: Some(false),
                 read_only_root_filesystem: Some(true),
                 run_as_non_root: Some(true),
+                // The image's user, whatever the pod's securityContext says.
+                run_as_user: Some(65532),
                 capabilities: Some(Capabilities {
                     drop: Some(vec!["ALL".into()]),
                     ..Capabilities::default()
@@ -220,7 +246,18 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
 /// The lease: the annotation, else the workload's name from the pod's controller.
 fn lease_of(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<String, Refusal> {
     if let Some(name) = annotations.get(LEASE_NAME_ANNOTATION) {
-        return Ok(name.clone());
+        let valid = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+        return if valid {
+            Ok(name.clone())
+        } else {
+            Err(Refusal::LeaseName(name.clone()))
+        };
     }
     let owner = pod
         .owner_references()
@@ -380,6 +417,47 @@ mod tests {
         );
         assert_eq!(spec.volumes.as_ref().unwrap()[0].name, VOLUME);
         assert_eq!(inject(&injected, IMAGE), Ok(None), "injected once only");
+        assert_eq!(
+            init.security_context.as_ref().unwrap().run_as_user,
+            Some(65532)
+        );
+
+        // Its command changed after injection (another webhook), or an init container of
+        // its own under that name: refused, never admitted unwrapped.
+        let mut changed = injected.clone();
+        changed.spec.as_mut().unwrap().containers[0].command = Some(vec!["/bin/sh".into()]);
+        assert_eq!(
+            inject(&changed, IMAGE),
+            Err(Refusal::HalfInjected("app".into()))
+        );
+        let mut own = pod(app(json!({"command": ["/kv"]})), json!({}));
+        own.spec.as_mut().unwrap().init_containers = Some(vec![
+            serde_json::from_value(json!({"name": INIT_CONTAINER, "image": "x"})).unwrap(),
+        ]);
+        assert_eq!(
+            inject(&own, IMAGE),
+            Err(Refusal::HalfInjected("app".into()))
+        );
+    }
+
+    #[test]
+    fn a_lease_name_every_replica_shares_and_a_token_are_required() {
+        let with = |annotations| pod(app(json!({"command": ["/kv"]})), annotations);
+        for bad in ["w-$(POD_NAME)", "Work", "", "-w", "w_1"] {
+            assert_eq!(
+                inject(&with(json!({LEASE_NAME_ANNOTATION: bad})), IMAGE),
+                Err(Refusal::LeaseName(bad.into())),
+                "{bad}"
+            );
+        }
+        assert!(inject(&with(json!({LEASE_NAME_ANNOTATION: "work.v2"})), IMAGE).is_ok());
+        let mut tokenless = with(json!({}));
+        tokenless
+            .spec
+            .as_mut()
+            .unwrap()
+            .automount_service_account_token = Some(false);
+        assert_eq!(inject(&tokenless, IMAGE), Err(Refusal::NoToken));
     }
 
     #[test]

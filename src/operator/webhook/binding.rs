@@ -4,7 +4,8 @@
 //! The acting replica makes them from the pods it sees through the API, never from an admission
 //! review: anyone who can reach the webhook's port can post a review naming any namespace and
 //! ServiceAccount, but only pods that exist, carry `arbiter.dev/inject` and were injected (they
-//! have the init container) get a binding. The agent retries a refused registration for a while
+//! have the init container) get a binding. A labelled pod that was not injected (created while
+//! no webhook was installed) is logged as running unwrapped. The agent retries a refused registration for a while
 //! ([`crate::candidate::registration`]), so a binding made a moment after the pod is in time.
 //!
 //! A binding is removed once no injected pod uses its ServiceAccount: only after the replica saw
@@ -18,7 +19,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
@@ -119,6 +120,10 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role
     let mut listing: Option<BTreeMap<(String, String), (String, String)>> = None;
     let mut bound: BTreeSet<(String, String)> = BTreeSet::new();
     let mut unused = BTreeSet::new();
+    // No look until the pods were listed once, nor while they are listed again: an empty or
+    // partial list would count every binding unused.
+    let mut listed = false;
+    let mut unwrapped_seen: BTreeSet<(String, String)> = BTreeSet::new();
     let mut looks = tokio::time::interval(SWEEP_EVERY);
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first look only after the pods are listed.
@@ -133,6 +138,7 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role
                     }
                     Some(Ok(watcher::Event::InitDone)) => {
                         injected = listing.take().unwrap_or_default();
+                        listed = true;
                         continue;
                     }
                     Some(Ok(watcher::Event::InitApply(p))) => {
@@ -159,7 +165,13 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role
                     }
                     None => return tracing::error!("the watch of injected pods ended"),
                 };
-                let Some(need) = needs(&pod) else { continue };
+                let Some(need) = needs(&pod) else {
+                    let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                    if unwrapped(&pod) && unwrapped_seen.insert(key.clone()) {
+                        tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, or outside its namespaces): replace it to have it wrapped");
+                    }
+                    continue;
+                };
                 if bound.contains(&need) {
                     continue;
                 }
@@ -171,12 +183,23 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role
                 }
             }
             _ = looks.tick() => {
+                if !listed || listing.is_some() {
+                    continue;
+                }
                 let used: BTreeSet<_> = injected.values().cloned().collect();
                 match look(&client, namespace.as_deref(), &used, &unused).await {
-                    Ok((next, removed)) => {
+                    Ok((next, present)) => {
                         unused = next;
-                        for r in removed {
-                            bound.remove(&r);
+                        // What exists now: a binding deleted by hand, or with its namespace, is
+                        // made again for the pods that still need it.
+                        bound = present;
+                        for need in used.difference(&bound.clone()) {
+                            match apply(&client, &need.0, &need.1, &cluster_role).await {
+                                Ok(()) => {
+                                    bound.insert(need.clone());
+                                }
+                                Err(e) => tracing::warn!(namespace = %need.0, service_account = %need.1, error = %e, "binding the agent's ClusterRole failed (retrying at the next look)"),
+                            }
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "removing unused agent RoleBindings failed (retrying)"),
@@ -186,8 +209,9 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role
     }
 }
 
-/// Applies the binding for ServiceAccount `sa` of `namespace`, unless a RoleBinding of that name
-/// exists that arbiter did not make (it is left alone, and said so).
+/// Makes the binding for ServiceAccount `sa` of `namespace` what it must be, unless a
+/// RoleBinding of that name exists that arbiter did not make (it is left alone, and said so).
+/// Every write is conditional on what was read.
 async fn apply(
     client: &Client,
     namespace: &str,
@@ -195,36 +219,65 @@ async fn apply(
     cluster_role: &str,
 ) -> anyhow::Result<()> {
     let api: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
-    let binding = desired(namespace, sa, cluster_role);
-    if let Some(existing) = api.get_opt(&name(sa)).await? {
-        if existing.labels().get(BINDING_LABEL).map(String::as_str) != Some("true") {
-            anyhow::bail!(
-                "RoleBinding {namespace}/{} exists and was not made by arbiter: it is left as it is (the injected agent needs ClusterRole {cluster_role} bound to ServiceAccount {sa})",
-                name(sa)
-            );
+    let mut binding = desired(namespace, sa, cluster_role);
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    match api.get_opt(&name(sa)).await? {
+        None => {
+            api.create(&pp, &binding).await?;
         }
-        if existing.role_ref == binding.role_ref && existing.subjects == binding.subjects {
-            return Ok(());
+        Some(existing) => {
+            if existing.labels().get(BINDING_LABEL).map(String::as_str) != Some("true") {
+                anyhow::bail!(
+                    "RoleBinding {namespace}/{} exists and was not made by arbiter: it is left as it is (the injected agent needs ClusterRole {cluster_role} bound to ServiceAccount {sa})",
+                    name(sa)
+                );
+            }
+            if existing.role_ref == binding.role_ref && existing.subjects == binding.subjects {
+                return Ok(());
+            }
+            if existing.role_ref == binding.role_ref {
+                binding.metadata.resource_version = existing.resource_version();
+                api.replace(&name(sa), &pp, &binding).await?;
+            } else {
+                // roleRef cannot change: delete exactly what was read, and make it again.
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: existing.resource_version(),
+                        uid: existing.uid(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                api.delete(&name(sa), &dp).await?;
+                api.create(&pp, &binding).await?;
+            }
         }
     }
-    api.patch(
-        &name(sa),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&binding),
-    )
-    .await?;
     tracing::info!(%namespace, service_account = %sa, binding = %name(sa), "bound the agent's ClusterRole for injected pods");
     Ok(())
 }
 
+/// A pod labelled for injection that was not injected (it runs its command unwrapped).
+fn unwrapped(pod: &Pod) -> bool {
+    pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true")
+        && pod.metadata.deletion_timestamp.is_none()
+        && !pod
+            .spec
+            .iter()
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .any(|c| c.name == INIT_CONTAINER)
+}
+
 /// One look: deletes the bindings unused now and at the previous look, unchanged. Returns the
-/// unused ones to remember, and the (namespace, ServiceAccount) pairs whose binding went.
+/// unused ones to remember, and the (namespace, ServiceAccount) pairs whose binding is there.
 async fn look(
     client: &Client,
     namespace: Option<&str>,
     used: &BTreeSet<(String, String)>,
     unused_before: &BTreeSet<Seen>,
-) -> anyhow::Result<(BTreeSet<Seen>, Vec<(String, String)>)> {
+) -> anyhow::Result<(BTreeSet<Seen>, BTreeSet<(String, String)>)> {
     let bindings: Api<RoleBinding> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -244,7 +297,10 @@ async fn look(
         })
         .collect();
     let (delete, unused) = sweep(&seen, used, unused_before);
-    let mut removed = Vec::new();
+    let mut present: BTreeSet<(String, String)> = seen
+        .iter()
+        .map(|b| (b.namespace.clone(), b.service_account.clone()))
+        .collect();
     for b in delete {
         let api: Api<RoleBinding> = Api::namespaced(client.clone(), &b.namespace);
         let dp = DeleteParams {
@@ -257,17 +313,17 @@ async fn look(
         match api.delete(&b.name, &dp).await {
             Ok(_) => {
                 tracing::info!(namespace = %b.namespace, binding = %b.name, "removed an agent RoleBinding no injected pod uses");
-                removed.push((b.namespace, b.service_account));
+                present.remove(&(b.namespace, b.service_account));
             }
             // Changed meanwhile (it stays) or gone already.
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                removed.push((b.namespace, b.service_account))
+                present.remove(&(b.namespace, b.service_account));
             }
             Err(e) => return Err(e.into()),
         }
     }
-    Ok((unused, removed))
+    Ok((unused, present))
 }
 
 #[cfg(test)]

@@ -38,8 +38,12 @@ pub fn names(service: &str, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// A new CA and serving certificate for `service` in `namespace`, valid from a minute before
-/// `now` (clocks differ) for `valid_for`.
+/// How long before its issue a certificate is valid from: the API server's clock may be behind
+/// the issuing replica's.
+pub const BACKDATE: Duration = Duration::from_secs(3600);
+
+/// A new CA and serving certificate for `service` in `namespace`, valid from [`BACKDATE`]
+/// before `now` (clocks differ) until `valid_for` after it.
 pub fn issue(
     service: &str,
     namespace: &str,
@@ -47,7 +51,7 @@ pub fn issue(
     valid_for: Duration,
 ) -> Result<Issued, rcgen::Error> {
     let not_after = now + jiff::SignedDuration::try_from(valid_for).unwrap_or_default();
-    let from = offset(now - jiff::SignedDuration::from_secs(60));
+    let from = offset(now - jiff::SignedDuration::try_from(BACKDATE).unwrap_or_default());
     let until = offset(not_after);
 
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
@@ -107,6 +111,16 @@ pub fn validity(cert_pem: &str) -> Option<(Timestamp, Timestamp)> {
         Timestamp::from_second(v.not_before.timestamp()).ok()?,
         Timestamp::from_second(v.not_after.timestamp()).ok()?,
     ))
+}
+
+/// The certificates of a PEM bundle that are still valid at `now`.
+pub fn still_valid(bundle: &str, now: Timestamp) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    bundle
+        .split_inclusive(END)
+        .map(|c| format!("{}\n", c.trim_start()))
+        .filter(|c| validity(c).is_some_and(|(_, until)| until > now))
+        .collect()
 }
 
 fn offset(t: Timestamp) -> time::OffsetDateTime {
@@ -189,11 +203,26 @@ mod tests {
         let now = Timestamp::from_second(1_800_000_000).unwrap();
         let issued = issue("s", "ns", now, DAY).unwrap();
         let (from, until) = validity(&issued.cert_pem).unwrap();
-        assert_eq!(from, now - jiff::SignedDuration::from_secs(60));
+        assert_eq!(from, now - jiff::SignedDuration::from_hours(1));
         assert_eq!(until, issued.not_after);
         assert_eq!(validity(&issued.ca_pem).unwrap().1, issued.not_after);
         assert_eq!(validity("not a certificate"), None);
         assert_eq!(validity(&issued.key_pem), None);
+    }
+
+    #[test]
+    fn the_certificates_still_valid_are_kept_from_a_bundle() {
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let a = issue("s", "ns", now, DAY).unwrap();
+        let b = issue("s", "ns", now, 2 * DAY).unwrap();
+        let bundle = ca_bundle(&a.ca_pem, Some(&b.ca_pem));
+        assert_eq!(
+            still_valid(&bundle, now),
+            [a.ca_pem.clone(), b.ca_pem.clone()]
+        );
+        let later = now + jiff::SignedDuration::from_hours(36);
+        assert_eq!(still_valid(&bundle, later), vec![b.ca_pem]);
+        assert!(still_valid("junk", now).is_empty());
     }
 
     #[test]

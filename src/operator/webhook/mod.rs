@@ -94,6 +94,7 @@ pub(crate) async fn start(
     settings: &Settings,
     client: &kube::Client,
     namespace: &str,
+    only: Option<String>,
     pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<Option<impl std::future::Future<Output = anyhow::Result<()>> + use<>>> {
     let Some(address) = settings.webhook_address else {
@@ -102,6 +103,7 @@ pub(crate) async fn start(
     pending.store(true, std::sync::atomic::Ordering::Relaxed);
     let webhook = std::sync::Arc::new(serve::Webhook {
         image: settings.inject_image.clone().unwrap_or_default(),
+        only,
     });
     let secrets = kube::Api::namespaced(client.clone(), namespace);
     let secret = settings.webhook_secret.clone();

@@ -8,13 +8,31 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 
 use crate::workloads::inject::inject;
 
-/// The response to `request`, with `image` (the arbiter image) for the init container.
-pub fn review(request: &AdmissionRequest<Pod>, image: &str) -> AdmissionResponse {
+/// The response to `request`, with `image` (the arbiter image) for the init container; an
+/// operator that arbitrates only namespace `only` refuses pods elsewhere (no one would elect
+/// them, and unwrapped they would all run).
+pub fn review(
+    request: &AdmissionRequest<Pod>,
+    image: &str,
+    only: Option<&str>,
+) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
-    // Only pod creations are sent (the webhook's rules); anything else passes as it is.
-    let Some(pod) = &request.object else {
+    // Only pod creations are wrapped (a running pod's spec cannot change); anything else
+    // passes as it is.
+    let Some(pod) = request
+        .object
+        .as_ref()
+        .filter(|_| request.operation == kube::core::admission::Operation::Create)
+    else {
         return response;
     };
+    if let Some(only) = only
+        && request.namespace.as_deref() != Some(only)
+    {
+        return response.deny(format!(
+            "arbiter: this arbiter arbitrates only namespace {only}: a pod labelled arbiter.dev/inject elsewhere would never be elected"
+        ));
+    }
     match inject(pod, image) {
         Ok(None) => response,
         Ok(Some(injected)) => {
@@ -74,7 +92,7 @@ mod tests {
     #[test]
     fn the_patch_makes_the_pod_run_its_command_under_the_agent() {
         let req = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
-        let response = review(&req, "arbiter:0.1.0");
+        let response = review(&req, "arbiter:0.1.0", None);
         assert!(response.allowed);
         assert_eq!(response.uid, req.uid);
         let patch: json_patch::Patch =
@@ -91,9 +109,18 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_outside_the_arbitrated_namespace_is_denied() {
+        let req = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
+        assert!(review(&req, "arbiter:0.1.0", Some("ns")).allowed);
+        let response = review(&req, "arbiter:0.1.0", Some("other"));
+        assert!(!response.allowed);
+        assert!(response.result.message.contains("only namespace other"));
+    }
+
+    #[test]
     fn a_pod_that_cannot_be_wrapped_is_denied_with_the_reason() {
         let req = request(json!({"name": "app", "image": "kv:1.2.3"}));
-        let response = review(&req, "arbiter:0.1.0");
+        let response = review(&req, "arbiter:0.1.0", None);
         assert!(!response.allowed);
         assert!(response.patch.is_none());
         assert!(

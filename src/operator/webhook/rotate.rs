@@ -72,9 +72,12 @@ pub(crate) fn plan(held: Option<&Held>, now: Timestamp) -> Plan {
     let Some(h) = held else {
         return Plan::Issue { previous: None };
     };
-    let lifetime = Duration::try_from(h.not_after.duration_since(h.not_before)).unwrap_or_default();
+    let lifetime = Duration::try_from(h.not_after.duration_since(h.not_before))
+        .unwrap_or_default()
+        .saturating_sub(certs::BACKDATE);
     if h.not_before > now || certs::due(h.not_after, lifetime, now) {
-        // Not yet valid (issued on a clock ahead of ours) or nearly over: a new one.
+        // Not yet valid (issued on a clock more than the backdate ahead of ours) or nearly
+        // over: a new one.
         return Plan::Issue {
             previous: Some(h.ca.clone()).filter(|_| h.not_after > now),
         };
@@ -104,7 +107,9 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
     let current = secrets.get_opt(&settings.webhook_secret).await?;
     let now = Timestamp::now();
     match plan(current.as_ref().and_then(held).as_ref(), now) {
-        Plan::Keep { bundle } => set_bundle(client, &settings.webhook_configuration, &bundle).await,
+        Plan::Keep { bundle } => {
+            set_bundle(client, &settings.webhook_configuration, &bundle, None).await
+        }
         Plan::Issue { previous } => {
             let issued = certs::issue(
                 &settings.webhook_service,
@@ -113,7 +118,9 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
                 settings.webhook_cert_validity,
             )?;
             let bundle = certs::ca_bundle(&issued.ca_pem, previous.as_deref());
-            set_bundle(client, &settings.webhook_configuration, &bundle).await?;
+            // Whatever the bundle trusts now and is still valid stays trusted too: the Secret
+            // may have been deleted while the replicas still serve what it held.
+            set_bundle(client, &settings.webhook_configuration, &bundle, Some(now)).await?;
             let data = [
                 (CERT, Some(issued.cert_pem)),
                 (KEY, Some(issued.key_pem)),
@@ -146,8 +153,14 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
     }
 }
 
-/// Sets the `caBundle` of every webhook in configuration `name` to `bundle`, where it differs.
-async fn set_bundle(client: &Client, name: &str, bundle: &str) -> anyhow::Result<()> {
+/// Sets the `caBundle` of every webhook in configuration `name` to `bundle`, where it differs;
+/// with `keeping` (a time), also to the certificates it holds already that are valid then.
+async fn set_bundle(
+    client: &Client,
+    name: &str,
+    bundle: &str,
+    keeping: Option<Timestamp>,
+) -> anyhow::Result<()> {
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let Some(config) = configs.get_opt(name).await? else {
         // Nothing calls the webhook then; the certificate is still kept, for when it exists.
@@ -159,14 +172,28 @@ async fn set_bundle(client: &Client, name: &str, bundle: &str) -> anyhow::Result
         .iter()
         .flatten()
         .enumerate()
-        .filter(|(_, w)| {
-            w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice()) != Some(bundle.as_bytes())
-        })
-        .map(|(i, _)| {
-            serde_json::json!({
-                "op": "add",
-                "path": format!("/webhooks/{i}/clientConfig/caBundle"),
-                "value": ByteString(bundle.as_bytes().to_vec()),
+        .filter_map(|(i, w)| {
+            let current = w
+                .client_config
+                .ca_bundle
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                .unwrap_or_default();
+            let mut wanted = bundle.to_string();
+            for kept in keeping
+                .map(|at| certs::still_valid(&current, at))
+                .unwrap_or_default()
+            {
+                if !wanted.contains(kept.trim()) {
+                    wanted.push_str(&kept);
+                }
+            }
+            (current != wanted).then(|| {
+                serde_json::json!({
+                    "op": "add",
+                    "path": format!("/webhooks/{i}/clientConfig/caBundle"),
+                    "value": ByteString(wanted.into_bytes()),
+                })
             })
         })
         .collect();
@@ -247,7 +274,7 @@ mod tests {
             "expired: nothing serves it any more"
         );
         assert_eq!(
-            plan(Some(&h), t0 - jiff::SignedDuration::from_hours(1)),
+            plan(Some(&h), t0 - jiff::SignedDuration::from_hours(2)),
             Plan::Issue {
                 previous: Some(old.ca_pem.clone())
             },

@@ -24,6 +24,8 @@ use super::rotate::{CERT, KEY};
 pub(crate) struct Webhook {
     /// The arbiter image for the init container.
     pub image: String,
+    /// The only namespace arbitrated (`--watch-namespace`), if one.
+    pub only: Option<String>,
 }
 
 /// Serves POST /inject on `address` once Secret `secret` holds a certificate; `pending` is
@@ -109,7 +111,7 @@ async fn admit(
         Ok(r) => r,
         Err(e) => return Json(AdmissionResponse::invalid(format!("arbiter: {e}")).into_review()),
     };
-    let response = review::review(&request, &webhook.image);
+    let response = review::review(&request, &webhook.image, webhook.only.as_deref());
     let namespace = request.namespace.clone().unwrap_or_default();
     let pod = request
         .object
