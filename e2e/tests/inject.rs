@@ -26,6 +26,8 @@ crate::tests![inject:
 ];
 
 const DEADLINE: Duration = Duration::from_secs(120);
+/// How long a rollout of three pods may take on a loaded machine (the whole suite runs at once).
+const ROLLOUT: Duration = Duration::from_secs(240);
 /// The Leases' duration in this test: a new holder sooner than this was handed the lease, it
 /// did not wait for it to expire.
 const LEASE: Duration = Duration::from_secs(60);
@@ -70,28 +72,79 @@ async fn rolled_out(env: &TestEnv, version: &str) -> String {
     let deployments: Api<Deployment> = env.api();
     let leases: Api<Lease> = env.api();
     let pods: Api<Pod> = env.api();
-    eventually(
-        &format!("work to run {version} and lead with it"),
-        DEADLINE,
-        || async {
-            let d = deployments.get("work").await.ok()?;
-            let status = d.status?;
-            let done = status.observed_generation >= d.metadata.generation
-                && status.updated_replicas == Some(3)
-                && status.ready_replicas == Some(3)
-                && status.replicas == Some(3);
-            let holder = leases.get("work").await.ok()?.spec?.holder_identity?;
-            let pod = pods.get(&holder).await.ok()?;
-            (done
-                && pod
-                    .labels()
-                    .get("app.kubernetes.io/version")
-                    .map(String::as_str)
-                    == Some(version))
-            .then_some(holder)
-        },
-    )
-    .await
+    let check = || async {
+        let d = deployments.get("work").await.ok()?;
+        let status = d.status?;
+        let done = status.observed_generation >= d.metadata.generation
+            && status.updated_replicas == Some(3)
+            && status.ready_replicas == Some(3)
+            && status.replicas == Some(3);
+        let holder = leases.get("work").await.ok()?.spec?.holder_identity?;
+        let pod = pods.get(&holder).await.ok()?;
+        let running = pod
+            .labels()
+            .get("app.kubernetes.io/version")
+            .map(String::as_str);
+        (done && running == Some(version)).then_some(holder)
+    };
+    let what = format!("work to run {version} and lead with it");
+    match tokio::time::timeout(ROLLOUT, eventually(&what, ROLLOUT * 2, check)).await {
+        Ok(holder) => holder,
+        Err(_) => panic!(
+            "timed out after {ROLLOUT:?} waiting for {what}:\n{}",
+            state(env).await
+        ),
+    }
+}
+
+/// The pods, the lease and the namespace's Events, for a failure's message.
+async fn state(env: &TestEnv) -> String {
+    let pods: Api<Pod> = env.api();
+    let mut out = String::new();
+    let listed = pods.list(&ListParams::default()).await;
+    for p in listed.map(|l| l.items).unwrap_or_default() {
+        let status = p.status.clone().unwrap_or_default();
+        let containers: Vec<String> = status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.container_statuses.iter().flatten())
+            .map(|c| {
+                format!(
+                    "{} ready={} restarts={} state={:?}",
+                    c.name, c.ready, c.restart_count, c.state
+                )
+            })
+            .collect();
+        out += &format!(
+            "pod {} phase={:?} {containers:?}\n",
+            p.name_any(),
+            status.phase
+        );
+    }
+    let leases: Api<Lease> = env.api();
+    let lease = leases
+        .get_opt("work")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec);
+    out += &format!("lease: {lease:?}\n");
+    let events: Api<Event> = env.api();
+    for e in events
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        out += &format!(
+            "event {} {:?}: {}\n",
+            e.involved_object.name.unwrap_or_default(),
+            e.reason,
+            e.message.unwrap_or_default()
+        );
+    }
+    out
 }
 
 async fn set_version(env: &TestEnv, version: &str) {

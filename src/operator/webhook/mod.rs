@@ -89,7 +89,10 @@ fn cert_validity(s: &str) -> Result<Duration, String> {
 }
 
 /// Starts serving the webhook if `--webhook-address` is set: the future ends only with an error.
-/// `pending` is set until the certificate loads (the replica is not ready meanwhile).
+/// If the Secret exists, `pending` is set until its certificate loads (the replica is not ready
+/// meanwhile). If it does not, the replica is ready at once: the acting replica issues the
+/// first certificate, and during an upgrade from a release without the webhook, the replica that
+/// acts is an old one, which only goes once a new one is ready.
 pub(crate) async fn start(
     settings: &Settings,
     client: &kube::Client,
@@ -100,13 +103,15 @@ pub(crate) async fn start(
     let Some(address) = settings.webhook_address else {
         return Ok(None);
     };
-    pending.store(true, std::sync::atomic::Ordering::Relaxed);
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let secret = settings.webhook_secret.clone();
+    let exists = !matches!(secrets.get_opt(&secret).await, Ok(None));
+    pending.store(exists, std::sync::atomic::Ordering::Relaxed);
     let webhook = std::sync::Arc::new(serve::Webhook {
         image: settings.inject_image.clone().unwrap_or_default(),
         only,
     });
-    let secrets = kube::Api::namespaced(client.clone(), namespace);
-    let secret = settings.webhook_secret.clone();
     Ok(Some(serve::serve(
         address, secrets, secret, webhook, pending,
     )))
