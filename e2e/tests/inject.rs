@@ -256,6 +256,17 @@ fn forge_review(ip: &str, ns: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// Whether ServiceAccount `worker` may `verb` `resource` in the test's namespace.
+fn can(env: &TestEnv, verb: &str, resource: &str) -> bool {
+    let who = format!("system:serviceaccount:{}:worker", env.ns);
+    let out = std::process::Command::new("kubectl")
+        .args(["auth", "can-i", verb, resource, "-n", &env.ns, "--as", &who])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
 async fn tls_crt(secrets: &Api<Secret>, name: &str) -> Vec<u8> {
     eventually(
         &format!("Secret {name}'s certificate"),
@@ -352,7 +363,17 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
         .unwrap();
     let first = rolled_out(&env, "1.30.0").await;
     let binding = bindings.get("arbiter-agent-worker").await.unwrap();
-    assert_eq!(binding.role_ref.name, format!("{name}-candidate"));
+    assert_eq!(
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("Role", "arbiter-agent-worker")
+    );
+    // The ServiceAccount may renew its own lease, and no other.
+    assert!(can(&env, "update", "leases/work"));
+    assert!(!can(&env, "update", "leases/other"));
+    assert!(can(&env, "create", "leasecandidates.arbiter.dev"));
     assert!(
         bindings
             .get_opt("arbiter-agent-forged")

@@ -243,6 +243,21 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     Ok(Some(pod))
 }
 
+/// The lease an injected pod's agent runs for (`--lease` in its wrapped container's args), if
+/// the pod was injected.
+pub fn wrapped_lease(pod: &Pod) -> Option<String> {
+    let wrapper = [format!("{DIR}/arbiter")];
+    pod.spec.as_ref()?.containers.iter().find_map(|c| {
+        let args = c.args.as_ref()?;
+        if c.command.as_deref() != Some(&wrapper[..]) || args.first()? != "run" {
+            return None;
+        }
+        let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+        let at = args[..end].iter().position(|a| a == "--lease")?;
+        args.get(at + 1).cloned()
+    })
+}
+
 /// The lease: the annotation, else the workload's name from the pod's controller.
 fn lease_of(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<String, Refusal> {
     if let Some(name) = annotations.get(LEASE_NAME_ANNOTATION) {
@@ -417,6 +432,11 @@ mod tests {
         );
         assert_eq!(spec.volumes.as_ref().unwrap()[0].name, VOLUME);
         assert_eq!(inject(&injected, IMAGE), Ok(None), "injected once only");
+        assert_eq!(wrapped_lease(&injected).as_deref(), Some("kv"));
+        assert_eq!(
+            wrapped_lease(&pod(app(json!({"command": ["/kv"]})), json!({}))),
+            None
+        );
         assert_eq!(
             init.security_context.as_ref().unwrap().run_as_user,
             Some(65532)

@@ -1,38 +1,46 @@
-//! The agent's rights for injected pods: a RoleBinding of the candidate ClusterRole
-//! (`--inject-cluster-role`) to each injected pod's ServiceAccount in its namespace.
+//! The agent's rights for injected pods (`--inject-agent-rbac`): for each ServiceAccount that
+//! injected pods run as, a Role and a RoleBinding `arbiter-agent-SA` in its namespace, granting
+//! what an agent needs and no more: its candidates, reading Leases, and updating only the
+//! Leases its pods run for (`resourceNames`), so that a pod's creator cannot use injection to
+//! take over any other Lease of the namespace.
 //!
 //! The acting replica makes them from the pods it sees through the API, never from an admission
 //! review: anyone who can reach the webhook's port can post a review naming any namespace and
-//! ServiceAccount, but only pods that exist, carry `arbiter.dev/inject` and were injected (they
-//! have the init container) get a binding. A labelled pod that was not injected (created while
-//! no webhook was installed) is logged as running unwrapped. The agent retries a refused registration for a while
-//! ([`crate::candidate::registration`]), so a binding made a moment after the pod is in time.
+//! ServiceAccount, but only pods that exist, carry `arbiter.dev/inject` and were injected (their
+//! wrapped container runs the agent) get rights, for the lease their agent runs for. A labelled
+//! pod that was not injected (created while no webhook was installed) is logged as running
+//! unwrapped. The agent retries a registration refused for want of rights for a while
+//! ([`crate::candidate::registration`]), so rights made a moment after the pod are in time.
 //!
-//! A binding is removed once no injected pod uses its ServiceAccount: only after the replica saw
-//! no such pod at two looks [`SWEEP_EVERY`] apart with the binding unchanged between them, and
-//! with that resourceVersion as the delete's precondition. The pods and the looks are in one
-//! task, so a pod that appears after a removal gets its binding back.
+//! Rights are removed once no injected pod uses the ServiceAccount: only after the replica saw
+//! no such pod at two looks [`SWEEP_EVERY`] apart with the binding unchanged between them, only
+//! once the pods were listed in full, and with that resourceVersion as the delete's
+//! precondition. The pods and the looks are in one task, so a pod that appears after a removal
+//! gets its rights back; rights deleted by hand are made again at the next look.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use crate::workloads::inject::{INIT_CONTAINER, INJECT_LABEL};
+use crate::workloads::inject::{INIT_CONTAINER, INJECT_LABEL, wrapped_lease};
 
-/// The label on every binding arbiter makes for injected pods.
+/// The label on every Role and RoleBinding arbiter makes for injected pods.
 pub(crate) const BINDING_LABEL: &str = "arbiter.dev/agent-binding";
 /// How far apart the two looks before a removal are.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(300);
 const FIELD_MANAGER: &str = "arbiter";
 
-/// A binding's name for ServiceAccount `sa`: `arbiter-agent-SA`, shortened with a hash of the
-/// whole name when that is longer than a name may be.
+/// (namespace, ServiceAccount).
+type Account = (String, String);
+
+/// The name of the Role and RoleBinding for ServiceAccount `sa`: `arbiter-agent-SA`, shortened
+/// with a hash of the whole name when that is longer than a name may be.
 pub(crate) fn name(sa: &str) -> String {
     let full = format!("arbiter-agent-{sa}");
     if full.len() <= 253 {
@@ -44,40 +52,77 @@ pub(crate) fn name(sa: &str) -> String {
     format!("{}-{:016x}", &full[..236], h.finish())
 }
 
-/// The binding of `cluster_role` to ServiceAccount `sa` of `namespace`.
-pub(crate) fn desired(namespace: &str, sa: &str, cluster_role: &str) -> RoleBinding {
+fn labels() -> serde_json::Value {
+    serde_json::json!({BINDING_LABEL: "true", "app.kubernetes.io/managed-by": "arbiter"})
+}
+
+/// The Role of ServiceAccount `sa` of `namespace` whose pods run for `leases`: what
+/// `arbiter run` needs (the chart's candidate ClusterRole), with Lease updates limited to those.
+pub(crate) fn desired_role(namespace: &str, sa: &str, leases: &BTreeSet<String>) -> Role {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name(sa), "namespace": namespace, "labels": labels()},
+        "rules": [
+            {"apiGroups": ["arbiter.dev"], "resources": ["leasecandidates"],
+             "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": leases, "verbs": ["update"]},
+        ],
+    }))
+    .expect("a Role")
+}
+
+/// The binding of that Role to the ServiceAccount.
+pub(crate) fn desired_binding(namespace: &str, sa: &str) -> RoleBinding {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": {
-            "name": name(sa),
-            "namespace": namespace,
-            "labels": {BINDING_LABEL: "true", "app.kubernetes.io/managed-by": "arbiter"},
-        },
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+        "metadata": {"name": name(sa), "namespace": namespace, "labels": labels()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name(sa)},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
     }))
     .expect("a RoleBinding")
 }
 
-/// The (namespace, ServiceAccount) whose rights injected pod `pod` needs, if it is one: labelled,
-/// injected, not being deleted.
-pub(crate) fn needs(pod: &Pod) -> Option<(String, String)> {
+/// The Leases a Role arbiter made lets its subjects update.
+fn granted(role: &Role) -> BTreeSet<String> {
+    role.rules
+        .iter()
+        .flatten()
+        .filter(|r| r.verbs.iter().any(|v| v == "update"))
+        .flat_map(|r| r.resource_names.iter().flatten().cloned())
+        .collect()
+}
+
+/// The ServiceAccount whose rights injected pod `pod` needs, and the lease its agent runs for,
+/// if it is one: labelled, injected, not being deleted.
+pub(crate) fn needs(pod: &Pod) -> Option<(Account, String)> {
     let spec = pod.spec.as_ref()?;
-    let injected = pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true")
-        && spec
-            .init_containers
+    let labelled = pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true");
+    if !labelled || pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let lease = wrapped_lease(pod)?;
+    let sa = spec
+        .service_account_name
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into());
+    Some(((pod.namespace().unwrap_or_default(), sa), lease))
+}
+
+/// A pod labelled for injection that was not injected (it runs its command unwrapped).
+fn unwrapped(pod: &Pod) -> bool {
+    pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true")
+        && pod.metadata.deletion_timestamp.is_none()
+        && !pod
+            .spec
             .iter()
-            .flatten()
-            .any(|c| c.name == INIT_CONTAINER);
-    (injected && pod.metadata.deletion_timestamp.is_none()).then(|| {
-        let sa = spec
-            .service_account_name
-            .clone()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".into());
-        (pod.namespace().unwrap_or_default(), sa)
-    })
+            .flat_map(|s| s.init_containers.iter().flatten())
+            .any(|c| c.name == INIT_CONTAINER)
 }
 
 /// A binding as one look saw it: where, whose, at which resourceVersion.
@@ -89,12 +134,12 @@ pub(crate) struct Seen {
     pub version: String,
 }
 
-/// Which bindings to delete now, given this look's bindings, the (namespace, ServiceAccount)
-/// pairs injected pods use, and the unused bindings the previous look saw. Returns those to
-/// delete (at this look's resourceVersion) and the unused ones to remember for the next look.
+/// Which bindings to delete now, given this look's bindings, the ServiceAccounts injected pods
+/// use, and the unused bindings the previous look saw. Returns those to delete (at this look's
+/// resourceVersion) and the unused ones to remember for the next look.
 pub(crate) fn sweep(
     bindings: &[Seen],
-    used: &BTreeSet<(String, String)>,
+    used: &BTreeSet<Account>,
     unused_before: &BTreeSet<Seen>,
 ) -> (Vec<Seen>, BTreeSet<Seen>) {
     let unused: BTreeSet<Seen> = bindings
@@ -106,19 +151,30 @@ pub(crate) fn sweep(
     (delete, unused)
 }
 
-/// Keeps the bindings while the replica acts: never returns. Failures are logged, and retried
-/// at the pod's next event or the next look.
-pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role: String) {
+/// The leases each ServiceAccount's injected pods run for.
+fn wanted(
+    injected: &BTreeMap<(String, String), (Account, String)>,
+) -> BTreeMap<Account, BTreeSet<String>> {
+    let mut m: BTreeMap<Account, BTreeSet<String>> = BTreeMap::new();
+    for (account, lease) in injected.values() {
+        m.entry(account.clone()).or_default().insert(lease.clone());
+    }
+    m
+}
+
+/// Keeps the agents' rights while the replica acts. Returns only if the watch of pods ended.
+/// Failures are logged, and retried at the pod's next event or the next look.
+pub(crate) async fn keep(client: Client, namespace: Option<String>) {
     let pods: Api<Pod> = match &namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     let config = watcher::Config::default().labels(&format!("{INJECT_LABEL}=true"));
     let mut events = watcher(pods, config).default_backoff().boxed();
-    // The injected pods, by (namespace, name), and the pairs whose binding is in place.
-    let mut injected: BTreeMap<(String, String), (String, String)> = BTreeMap::new();
-    let mut listing: Option<BTreeMap<(String, String), (String, String)>> = None;
-    let mut bound: BTreeSet<(String, String)> = BTreeSet::new();
+    // The injected pods by (namespace, name), and the leases each account's Role grants.
+    let mut injected: BTreeMap<(String, String), (Account, String)> = BTreeMap::new();
+    let mut listing: Option<BTreeMap<(String, String), (Account, String)>> = None;
+    let mut granted: BTreeMap<Account, BTreeSet<String>> = BTreeMap::new();
     let mut unused = BTreeSet::new();
     // No look until the pods were listed once, nor while they are listed again: an empty or
     // partial list would count every binding unused.
@@ -126,7 +182,6 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role
     let mut unwrapped_seen: BTreeSet<(String, String)> = BTreeSet::new();
     let mut looks = tokio::time::interval(SWEEP_EVERY);
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The first look only after the pods are listed.
     looks.reset();
     loop {
         tokio::select! {
@@ -165,125 +220,144 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>, cluster_role
                     }
                     None => return tracing::error!("the watch of injected pods ended"),
                 };
-                let Some(need) = needs(&pod) else {
+                let Some((account, lease)) = needs(&pod) else {
                     let key = (pod.namespace().unwrap_or_default(), pod.name_any());
                     if unwrapped(&pod) && unwrapped_seen.insert(key.clone()) {
                         tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, or outside its namespaces): replace it to have it wrapped");
                     }
                     continue;
                 };
-                if bound.contains(&need) {
+                let has = granted.entry(account.clone()).or_default();
+                if has.contains(&lease) {
                     continue;
                 }
-                match apply(&client, &need.0, &need.1, &cluster_role).await {
+                let mut leases = has.clone();
+                leases.insert(lease);
+                match apply(&client, &account, &leases).await {
                     Ok(()) => {
-                        bound.insert(need);
+                        granted.insert(account, leases);
                     }
-                    Err(e) => tracing::warn!(namespace = %need.0, service_account = %need.1, error = %e, "binding the agent's ClusterRole failed (retrying at the pod's next change)"),
+                    Err(e) => tracing::warn!(namespace = %account.0, service_account = %account.1, error = %e, "making the injected agent's rights failed (retrying at the next look)"),
                 }
             }
             _ = looks.tick() => {
                 if !listed || listing.is_some() {
                     continue;
                 }
-                let used: BTreeSet<_> = injected.values().cloned().collect();
+                let want = wanted(&injected);
+                let used: BTreeSet<Account> = want.keys().cloned().collect();
                 match look(&client, namespace.as_deref(), &used, &unused).await {
                     Ok((next, present)) => {
                         unused = next;
-                        // What exists now: a binding deleted by hand, or with its namespace, is
-                        // made again for the pods that still need it.
-                        bound = present;
-                        for need in used.difference(&bound.clone()) {
-                            match apply(&client, &need.0, &need.1, &cluster_role).await {
+                        // What exists now: rights deleted by hand, or with their namespace,
+                        // are made again for the pods that still need them.
+                        granted = present;
+                        for (account, leases) in want {
+                            let has = granted.get(&account).cloned().unwrap_or_default();
+                            if leases.is_subset(&has) {
+                                continue;
+                            }
+                            let all: BTreeSet<String> = has.union(&leases).cloned().collect();
+                            match apply(&client, &account, &all).await {
                                 Ok(()) => {
-                                    bound.insert(need.clone());
+                                    granted.insert(account, all);
                                 }
-                                Err(e) => tracing::warn!(namespace = %need.0, service_account = %need.1, error = %e, "binding the agent's ClusterRole failed (retrying at the next look)"),
+                                Err(e) => tracing::warn!(namespace = %account.0, service_account = %account.1, error = %e, "making the injected agent's rights failed (retrying at the next look)"),
                             }
                         }
                     }
-                    Err(e) => tracing::warn!(error = %e, "removing unused agent RoleBindings failed (retrying)"),
+                    Err(e) => tracing::warn!(error = %e, "removing unused agent rights failed (retrying)"),
                 }
             }
         }
     }
 }
 
-/// Makes the binding for ServiceAccount `sa` of `namespace` what it must be, unless a
-/// RoleBinding of that name exists that arbiter did not make (it is left alone, and said so).
-/// Every write is conditional on what was read.
+/// Makes the Role and RoleBinding of `account` grant `leases`, unless one of that name exists
+/// that arbiter did not make (it is left alone, and said so). Every write is conditional on
+/// what was read.
 async fn apply(
     client: &Client,
-    namespace: &str,
-    sa: &str,
-    cluster_role: &str,
+    account: &Account,
+    leases: &BTreeSet<String>,
 ) -> anyhow::Result<()> {
-    let api: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
-    let mut binding = desired(namespace, sa, cluster_role);
+    let (namespace, sa) = account;
     let pp = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
-    match api.get_opt(&name(sa)).await? {
+    let not_ours = |kind: &str| {
+        anyhow::anyhow!(
+            "{kind} {namespace}/{} exists and was not made by arbiter: it is left as it is (injected pods of ServiceAccount {sa} need an agent's rights)",
+            name(sa)
+        )
+    };
+    let ours = |labels: &BTreeMap<String, String>| {
+        labels.get(BINDING_LABEL).map(String::as_str) == Some("true")
+    };
+
+    let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
+    let mut role = desired_role(namespace, sa, leases);
+    match roles.get_opt(&name(sa)).await? {
         None => {
-            api.create(&pp, &binding).await?;
+            roles.create(&pp, &role).await?;
         }
+        Some(existing) if !ours(existing.labels()) => return Err(not_ours("Role")),
+        Some(existing) if existing.rules == role.rules => {}
         Some(existing) => {
-            if existing.labels().get(BINDING_LABEL).map(String::as_str) != Some("true") {
-                anyhow::bail!(
-                    "RoleBinding {namespace}/{} exists and was not made by arbiter: it is left as it is (the injected agent needs ClusterRole {cluster_role} bound to ServiceAccount {sa})",
-                    name(sa)
-                );
-            }
-            if existing.role_ref == binding.role_ref && existing.subjects == binding.subjects {
-                return Ok(());
-            }
-            if existing.role_ref == binding.role_ref {
-                binding.metadata.resource_version = existing.resource_version();
-                api.replace(&name(sa), &pp, &binding).await?;
-            } else {
-                // roleRef cannot change: delete exactly what was read, and make it again.
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        resource_version: existing.resource_version(),
-                        uid: existing.uid(),
-                    }),
-                    ..DeleteParams::default()
-                };
-                api.delete(&name(sa), &dp).await?;
-                api.create(&pp, &binding).await?;
-            }
+            role.metadata.resource_version = existing.resource_version();
+            roles.replace(&name(sa), &pp, &role).await?;
         }
     }
-    tracing::info!(%namespace, service_account = %sa, binding = %name(sa), "bound the agent's ClusterRole for injected pods");
+
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
+    let mut binding = desired_binding(namespace, sa);
+    match bindings.get_opt(&name(sa)).await? {
+        None => {
+            bindings.create(&pp, &binding).await?;
+        }
+        Some(existing) if !ours(existing.labels()) => return Err(not_ours("RoleBinding")),
+        Some(existing)
+            if existing.role_ref == binding.role_ref && existing.subjects == binding.subjects => {}
+        Some(existing) if existing.role_ref == binding.role_ref => {
+            binding.metadata.resource_version = existing.resource_version();
+            bindings.replace(&name(sa), &pp, &binding).await?;
+        }
+        Some(existing) => {
+            // roleRef cannot change: delete exactly what was read, and make it again.
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: existing.resource_version(),
+                    uid: existing.uid(),
+                }),
+                ..DeleteParams::default()
+            };
+            bindings.delete(&name(sa), &dp).await?;
+            bindings.create(&pp, &binding).await?;
+        }
+    }
+    tracing::info!(%namespace, service_account = %sa, ?leases, "made the injected agent's rights");
     Ok(())
 }
 
-/// A pod labelled for injection that was not injected (it runs its command unwrapped).
-fn unwrapped(pod: &Pod) -> bool {
-    pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true")
-        && pod.metadata.deletion_timestamp.is_none()
-        && !pod
-            .spec
-            .iter()
-            .flat_map(|s| s.init_containers.iter().flatten())
-            .any(|c| c.name == INIT_CONTAINER)
-}
-
-/// One look: deletes the bindings unused now and at the previous look, unchanged. Returns the
-/// unused ones to remember, and the (namespace, ServiceAccount) pairs whose binding is there.
+/// One look: deletes the rights unused now and at the previous look, unchanged. Returns the
+/// unused bindings to remember, and the leases granted to each account whose rights are there.
 async fn look(
     client: &Client,
     namespace: Option<&str>,
-    used: &BTreeSet<(String, String)>,
+    used: &BTreeSet<Account>,
     unused_before: &BTreeSet<Seen>,
-) -> anyhow::Result<(BTreeSet<Seen>, BTreeSet<(String, String)>)> {
-    let bindings: Api<RoleBinding> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+) -> anyhow::Result<(BTreeSet<Seen>, BTreeMap<Account, BTreeSet<String>>)> {
+    let (bindings, roles): (Api<RoleBinding>, Api<Role>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
     };
+    let ours = ListParams::default().labels(&format!("{BINDING_LABEL}=true"));
     let seen: Vec<Seen> = bindings
-        .list(&ListParams::default().labels(&format!("{BINDING_LABEL}=true")))
+        .list(&ours)
         .await?
         .items
         .iter()
@@ -296,10 +370,28 @@ async fn look(
             })
         })
         .collect();
-    let (delete, unused) = sweep(&seen, used, unused_before);
-    let mut present: BTreeSet<(String, String)> = seen
+    let role_leases: BTreeMap<(String, String), BTreeSet<String>> = roles
+        .list(&ours)
+        .await?
+        .items
         .iter()
-        .map(|b| (b.namespace.clone(), b.service_account.clone()))
+        .map(|r| {
+            (
+                (r.namespace().unwrap_or_default(), r.name_any()),
+                granted(r),
+            )
+        })
+        .collect();
+    let (delete, unused) = sweep(&seen, used, unused_before);
+    let mut present: BTreeMap<Account, BTreeSet<String>> = seen
+        .iter()
+        .filter_map(|b| {
+            let leases = role_leases.get(&(b.namespace.clone(), b.name.clone()))?;
+            Some((
+                (b.namespace.clone(), b.service_account.clone()),
+                leases.clone(),
+            ))
+        })
         .collect();
     for b in delete {
         let api: Api<RoleBinding> = Api::namespaced(client.clone(), &b.namespace);
@@ -311,17 +403,20 @@ async fn look(
             ..DeleteParams::default()
         };
         match api.delete(&b.name, &dp).await {
-            Ok(_) => {
-                tracing::info!(namespace = %b.namespace, binding = %b.name, "removed an agent RoleBinding no injected pod uses");
-                present.remove(&(b.namespace, b.service_account));
-            }
-            // Changed meanwhile (it stays) or gone already.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {
-                present.remove(&(b.namespace, b.service_account));
-            }
+            Ok(_) => {}
+            // Changed meanwhile: it stays.
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
+        let roles: Api<Role> = Api::namespaced(client.clone(), &b.namespace);
+        match roles.delete(&b.name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(namespace = %b.namespace, name = %b.name, "removed an agent's rights no injected pod uses");
+        present.remove(&(b.namespace, b.service_account));
     }
     Ok((unused, present))
 }
@@ -331,6 +426,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::workloads::inject::inject;
 
     fn seen(ns: &str, sa: &str, version: &str) -> Seen {
         Seen {
@@ -341,9 +437,13 @@ mod tests {
         }
     }
 
+    fn account(ns: &str, sa: &str) -> Account {
+        (ns.into(), sa.into())
+    }
+
     #[test]
-    fn a_binding_goes_only_when_unused_and_unchanged_at_two_looks() {
-        let used = BTreeSet::from([("a".to_string(), "worker".to_string())]);
+    fn rights_go_only_when_unused_and_unchanged_at_two_looks() {
+        let used = BTreeSet::from([account("a", "worker")]);
         let looks = [seen("a", "worker", "1"), seen("b", "worker", "5")];
         let (delete, unused) = sweep(&looks, &used, &BTreeSet::new());
         assert!(delete.is_empty(), "first look: nothing goes");
@@ -362,46 +462,85 @@ mod tests {
         let (delete, _) = sweep(&changed, &BTreeSet::new(), &unused);
         assert_eq!(delete, changed);
 
-        let back = BTreeSet::from([("b".to_string(), "worker".to_string())]);
+        let back = BTreeSet::from([account("b", "worker")]);
         let (delete, unused) = sweep(&changed, &back, &unused);
         assert!(delete.is_empty() && unused.is_empty(), "used again");
     }
 
+    /// A pod of Deployment `work` as the webhook admits it, or as created without it.
+    fn pod(sa: Option<&str>, injected: bool) -> Pod {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "work-5d9f-x", "namespace": "ns",
+                "labels": {INJECT_LABEL: "true", "pod-template-hash": "5d9f",
+                           "app.kubernetes.io/version": "1.0.0"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "work-5d9f", "uid": "u", "controller": true}]},
+            "spec": {"serviceAccountName": sa, "containers": [{"name": "c", "image": "x", "command": ["/x"]}]},
+        }))
+        .unwrap();
+        if injected {
+            inject(&p, "arbiter:1").unwrap().unwrap()
+        } else {
+            p
+        }
+    }
+
     #[test]
-    fn only_injected_pods_that_exist_need_a_binding() {
-        let pod = |labels: serde_json::Value, init: bool, sa: Option<&str>| -> Pod {
-            let init = if init {
-                json!([{"name": INIT_CONTAINER, "image": "arbiter"}])
-            } else {
-                json!([])
-            };
-            serde_json::from_value(json!({
-                "metadata": {"name": "p", "namespace": "ns", "labels": labels},
-                "spec": {"serviceAccountName": sa, "initContainers": init,
-                         "containers": [{"name": "c", "image": "x"}]},
-            }))
-            .unwrap()
-        };
-        let label = json!({INJECT_LABEL: "true"});
+    fn only_injected_pods_that_exist_need_rights_for_their_own_lease() {
         assert_eq!(
-            needs(&pod(label.clone(), true, Some("worker"))),
-            Some(("ns".into(), "worker".into()))
+            needs(&pod(Some("worker"), true)),
+            Some((account("ns", "worker"), "work".into()))
         );
         assert_eq!(
-            needs(&pod(label.clone(), true, None)),
-            Some(("ns".into(), "default".into()))
+            needs(&pod(None, true)),
+            Some((account("ns", "default"), "work".into()))
         );
-        assert_eq!(
-            needs(&pod(label.clone(), false, Some("worker"))),
-            None,
-            "labelled but not injected (created while injection was off, or the label added later)"
-        );
-        assert_eq!(needs(&pod(json!({}), true, Some("worker"))), None);
-        let mut going = pod(label, true, Some("worker"));
+        let plain = pod(Some("worker"), false);
+        assert_eq!(needs(&plain), None, "labelled but not injected");
+        assert!(unwrapped(&plain));
+        let mut unlabelled = pod(Some("worker"), true);
+        unlabelled.labels_mut().remove(INJECT_LABEL);
+        assert_eq!(needs(&unlabelled), None);
+        let mut going = pod(Some("worker"), true);
         going.metadata.deletion_timestamp = Some(
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
         );
         assert_eq!(needs(&going), None);
+    }
+
+    #[test]
+    fn the_role_updates_only_the_leases_its_pods_run_for() {
+        let leases = BTreeSet::from(["work".to_string(), "other".to_string()]);
+        let role = desired_role("ns", "worker", &leases);
+        assert_eq!(granted(&role), leases);
+        let rules = role.rules.clone().unwrap();
+        for r in &rules {
+            if r.verbs.iter().any(|v| v == "update") {
+                assert_eq!(r.resource_names.as_ref().unwrap().len(), 2);
+            }
+        }
+        assert!(
+            rules.iter().all(|r| !r.verbs.iter().any(|v| v == "create")
+                || r.resources.as_deref() == Some(&["leasecandidates".to_string()][..])),
+            "no Lease is created by an agent"
+        );
+        let binding = desired_binding("ns", "worker");
+        assert_eq!(binding.role_ref.kind, "Role");
+        assert_eq!(binding.role_ref.name, "arbiter-agent-worker");
+        assert_eq!(
+            binding.subjects.unwrap()[0].namespace.as_deref(),
+            Some("ns")
+        );
+        let mut w = BTreeMap::new();
+        w.insert(
+            ("ns".to_string(), "a".to_string()),
+            (account("ns", "worker"), "work".to_string()),
+        );
+        w.insert(
+            ("ns".to_string(), "b".to_string()),
+            (account("ns", "worker"), "other".to_string()),
+        );
+        assert_eq!(wanted(&w)[&account("ns", "worker")], leases);
     }
 
     #[test]
@@ -411,8 +550,5 @@ mod tests {
         let (a, b) = (name(&long('a')), name(&format!("{}b", &long('a')[1..])));
         assert!(a.len() <= 253 && b.len() <= 253);
         assert_ne!(a, b);
-        let rb = desired("ns", "worker", "arbiter-candidate");
-        assert_eq!(rb.role_ref.name, "arbiter-candidate");
-        assert_eq!(rb.subjects.unwrap()[0].namespace.as_deref(), Some("ns"));
     }
 }

@@ -4,9 +4,9 @@
 //! - [`serve`]: every replica serves it over HTTPS, leader or not (an admission needs no
 //!   election), with the certificate in a Secret, reloaded when the Secret changes;
 //! - [`review`]: the answer to one admission review;
-//! - [`binding`]: the RoleBinding that gives an injected pod's ServiceAccount the agent's
-//!   rights, made by the acting replica for the injected pods it sees, and removed once no
-//!   injected pod uses it;
+//! - [`binding`]: the Role and RoleBinding that give an injected pod's ServiceAccount the
+//!   agent's rights (for its own leases only), made by the acting replica for the injected pods
+//!   it sees, and removed once no injected pod uses them;
 //! - [`certs`] and [`rotate`]: without cert-manager, the acting replica issues the webhook's CA
 //!   and serving certificate into the Secret, rotates them before they expire, and keeps the
 //!   webhook configuration's `caBundle` trusting what every replica serves.
@@ -60,11 +60,12 @@ pub struct Settings {
     /// operator's own image).
     #[arg(long, env = "ARBITER_IMAGE")]
     pub inject_image: Option<String>,
-    /// The ClusterRole with an agent's rights, bound by a RoleBinding to each injected pod's
-    /// ServiceAccount in its namespace by the acting replica (empty: bind nothing; the
-    /// ServiceAccount must then have those rights already).
-    #[arg(long, default_value = "")]
-    pub inject_cluster_role: String,
+    /// Give each ServiceAccount injected pods run as an agent's rights in its namespace: a Role
+    /// and RoleBinding `arbiter-agent-SA`, made by the acting replica, whose Lease updates are
+    /// limited to the leases those pods run for (without it, the ServiceAccount must have those
+    /// rights already).
+    #[arg(long)]
+    pub inject_agent_rbac: bool,
 }
 
 impl Settings {
@@ -136,15 +137,10 @@ pub(crate) async fn upkeep(
         }
     };
     let bindings = async {
-        if settings.inject_cluster_role.is_empty() {
-            std::future::pending().await
+        if settings.inject_agent_rbac {
+            binding::keep(client.clone(), watch_namespace).await
         } else {
-            binding::keep(
-                client.clone(),
-                watch_namespace,
-                settings.inject_cluster_role.clone(),
-            )
-            .await
+            std::future::pending().await
         }
     };
     // Each runs for ever: one that ends (a watch that stopped) ends the replica's acting.
