@@ -322,14 +322,18 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
 
     // A review posted to the webhook's port by anyone is only answered: it binds nothing.
     let operators: Api<Pod> = env.api();
-    let operator_ip = operators
+    let operator_ips: Vec<String> = operators
         .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
         .await
         .unwrap()
         .items
         .iter()
-        .find_map(|p| p.status.as_ref()?.pod_ip.clone())
-        .expect("an operator pod with an IP");
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    let operator_ip = operator_ips
+        .first()
+        .expect("an operator pod with an IP")
+        .clone();
     let answer = forge_review(&operator_ip, &env.ns);
     assert!(answer.contains("\"patchType\":\"JSONPatch\""), "{answer}");
     let bindings: Api<RoleBinding> = env.api();
@@ -500,8 +504,71 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
         "the caBundle does not hold the current CA"
     );
 
+    // The replicas counted what they answered (each counts its own).
+    let count = |result: &str| -> f64 {
+        let series = format!("arbiter_webhook_admissions_total{{result=\"{result}\"}}");
+        operator_ips
+            .iter()
+            .filter_map(|ip| {
+                let out = std::process::Command::new("curl")
+                    .args([
+                        "-sf",
+                        "--max-time",
+                        "5",
+                        &format!("http://{ip}:8080/metrics"),
+                    ])
+                    .output()
+                    .ok()?;
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                text.lines()
+                    .find(|l| l.starts_with(&series))
+                    .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            })
+            .sum()
+    };
+    assert!(count("injected") >= 6.0, "{}", count("injected"));
+    assert!(count("refused") >= 1.0, "{}", count("refused"));
+
     // Over the whole test, one command at a time.
     one_at_a_time(&read_log(&log));
+
+    // Without the webhook configuration a labelled pod is created unwrapped: the operator says
+    // so on the pod.
+    configs
+        .delete(&format!("{name}-inject"), &DeleteParams::default())
+        .await
+        .unwrap();
+    let unwrapped: Pod = serde_json::from_value(json!({
+        "metadata": {"generateName": "unwrapped-", "labels": {"arbiter.dev/inject": "true"}},
+        "spec": {"containers": [{"name": "c", "image": BUSYBOX_IMAGE, "command": ["sleep", "1"]}]},
+    }))
+    .unwrap();
+    // The API server may still call the webhook for a moment after the deletion.
+    let created = eventually("a pod created with no webhook", DEADLINE, || async {
+        let p = pods.create(&PostParams::default(), &unwrapped).await.ok()?;
+        if p.spec.as_ref()?.init_containers.is_some() {
+            pods.delete(&p.name_any(), &DeleteParams::default())
+                .await
+                .ok();
+            return None;
+        }
+        Some(p.name_any())
+    })
+    .await;
+    eventually("a NotInjected Event on it", DEADLINE, || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("NotInjected")
+                    && e.involved_object.name.as_deref() == Some(created.as_str())
+            })
+            .then_some(())
+    })
+    .await;
     crate::chart::run_helm(
         Some(&env.kubeconfig),
         &[

@@ -2229,9 +2229,9 @@ async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
 
 /// The metric table of docs/reference/observability.md is the truth: every family a running operator exposes is listed
 /// with its type, and every listed metric is exposed (a family with labels appears once it has
-/// a series: an election here gives the per-lease ones theirs; forced exits and single-active
-/// workloads, which give `forced_depositions` and `active_pods` theirs, are other tests'
-/// business).
+/// a series: an election here gives the per-lease ones theirs; forced exits, single-active
+/// workloads and the injection webhook, which give `forced_depositions`, `active_pods` and
+/// `webhook_admissions` theirs, are other tests' business).
 async fn the_docs_list_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
     use std::collections::BTreeSet;
     let op = Operator::start(&env, &[]);
@@ -2254,7 +2254,8 @@ async fn the_docs_list_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
         .filter(|m| {
             !m.labelled
                 || !(m.name.ends_with("_forced_depositions_total")
-                    || m.name.ends_with("_active_pods"))
+                    || m.name.ends_with("_active_pods")
+                    || m.name.ends_with("_webhook_admissions_total"))
         })
         .map(family)
         .collect();

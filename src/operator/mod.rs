@@ -202,7 +202,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         &client,
         &namespace,
         settings.watch_namespace.clone(),
-        metrics.webhook_pending.clone(),
+        &metrics,
     )
     .await?;
     let server = tokio::spawn({
@@ -260,6 +260,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         client.clone(),
         namespace.clone(),
         settings.watch_namespace.clone(),
+        settings.reporter(),
     );
     // The webhook's upkeep ends only if a watch it needs did: like the work queue closing, that
     // ends the replica's acting.

@@ -37,6 +37,13 @@ pub struct MethodLabels {
     pub method: String,
 }
 
+/// What the injection webhook answered: `injected`, `unchanged` (injected already, or not a
+/// creation), `refused`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HolderLabels {
     pub namespace: String,
@@ -74,6 +81,8 @@ pub struct Metrics {
     pub reconcile_errors: Counter,
     /// Deposed holders' pods forced out, by method (evict, delete).
     pub forced_depositions: Family<MethodLabels, Counter>,
+    /// Pods the injection webhook answered for, by result.
+    pub webhook_admissions: Family<ResultLabels, Counter>,
     pub reconcile_duration: Histogram,
     /// How long leases waited in their worker's queue, from due to picked up.
     pub queue_wait: Histogram,
@@ -185,6 +194,7 @@ impl Metrics {
             skew_violations: Counter::default(),
             reconcile_errors: Counter::default(),
             forced_depositions: Family::default(),
+            webhook_admissions: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             queue_wait: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             queue_depth: Gauge::default(),
@@ -263,6 +273,11 @@ impl Metrics {
             "forced_depositions",
             "Deposed holders' pods forced out, by method",
             m.forced_depositions.clone(),
+        );
+        registry.register(
+            "webhook_admissions",
+            "Pods the injection webhook answered for, by result: injected, unchanged, refused",
+            m.webhook_admissions.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",

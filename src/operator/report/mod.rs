@@ -1,7 +1,7 @@
 //! Reporting what was decided and done: candidates' conditions, Events, and metrics.
 
 pub mod conditions;
-mod events;
+pub(crate) mod events;
 
 pub use events::publish;
 

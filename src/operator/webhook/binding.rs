@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 
 use crate::workloads::inject::{INIT_CONTAINER, INJECT_LABEL, wrapped_lease};
 
@@ -164,7 +164,12 @@ fn wanted(
 
 /// Keeps the agents' rights while the replica acts. Returns only if the watch of pods ended.
 /// Failures are logged, and retried at the pod's next event or the next look.
-pub(crate) async fn keep(client: Client, namespace: Option<String>) {
+pub(crate) async fn keep(
+    client: Client,
+    namespace: Option<String>,
+    reporter: kube::runtime::events::Reporter,
+) {
+    let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
     let pods: Api<Pod> = match &namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -224,6 +229,13 @@ pub(crate) async fn keep(client: Client, namespace: Option<String>) {
                     let key = (pod.namespace().unwrap_or_default(), pod.name_any());
                     if unwrapped(&pod) && unwrapped_seen.insert(key.clone()) {
                         tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, or outside its namespaces): replace it to have it wrapped");
+                        crate::operator::report::events::publish(
+                            &recorder,
+                            &pod.object_ref(&()),
+                            kube::runtime::events::EventType::Warning,
+                            "NotInjected",
+                            "labelled arbiter.dev/inject but created without the agent (no webhook configuration then): its command runs on every such replica; delete the pod to have it wrapped".into(),
+                        );
                     }
                     continue;
                 };

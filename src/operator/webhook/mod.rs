@@ -99,7 +99,7 @@ pub(crate) async fn start(
     client: &kube::Client,
     namespace: &str,
     only: Option<String>,
-    pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    metrics: &crate::operator::metrics::Metrics,
 ) -> anyhow::Result<Option<impl std::future::Future<Output = anyhow::Result<()>> + use<>>> {
     let Some(address) = settings.webhook_address else {
         return Ok(None);
@@ -108,10 +108,12 @@ pub(crate) async fn start(
         kube::Api::namespaced(client.clone(), namespace);
     let secret = settings.webhook_secret.clone();
     let exists = !matches!(secrets.get_opt(&secret).await, Ok(None));
+    let pending = metrics.webhook_pending.clone();
     pending.store(exists, std::sync::atomic::Ordering::Relaxed);
     let webhook = std::sync::Arc::new(serve::Webhook {
         image: settings.inject_image.clone().unwrap_or_default(),
         only,
+        admissions: metrics.webhook_admissions.clone(),
     });
     Ok(Some(serve::serve(
         address, secrets, secret, webhook, pending,
@@ -126,6 +128,7 @@ pub(crate) async fn upkeep(
     client: kube::Client,
     namespace: String,
     watch_namespace: Option<String>,
+    reporter: kube::runtime::events::Reporter,
 ) {
     if settings.webhook_address.is_none() {
         return std::future::pending().await;
@@ -138,7 +141,7 @@ pub(crate) async fn upkeep(
     };
     let bindings = async {
         if settings.inject_agent_rbac {
-            binding::keep(client.clone(), watch_namespace).await
+            binding::keep(client.clone(), watch_namespace, reporter).await
         } else {
             std::future::pending().await
         }

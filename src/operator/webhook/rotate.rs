@@ -2,11 +2,14 @@
 //! serving certificate in the webhook's Secret, and the webhook configuration's `caBundle`
 //! trusting it.
 //!
+//! A CA leaves the `caBundle` only when it expires: what any replica serves stays trusted,
+//! whichever replica put its CA there.
+//!
 //! A rotation puts the new CA into the `caBundle` (beside the current one) before it writes the
 //! new certificate into the Secret, so that whichever certificate a replica serves while it
-//! reloads, the API server trusts it. The CA it replaced stays in the bundle until the next
-//! rotation (or its expiry). A crash between the two steps leaves a CA in the bundle that
-//! nothing serves; the next look issues again. The Secret is written with a compare-and-swap
+//! reloads, the API server trusts it. The CA it replaced stays in the bundle until it expires.
+//! A crash between the two steps leaves a CA in the bundle that nothing serves (until it
+//! expires); the next look issues again. The Secret is written with a compare-and-swap
 //! on its resourceVersion, so two replicas that both believed they act cannot interleave
 //! halves of two rotations.
 
@@ -107,8 +110,10 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
     let current = secrets.get_opt(&settings.webhook_secret).await?;
     let now = Timestamp::now();
     match plan(current.as_ref().and_then(held).as_ref(), now) {
+        // Whatever the bundle trusts now and is still valid stays trusted, whoever put it there:
+        // a replica that believed it acts may have just added a CA it is about to serve.
         Plan::Keep { bundle } => {
-            set_bundle(client, &settings.webhook_configuration, &bundle, None).await
+            set_bundle(client, &settings.webhook_configuration, &bundle, now).await
         }
         Plan::Issue { previous } => {
             let issued = certs::issue(
@@ -120,7 +125,7 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
             let bundle = certs::ca_bundle(&issued.ca_pem, previous.as_deref());
             // Whatever the bundle trusts now and is still valid stays trusted too: the Secret
             // may have been deleted while the replicas still serve what it held.
-            set_bundle(client, &settings.webhook_configuration, &bundle, Some(now)).await?;
+            set_bundle(client, &settings.webhook_configuration, &bundle, now).await?;
             let data = [
                 (CERT, Some(issued.cert_pem)),
                 (KEY, Some(issued.key_pem)),
@@ -153,13 +158,14 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
     }
 }
 
-/// Sets the `caBundle` of every webhook in configuration `name` to `bundle`, where it differs;
-/// with `keeping` (a time), also to the certificates it holds already that are valid then.
+/// Sets the `caBundle` of every webhook in configuration `name` to `bundle` and the
+/// certificates it holds already that are still valid at `now`, where that differs. A CA leaves
+/// the bundle only when it expires.
 async fn set_bundle(
     client: &Client,
     name: &str,
     bundle: &str,
-    keeping: Option<Timestamp>,
+    now: Timestamp,
 ) -> anyhow::Result<()> {
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let Some(config) = configs.get_opt(name).await? else {
@@ -180,10 +186,7 @@ async fn set_bundle(
                 .map(|b| String::from_utf8_lossy(&b.0).into_owned())
                 .unwrap_or_default();
             let mut wanted = bundle.to_string();
-            for kept in keeping
-                .map(|at| certs::still_valid(&current, at))
-                .unwrap_or_default()
-            {
+            for kept in certs::still_valid(&current, now) {
                 if !wanted.contains(kept.trim()) {
                     wanted.push_str(&kept);
                 }

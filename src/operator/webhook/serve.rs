@@ -18,6 +18,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::review;
 use super::rotate::{CERT, KEY};
+use crate::operator::metrics::ResultLabels;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 /// What an admission needs. An admission has no side effect: anyone who can reach the port can
 /// post a review, and gets only an answer.
@@ -26,6 +29,8 @@ pub(crate) struct Webhook {
     pub image: String,
     /// The only namespace arbitrated (`--watch-namespace`), if one.
     pub only: Option<String>,
+    /// `arbiter_webhook_admissions_total`.
+    pub admissions: Family<ResultLabels, Counter>,
 }
 
 /// Serves POST /inject on `address` once Secret `secret` holds a certificate; `pending` is
@@ -124,6 +129,17 @@ async fn admit(
                 .unwrap_or_default()
         })
         .unwrap_or_default();
+    let result = match (response.allowed, response.patch.is_some()) {
+        (true, true) => "injected",
+        (true, false) => "unchanged",
+        (false, _) => "refused",
+    };
+    webhook
+        .admissions
+        .get_or_create(&ResultLabels {
+            result: result.into(),
+        })
+        .inc();
     if response.allowed {
         tracing::info!(%namespace, %pod, injected = response.patch.is_some(), "admitted a pod");
     } else {
