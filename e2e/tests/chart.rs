@@ -175,6 +175,20 @@ pub(crate) fn install(env: &TestEnv, release: &str, extra: &[&str]) {
     run_helm(Some(&env.kubeconfig), &args);
 }
 
+/// `helm uninstall RELEASE --wait` from the test's namespace.
+pub(crate) fn uninstall(env: &TestEnv, release: &str) {
+    let args = [
+        "uninstall",
+        release,
+        "-n",
+        &env.ns,
+        "--wait",
+        "--timeout",
+        "60s",
+    ];
+    run_helm(Some(&env.kubeconfig), &args);
+}
+
 async fn install_upgrade_uninstall(env: Arc<TestEnv>) {
     let chart = chart();
     let chart = chart.to_str().unwrap();

@@ -156,27 +156,13 @@ async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv
     let instance = format!("app.kubernetes.io/instance={release}");
     let ha_lease = format!("{release}-arbiter");
     let test_image = format!("test.image={BUSYBOX_IMAGE}");
-    install(
-        &env,
-        &release,
-        &[
-            // The image `make image` built, under the chart's default name, pulled from nowhere.
-            "--set",
-            "image.pullPolicy=Never",
-            "--set",
-            "nodeSelector.type=real",
-            "--set",
-            "tolerations[0].key=arbiter.dev/real-node",
-            "--set",
-            "tolerations[0].operator=Exists",
-            // `helm test`'s pod: busybox, from the node's own images.
-            "--set",
-            &test_image,
-            "--wait",
-            "--timeout",
-            "120s",
-        ],
-    );
+    // `helm test`'s pod: busybox, from the node's own images.
+    let args = [
+        node::CHART_ON_NODE,
+        &["--set", &test_image, "--wait", "--timeout", "120s"],
+    ]
+    .concat();
+    install(&env, &release, &args);
     let pods: Api<Pod> = env.api();
     let running = pods
         .list(&ListParams::default().labels(&instance))
@@ -237,18 +223,7 @@ async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv
     );
     create_candidate(&env, "c2", "core", "1.30.0", Some("1.30.0"), OEV, None).await;
     wait_for_holder(&env, "core", "c2", DEADLINE).await;
-    run_helm(
-        Some(&env.kubeconfig),
-        &[
-            "uninstall",
-            &release,
-            "-n",
-            &env.ns,
-            "--wait",
-            "--timeout",
-            "60s",
-        ],
-    );
+    crate::chart::uninstall(&env, &release);
 }
 
 /// `curl` the Service's ClusterIP from the host (kube-proxy's rules route it).

@@ -21,6 +21,19 @@ pub const AGENT_IMAGE: &str = concat!("docker.io/arbiter-e2e/agent:", env!("CARG
 /// Debian's static busybox (imported by `cluster.sh up --node`).
 pub const BUSYBOX_IMAGE: &str = "docker.io/arbiter-e2e/busybox:1";
 
+/// `helm install` arguments that run the chart's operator on the real node, from the image
+/// `make image` built under the chart's default name, pulled from nowhere.
+pub const CHART_ON_NODE: &[&str] = &[
+    "--set",
+    "image.pullPolicy=Never",
+    "--set",
+    "nodeSelector.type=real",
+    "--set",
+    "tolerations[0].key=arbiter.dev/real-node",
+    "--set",
+    "tolerations[0].operator=Exists",
+];
+
 /// The scheduling a pod needs to land on the real node, to merge into a pod spec.
 pub fn placement() -> Value {
     json!({
