@@ -125,15 +125,16 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
         .flatten()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        // Called again for a pod injected already: nothing to do, if the agent still wraps the
-        // chosen container's command.
-        let c = &spec.containers[index];
-        let wrapped = c.command.as_deref() == Some(&[format!("{DIR}/arbiter")][..])
-            && c.args.as_ref().and_then(|a| a.first()).map(String::as_str) == Some("run");
+        // Called again for a pod injected already: nothing to do, if the agent still wraps a
+        // container's command (another webhook may have put a container before it).
+        let wrapped = spec.containers.iter().any(|c| {
+            c.command.as_deref() == Some(&[format!("{DIR}/arbiter")][..])
+                && c.args.as_ref().and_then(|a| a.first()).map(String::as_str) == Some("run")
+        });
         return if wrapped {
             Ok(None)
         } else {
-            Err(Refusal::HalfInjected(c.name.clone()))
+            Err(Refusal::HalfInjected(spec.containers[index].name.clone()))
         };
     }
     let version =

@@ -309,16 +309,22 @@ async fn apply(
     };
 
     let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
-    let mut role = desired_role(namespace, sa, leases);
     match roles.get_opt(&name(sa)).await? {
         None => {
-            roles.create(&pp, &role).await?;
+            roles
+                .create(&pp, &desired_role(namespace, sa, leases))
+                .await?;
         }
         Some(existing) if !ours(existing.labels()) => return Err(not_ours("Role")),
-        Some(existing) if existing.rules == role.rules => {}
         Some(existing) => {
-            role.metadata.resource_version = existing.resource_version();
-            roles.replace(&name(sa), &pp, &role).await?;
+            // Never fewer leases than the Role grants already: this replica's memory may lag
+            // (it just started acting), and a running holder must keep its renewals.
+            let all: BTreeSet<String> = granted(&existing).union(leases).cloned().collect();
+            let mut role = desired_role(namespace, sa, &all);
+            if existing.rules != role.rules {
+                role.metadata.resource_version = existing.resource_version();
+                roles.replace(&name(sa), &pp, &role).await?;
+            }
         }
     }
 
@@ -421,14 +427,25 @@ async fn look(
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
+        present.remove(&(b.namespace.clone(), b.service_account.clone()));
+        // The Role of that name, only if arbiter made it, exactly as read.
         let roles: Api<Role> = Api::namespaced(client.clone(), &b.namespace);
-        match roles.delete(&b.name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+        let role = roles.get_opt(&b.name).await;
+        if let Ok(Some(role)) = &role
+            && role.labels().get(BINDING_LABEL).map(String::as_str) == Some("true")
+        {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: role.resource_version(),
+                    uid: role.uid(),
+                }),
+                ..DeleteParams::default()
+            };
+            if let Err(e) = roles.delete(&b.name, &dp).await {
+                tracing::warn!(namespace = %b.namespace, role = %b.name, error = %e, "removing an unused agent Role failed (it grants nothing while unbound)");
+            }
         }
         tracing::info!(namespace = %b.namespace, name = %b.name, "removed an agent's rights no injected pod uses");
-        present.remove(&(b.namespace, b.service_account));
     }
     Ok((unused, present))
 }

@@ -113,6 +113,37 @@ pub fn validity(cert_pem: &str) -> Option<(Timestamp, Timestamp)> {
     ))
 }
 
+/// Whether `cert_pem` is a certificate for `name`, whose key is `key_pem`, signed by the CA in
+/// `ca_pem`: what a Secret edited by hand may no longer be.
+pub fn whole(cert_pem: &str, key_pem: &str, ca_pem: &str, name: &str) -> bool {
+    use x509_parser::extensions::GeneralName;
+    let (Ok((_, cert)), Ok((_, ca))) = (
+        x509_parser::pem::parse_x509_pem(cert_pem.as_bytes()),
+        x509_parser::pem::parse_x509_pem(ca_pem.as_bytes()),
+    ) else {
+        return false;
+    };
+    let (Ok(cert), Ok(ca)) = (cert.parse_x509(), ca.parse_x509()) else {
+        return false;
+    };
+    let Ok(key) = KeyPair::from_pem(key_pem) else {
+        return false;
+    };
+    let key_matches = cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw();
+    let signed = cert.verify_signature(Some(ca.public_key())).is_ok();
+    let named = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .is_some_and(|san| {
+            san.value
+                .general_names
+                .iter()
+                .any(|n| matches!(n, GeneralName::DNSName(d) if *d == name))
+        });
+    key_matches && signed && named
+}
+
 /// The certificates of a PEM bundle that are still valid at `now`.
 pub fn still_valid(bundle: &str, now: Timestamp) -> Vec<String> {
     const END: &str = "-----END CERTIFICATE-----";
@@ -208,6 +239,29 @@ mod tests {
         assert_eq!(validity(&issued.ca_pem).unwrap().1, issued.not_after);
         assert_eq!(validity("not a certificate"), None);
         assert_eq!(validity(&issued.key_pem), None);
+    }
+
+    #[test]
+    fn a_certificate_is_whole_only_with_its_key_its_ca_and_its_name() {
+        let now = Timestamp::now();
+        let a = issue("svc", "ns", now, DAY).unwrap();
+        let b = issue("svc", "ns", now, DAY).unwrap();
+        let name = "svc.ns.svc";
+        assert!(whole(&a.cert_pem, &a.key_pem, &a.ca_pem, name));
+        assert!(
+            !whole(&a.cert_pem, &b.key_pem, &a.ca_pem, name),
+            "another key"
+        );
+        assert!(
+            !whole(&a.cert_pem, &a.key_pem, &b.ca_pem, name),
+            "another CA"
+        );
+        assert!(
+            !whole(&a.cert_pem, &a.key_pem, &a.ca_pem, "other.ns.svc"),
+            "another name"
+        );
+        assert!(!whole("junk", &a.key_pem, &a.ca_pem, name));
+        assert!(!whole(&a.cert_pem, "junk", &a.ca_pem, name));
     }
 
     #[test]

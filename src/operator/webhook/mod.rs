@@ -83,7 +83,7 @@ fn cert_validity(s: &str) -> Result<Duration, String> {
     let d = crate::flags::positive_duration(s)?;
     if d < Duration::from_secs(60) {
         return Err(format!(
-            "{s} is too short: at least 1m (a certificate is valid from a minute before it is issued, for clocks that differ)"
+            "{s} is too short: at least 1m (a certificate is valid from an hour before it is issued, for clocks that differ)"
         ));
     }
     Ok(d)

@@ -44,18 +44,21 @@ pub(crate) struct Held {
     not_after: Timestamp,
 }
 
-/// The certificate in `secret`, if it holds a whole one (a key, a CA, and a certificate whose
-/// dates parse).
-pub(crate) fn held(secret: &Secret) -> Option<Held> {
+/// The certificate in `secret`, if it holds a whole one for `name` (the name the API server
+/// dials): a certificate for it whose dates parse, its key, and the CA that signed it.
+pub(crate) fn held(secret: &Secret, name: &str) -> Option<Held> {
     let data = secret.data.as_ref()?;
     let text = |k: &str| {
         data.get(k)
             .and_then(|b| String::from_utf8(b.0.clone()).ok())
     };
-    text(KEY)?;
-    let (not_before, not_after) = certs::validity(&text(CERT)?)?;
+    let (cert, key, ca) = (text(CERT)?, text(KEY)?, text(CA)?);
+    if !certs::whole(&cert, &key, &ca, name) {
+        return None;
+    }
+    let (not_before, not_after) = certs::validity(&cert)?;
     Some(Held {
-        ca: text(CA)?,
+        ca,
         previous: text(PREVIOUS_CA),
         not_before,
         not_after,
@@ -97,31 +100,41 @@ pub(crate) fn plan(held: Option<&Held>, now: Timestamp) -> Plan {
 /// Keeps the certificate and the `caBundle` current while the replica acts: never returns.
 /// Failures are logged and retried at the next look.
 pub(crate) async fn maintain(client: Client, namespace: String, settings: Settings) {
+    // A certificate issued but not yet in the Secret: reused until it is, so that a Secret write
+    // that keeps failing does not add a CA to the bundle at every look.
+    let mut pending: Option<certs::Issued> = None;
     loop {
-        if let Err(e) = look(&client, &namespace, &settings).await {
+        if let Err(e) = look(&client, &namespace, &settings, &mut pending).await {
             tracing::warn!(error = %e, secret = %settings.webhook_secret, "keeping the webhook certificate current failed (retrying)");
         }
         tokio::time::sleep(LOOK_EVERY).await;
     }
 }
 
-async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::Result<()> {
+async fn look(
+    client: &Client,
+    namespace: &str,
+    settings: &Settings,
+    pending: &mut Option<certs::Issued>,
+) -> anyhow::Result<()> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let current = secrets.get_opt(&settings.webhook_secret).await?;
     let now = Timestamp::now();
-    match plan(current.as_ref().and_then(held).as_ref(), now) {
+    let name = format!("{}.{namespace}.svc", settings.webhook_service);
+    let held = current.as_ref().and_then(|s| held(s, &name));
+    match plan(held.as_ref(), now) {
         // Whatever the bundle trusts now and is still valid stays trusted, whoever put it there:
         // a replica that believed it acts may have just added a CA it is about to serve.
         Plan::Keep { bundle } => {
             set_bundle(client, &settings.webhook_configuration, &bundle, now).await
         }
         Plan::Issue { previous } => {
-            let issued = certs::issue(
-                &settings.webhook_service,
-                namespace,
-                now,
-                settings.webhook_cert_validity,
-            )?;
+            let lifetime = settings.webhook_cert_validity;
+            let issued = match pending.take() {
+                Some(p) if !certs::due(p.not_after, lifetime, now) => p,
+                _ => certs::issue(&settings.webhook_service, namespace, now, lifetime)?,
+            };
+            *pending = Some(issued.clone());
             let bundle = certs::ca_bundle(&issued.ca_pem, previous.as_deref());
             // Whatever the bundle trusts now and is still valid stays trusted too: the Secret
             // may have been deleted while the replicas still serve what it held.
@@ -152,6 +165,7 @@ async fn look(client: &Client, namespace: &str, settings: &Settings) -> anyhow::
             } else {
                 secrets.create(&PostParams::default(), &secret).await?;
             }
+            *pending = None;
             tracing::info!(secret = %settings.webhook_secret, until = %issued.not_after, "issued the webhook's certificate");
             Ok(())
         }
@@ -255,9 +269,9 @@ mod tests {
         let old = certs::issue("s", "ns", t0, 30 * DAY).unwrap();
         let mut partial = secret(&old, None);
         partial.data.as_mut().unwrap().remove(KEY);
-        assert_eq!(held(&partial), None, "no key");
+        assert_eq!(held(&partial, "s.ns.svc"), None, "no key");
 
-        let h = held(&secret(&old, None)).unwrap();
+        let h = held(&secret(&old, None), "s.ns.svc").unwrap();
         assert_eq!(
             plan(Some(&h), at(1)),
             Plan::Keep {
@@ -291,7 +305,7 @@ mod tests {
         let at = |days: i64| t0 + jiff::SignedDuration::from_hours(24 * days);
         let old = certs::issue("s", "ns", t0, 30 * DAY).unwrap();
         let new = certs::issue("s", "ns", at(21), 30 * DAY).unwrap();
-        let h = held(&secret(&new, Some(&old.ca_pem))).unwrap();
+        let h = held(&secret(&new, Some(&old.ca_pem)), "s.ns.svc").unwrap();
         assert_eq!(
             plan(Some(&h), at(22)),
             Plan::Keep {
