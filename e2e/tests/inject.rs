@@ -23,6 +23,7 @@ use crate::support::{TestEnv, eventually};
 
 crate::tests![inject:
     an_injected_deployment_runs_one_command_at_a_time_through_updates_rollback_and_rotation,
+    with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_neither,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -548,5 +549,149 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
             .then_some(())
     })
     .await;
+    crate::chart::uninstall(&env, &release);
+}
+
+/// Minimal CRDs for cert-manager's Certificate and Issuer: enough for the API server to take
+/// the chart's objects (this machine has no cert-manager; the test plays its part).
+fn cert_manager_crd(plural: &str, kind: &str) -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.cert-manager.io")},
+        "spec": {
+            "group": "cert-manager.io", "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    })
+}
+
+/// `injection.certManager.enabled`: the chart asks cert-manager for the certificate and its CA
+/// injector for the `caBundle`; the operator only serves what the Secret holds, and writes
+/// neither. The test does what cert-manager would: it issues the certificate the chart's
+/// Certificate asks for into its Secret, and puts the CA where the configuration's
+/// `cert-manager.io/inject-ca-from` says. A labelled pod is then injected.
+async fn with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_neither(
+    env: Arc<TestEnv>,
+) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{DynamicObject, GroupVersionKind};
+    node::ready(&env).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    for (plural, kind) in [("certificates", "Certificate"), ("issuers", "Issuer")] {
+        let crd: CustomResourceDefinition =
+            serde_json::from_value(cert_manager_crd(plural, kind)).unwrap();
+        let _ = crds.create(&PostParams::default(), &crd).await;
+    }
+    let certificate_gvk = GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate");
+    let (resource, _) = eventually("the Certificate kind to be served", DEADLINE, || async {
+        kube::discovery::pinned_kind(&env.client, &certificate_gvk)
+            .await
+            .ok()
+    })
+    .await;
+    let release = format!("cm{}", std::process::id());
+    let name = format!("{release}-arbiter");
+    let settings: &[&str] = &[
+        "--set",
+        "injection.certManager.enabled=true",
+        "--wait",
+        "--timeout",
+        "120s",
+    ];
+    install(&env, &release, &[node::CHART_ON_NODE, settings].concat());
+
+    // cert-manager's part: the certificate the chart's Certificate asks for, into its Secret.
+    let certificates: Api<DynamicObject> =
+        Api::namespaced_with(env.client.clone(), &env.ns, &resource);
+    let certificate = certificates.get(&format!("{name}-webhook")).await.unwrap();
+    let secret_name = certificate.data["spec"]["secretName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dns = certificate.data["spec"]["dnsNames"][0].as_str().unwrap();
+    assert_eq!(dns, format!("{name}-webhook.{}.svc", env.ns));
+    let issued = arbiter::operator::webhook::certs::issue(
+        &format!("{name}-webhook"),
+        &env.ns,
+        jiff::Timestamp::now(),
+        Duration::from_secs(86_400),
+    )
+    .unwrap();
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": secret_name},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": issued.cert_pem, "tls.key": issued.key_pem, "ca.crt": issued.ca_pem},
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = env.api();
+    secrets
+        .create(
+            &PostParams {
+                field_manager: Some("cert-manager-certificates-issuing".into()),
+                ..Default::default()
+            },
+            &secret,
+        )
+        .await
+        .unwrap();
+    // The CA injector's part: the caBundle of the configuration that asks for it.
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    let config = configs.get(&format!("{name}-inject")).await.unwrap();
+    assert_eq!(
+        config.annotations().get("cert-manager.io/inject-ca-from"),
+        Some(&format!("{}/{name}-webhook", env.ns))
+    );
+    let bundle = k8s_openapi::ByteString(issued.ca_pem.clone().into_bytes());
+    let patch =
+        json!([{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}]);
+    configs
+        .patch(
+            &format!("{name}-inject"),
+            &PatchParams {
+                field_manager: Some("cert-manager-cainjector".into()),
+                ..Default::default()
+            },
+            &Patch::Json::<()>(serde_json::from_value(patch).unwrap()),
+        )
+        .await
+        .unwrap();
+
+    // A labelled pod is injected once the replicas serve the Secret's certificate.
+    let pods: Api<Pod> = env.api();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"generateName": "job-",
+                     "labels": {"arbiter.dev/inject": "true", "app.kubernetes.io/version": "1.0.0"},
+                     "annotations": {"arbiter.dev/lease-name": "job"}},
+        "spec": {"containers": [{"name": "c", "image": BUSYBOX_IMAGE, "command": ["sleep", "1"]}]},
+    }))
+    .unwrap();
+    let injected = eventually("a labelled pod admitted", DEADLINE, || async {
+        pods.create(&PostParams::default(), &pod).await.ok()
+    })
+    .await;
+    assert_eq!(
+        injected.spec.unwrap().init_containers.unwrap()[0].name,
+        arbiter::workloads::inject::INIT_CONTAINER
+    );
+    // The operator wrote neither the Secret nor the caBundle.
+    let managers = |m: &Option<
+        Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry>,
+    >|
+     -> Vec<String> {
+        m.iter()
+            .flatten()
+            .filter_map(|e| e.manager.clone())
+            .collect()
+    };
+    let secret = secrets.get(&secret_name).await.unwrap();
+    assert!(!managers(&secret.metadata.managed_fields).contains(&"arbiter".to_string()));
+    let config = configs.get(&format!("{name}-inject")).await.unwrap();
+    assert!(!managers(&config.metadata.managed_fields).contains(&"arbiter".to_string()));
+    assert_eq!(
+        config.webhooks.unwrap()[0].client_config.ca_bundle,
+        Some(k8s_openapi::ByteString(issued.ca_pem.into_bytes()))
+    );
     crate::chart::uninstall(&env, &release);
 }

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use arbiter::api::OLDEST_EMULATION_VERSION as OEV;
 
@@ -373,6 +373,15 @@ fn all_in_one_for(env: &TestEnv, reg: &Registry) -> String {
         for s in subjects.into_iter().flatten() {
             s["namespace"] = env.ns.clone().into();
         }
+        // The injection webhook (cluster-wide as released) for this namespace's pods only: other
+        // tests' labelled pods must not be sent to it.
+        if doc["kind"] == "MutatingWebhookConfiguration" {
+            for w in doc["webhooks"].as_array_mut().unwrap() {
+                w["clientConfig"]["service"]["namespace"] = env.ns.clone().into();
+                w["namespaceSelector"] =
+                    json!({"matchLabels": {"kubernetes.io/metadata.name": env.ns.clone()}});
+            }
+        }
         if doc["kind"] == "Deployment" {
             let spec = &mut doc["spec"]["template"]["spec"];
             for (k, v) in node::placement().as_object().unwrap() {
@@ -384,10 +393,13 @@ fn all_in_one_for(env: &TestEnv, reg: &Registry) -> String {
             let released = format!("ghcr.io/arbiter-dev/arbiter:{VERSION}");
             assert_eq!(c["image"], released.as_str());
             c["image"] = format!("{}/arbiter:{VERSION}", reg.path()).into();
-            c["args"]
-                .as_array_mut()
-                .unwrap()
-                .push(format!("--watch-namespace={}", env.ns).into());
+            let args = c["args"].as_array_mut().unwrap();
+            for a in args.iter_mut() {
+                if a.as_str().is_some_and(|a| a.starts_with("--inject-image=")) {
+                    *a = format!("--inject-image={}/arbiter:{VERSION}", reg.path()).into();
+                }
+            }
+            args.push(format!("--watch-namespace={}", env.ns).into());
         }
         docs.push(serde_yaml_ng::to_string(&doc).unwrap());
     }

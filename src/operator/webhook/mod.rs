@@ -60,6 +60,10 @@ pub struct Settings {
     /// operator's own image).
     #[arg(long, env = "ARBITER_IMAGE")]
     pub inject_image: Option<String>,
+    /// The injected init container's imagePullPolicy (Always, IfNotPresent, Never; default:
+    /// the cluster's, which is IfNotPresent for a tagged image).
+    #[arg(long, value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub inject_image_pull_policy: Option<String>,
     /// Give each ServiceAccount injected pods run as an agent's rights in its namespace: a Role
     /// and RoleBinding `arbiter-agent-SA`, made by the acting replica, whose Lease updates are
     /// limited to the leases those pods run for (without it, the ServiceAccount must have those
@@ -111,8 +115,11 @@ pub(crate) async fn start(
     let pending = metrics.webhook_pending.clone();
     pending.store(exists, std::sync::atomic::Ordering::Relaxed);
     let webhook = std::sync::Arc::new(serve::Webhook {
-        image: settings.inject_image.clone().unwrap_or_default(),
-        only,
+        injection: review::Injection {
+            image: settings.inject_image.clone().unwrap_or_default(),
+            pull_policy: settings.inject_image_pull_policy.clone(),
+            only,
+        },
         admissions: metrics.webhook_admissions.clone(),
     });
     Ok(Some(serve::serve(

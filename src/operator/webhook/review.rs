@@ -6,16 +6,23 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 
-use crate::workloads::inject::inject;
+use crate::workloads::inject::{INIT_CONTAINER, inject};
 
-/// The response to `request`, with `image` (the arbiter image) for the init container; an
-/// operator that arbitrates only namespace `only` refuses pods elsewhere (no one would elect
-/// them, and unwrapped they would all run).
-pub fn review(
-    request: &AdmissionRequest<Pod>,
-    image: &str,
-    only: Option<&str>,
-) -> AdmissionResponse {
+/// How this operator injects.
+#[derive(Clone, Debug, Default)]
+pub struct Injection {
+    /// The arbiter image, for the init container.
+    pub image: String,
+    /// The init container's `imagePullPolicy` (the operator's own, so that an air-gapped install
+    /// pulls the image as the operator's pods do); the cluster's default when unset.
+    pub pull_policy: Option<String>,
+    /// The only namespace arbitrated (`--watch-namespace`): pods elsewhere are refused (no one
+    /// would elect them, and unwrapped they would all run).
+    pub only: Option<String>,
+}
+
+/// The response to `request`.
+pub fn review(request: &AdmissionRequest<Pod>, injection: &Injection) -> AdmissionResponse {
     let response = AdmissionResponse::from(request);
     // Only pod creations are wrapped (a running pod's spec cannot change); anything else
     // passes as it is.
@@ -26,16 +33,27 @@ pub fn review(
     else {
         return response;
     };
-    if let Some(only) = only
-        && request.namespace.as_deref() != Some(only)
+    if let Some(only) = &injection.only
+        && request.namespace.as_ref() != Some(only)
     {
         return response.deny(format!(
             "arbiter: this arbiter arbitrates only namespace {only}: a pod labelled arbiter.dev/inject elsewhere would never be elected"
         ));
     }
-    match inject(pod, image) {
+    match inject(pod, &injection.image) {
         Ok(None) => response,
-        Ok(Some(injected)) => {
+        Ok(Some(mut injected)) => {
+            let init = injected
+                .spec
+                .as_mut()
+                .and_then(|s| s.init_containers.as_mut());
+            for c in init
+                .into_iter()
+                .flatten()
+                .filter(|c| c.name == INIT_CONTAINER)
+            {
+                c.image_pull_policy.clone_from(&injection.pull_policy);
+            }
             let (Ok(before), Ok(after)) =
                 (serde_json::to_value(pod), serde_json::to_value(&injected))
             else {
@@ -89,10 +107,18 @@ mod tests {
         review.try_into().unwrap()
     }
 
+    fn image(name: &str, only: Option<&str>) -> Injection {
+        Injection {
+            image: name.into(),
+            pull_policy: Some("Never".into()),
+            only: only.map(String::from),
+        }
+    }
+
     #[test]
     fn the_patch_makes_the_pod_run_its_command_under_the_agent() {
         let req = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
-        let response = review(&req, "arbiter:0.1.0", None);
+        let response = review(&req, &image("arbiter:0.1.0", None));
         assert!(response.allowed);
         assert_eq!(response.uid, req.uid);
         let patch: json_patch::Patch =
@@ -100,19 +126,28 @@ mod tests {
         let mut pod = serde_json::to_value(req.object.as_ref().unwrap()).unwrap();
         json_patch::patch(&mut pod, &patch).unwrap();
         let pod: Pod = serde_json::from_value(pod).unwrap();
-        let args = pod.spec.unwrap().containers[0].args.clone().unwrap();
+        let args = pod.spec.as_ref().unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap();
         assert_eq!(
             args[..5],
             ["run", "--lease", "kv", "--binary-version", "1.2.3"]
         );
         assert_eq!(args[args.len() - 2..], ["--", "/kv"]);
+        let init = &pod.spec.unwrap().init_containers.unwrap()[0];
+        assert_eq!(
+            init.image_pull_policy.as_deref(),
+            Some("Never"),
+            "the operator's own"
+        );
     }
 
     #[test]
     fn a_pod_outside_the_arbitrated_namespace_is_denied() {
         let req = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
-        assert!(review(&req, "arbiter:0.1.0", Some("ns")).allowed);
-        let response = review(&req, "arbiter:0.1.0", Some("other"));
+        assert!(review(&req, &image("arbiter:0.1.0", Some("ns"))).allowed);
+        let response = review(&req, &image("arbiter:0.1.0", Some("other")));
         assert!(!response.allowed);
         assert!(response.result.message.contains("only namespace other"));
     }
@@ -120,7 +155,7 @@ mod tests {
     #[test]
     fn a_pod_that_cannot_be_wrapped_is_denied_with_the_reason() {
         let req = request(json!({"name": "app", "image": "kv:1.2.3"}));
-        let response = review(&req, "arbiter:0.1.0", None);
+        let response = review(&req, &image("arbiter:0.1.0", None));
         assert!(!response.allowed);
         assert!(response.patch.is_none());
         assert!(

@@ -25,10 +25,8 @@ use prometheus_client::metrics::family::Family;
 /// What an admission needs. An admission has no side effect: anyone who can reach the port can
 /// post a review, and gets only an answer.
 pub(crate) struct Webhook {
-    /// The arbiter image for the init container.
-    pub image: String,
-    /// The only namespace arbitrated (`--watch-namespace`), if one.
-    pub only: Option<String>,
+    /// How to inject.
+    pub injection: review::Injection,
     /// `arbiter_webhook_admissions_total`.
     pub admissions: Family<ResultLabels, Counter>,
 }
@@ -116,7 +114,7 @@ async fn admit(
         Ok(r) => r,
         Err(e) => return Json(AdmissionResponse::invalid(format!("arbiter: {e}")).into_review()),
     };
-    let response = review::review(&request, &webhook.image, webhook.only.as_deref());
+    let response = review::review(&request, &webhook.injection);
     let namespace = request.namespace.clone().unwrap_or_default();
     let pod = request
         .object
