@@ -11,7 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -19,11 +19,13 @@ use serde_json::{Value, json};
 use crate::chart::install;
 use crate::support::agent::{Entry, WORKLOAD, read_log};
 use crate::support::node::{self, BUSYBOX_IMAGE};
+use crate::support::operator::Operator;
 use crate::support::{TestEnv, eventually};
 
 crate::tests![inject:
     an_injected_deployment_runs_one_command_at_a_time_through_updates_rollback_and_rotation,
     with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_neither,
+    a_replica_that_starts_acting_never_takes_a_lease_from_a_role,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -694,4 +696,94 @@ async fn with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_
         Some(k8s_openapi::ByteString(issued.ca_pem.into_bytes()))
     );
     crate::chart::uninstall(&env, &release);
+}
+
+/// A pod of ServiceAccount `worker` as the webhook admits it, running for `lease` (created by
+/// hand here: no webhook serves this namespace).
+fn injected_pod(name: &str, lease: &str) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name,
+                     "labels": {"arbiter.dev/inject": "true", "app.kubernetes.io/version": "1.0.0"},
+                     "annotations": {"arbiter.dev/lease-name": lease}},
+        "spec": {"serviceAccountName": "worker",
+                 "containers": [{"name": "c", "image": BUSYBOX_IMAGE, "command": ["sleep", "1"]}]},
+    }))
+    .unwrap();
+    arbiter::workloads::inject::inject(&pod, "arbiter:x")
+        .unwrap()
+        .unwrap()
+}
+
+/// The leases Role `arbiter-agent-worker` lets its subjects update.
+fn updatable(role: &Role) -> std::collections::BTreeSet<String> {
+    role.rules
+        .iter()
+        .flatten()
+        .filter(|r| r.verbs.iter().any(|v| v == "update"))
+        .flat_map(|r| r.resource_names.iter().flatten().cloned())
+        .collect()
+}
+
+/// An operator replica that starts acting knows none of the rights its predecessor made: its
+/// first writes must never take a lease away from a ServiceAccount whose pods still run for it
+/// (a holder that cannot renew stops). Every version of the Role, watched from the start, keeps
+/// every lease it granted once, across a failover and a new pod's lease being added.
+async fn a_replica_that_starts_acting_never_takes_a_lease_from_a_role(env: Arc<TestEnv>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let flags = [
+        "--webhook-address",
+        "127.0.0.1:0",
+        "--inject-image",
+        "arbiter:x",
+        "--inject-agent-rbac",
+    ];
+    let pods: Api<Pod> = env.api();
+    for (name, lease) in [("pa", "a"), ("pb", "b")] {
+        pods.create(&PostParams::default(), &injected_pod(name, lease))
+            .await
+            .unwrap();
+    }
+    let roles: Api<Role> = env.api();
+    let versions = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = versions.clone();
+    let watching = tokio::spawn(
+        watcher(
+            roles.clone(),
+            watcher::Config::default().fields("metadata.name=arbiter-agent-worker"),
+        )
+        .applied_objects()
+        .for_each(move |r| {
+            if let Ok(r) = r {
+                seen.lock().unwrap().push(updatable(&r));
+            }
+            std::future::ready(())
+        }),
+    );
+    let first = Operator::start(&env, &flags);
+    let both: std::collections::BTreeSet<String> = ["a", "b"].map(String::from).into();
+    eventually("the Role to grant a and b", DEADLINE, || async {
+        (updatable(&roles.get_opt("arbiter-agent-worker").await.ok()??) == both).then_some(())
+    })
+    .await;
+    // Killed: the next replica acts once the operator lease expires, and knows nothing.
+    drop(first);
+    let _second = Operator::start(&env, &flags);
+    pods.create(&PostParams::default(), &injected_pod("pc", "c"))
+        .await
+        .unwrap();
+    let all: std::collections::BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
+    eventually("the Role to grant c too", DEADLINE, || async {
+        (updatable(&roles.get_opt("arbiter-agent-worker").await.ok()??) == all).then_some(())
+    })
+    .await;
+    watching.abort();
+    let versions = versions.lock().unwrap().clone();
+    let granted_once = versions.iter().position(|v| v.is_superset(&both)).unwrap();
+    for v in &versions[granted_once..] {
+        assert!(
+            v.is_superset(&both),
+            "a version took a lease away: {versions:?}"
+        );
+    }
 }
