@@ -740,7 +740,10 @@ async fn a_replica_that_starts_acting_never_takes_a_lease_from_a_role(env: Arc<T
     ];
     let accounts: Api<ServiceAccount> = env.api();
     let worker = serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap();
-    accounts.create(&PostParams::default(), &worker).await.unwrap();
+    accounts
+        .create(&PostParams::default(), &worker)
+        .await
+        .unwrap();
     let pods: Api<Pod> = env.api();
     for (name, lease) in [("pa", "a"), ("pb", "b")] {
         pods.create(&PostParams::default(), &injected_pod(name, lease))
