@@ -466,6 +466,15 @@ async fn the_chart_follows_the_conventions_of_other_charts(_env: Arc<TestEnv>) {
     ] {
         assert!(out.contains(expected), "{expected:?} not rendered:\n{out}");
     }
+    // The aggregation of candidate rights into `edit` and `admin` can be turned off.
+    let (_, aggregated) = rendered_kinds(&[]);
+    assert!(aggregated.contains("rbac.authorization.k8s.io/aggregate-to-edit: \"true\""));
+    let (_, alone) = rendered_kinds(&["agentRbac.aggregateToEdit=false"]);
+    assert!(!alone.contains("aggregate-to-edit"), "{alone}");
+    assert!(
+        alone.contains("aggregate-to-view"),
+        "viewers still see candidates"
+    );
     // `helm test`: a hook pod asking the metrics Service for /readyz.
     let (_, out) = rendered_kinds(&[]);
     assert!(
