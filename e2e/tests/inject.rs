@@ -714,16 +714,6 @@ fn injected_pod(name: &str, lease: &str) -> Pod {
         .unwrap()
 }
 
-/// The leases Role `arbiter-agent-worker` lets its subjects update.
-fn updatable(role: &Role) -> std::collections::BTreeSet<String> {
-    role.rules
-        .iter()
-        .flatten()
-        .filter(|r| r.verbs.iter().any(|v| v == "update"))
-        .flat_map(|r| r.resource_names.iter().flatten().cloned())
-        .collect()
-}
-
 /// An operator replica that starts acting knows none of the rights its predecessor made: its
 /// first writes must never take a lease away from a ServiceAccount whose pods still run for it
 /// (a holder that cannot renew stops). Every version of the Role, watched from the start, keeps
@@ -761,7 +751,9 @@ async fn a_replica_that_starts_acting_never_takes_a_lease_from_a_role(env: Arc<T
         .applied_objects()
         .for_each(move |r| {
             if let Ok(r) = r {
-                seen.lock().unwrap().push(updatable(&r));
+                seen.lock()
+                    .unwrap()
+                    .push(arbiter::operator::webhook::binding::granted(&r));
             }
             std::future::ready(())
         }),
@@ -769,7 +761,10 @@ async fn a_replica_that_starts_acting_never_takes_a_lease_from_a_role(env: Arc<T
     let first = Operator::start(&env, &flags);
     let both: std::collections::BTreeSet<String> = ["a", "b"].map(String::from).into();
     eventually("the Role to grant a and b", DEADLINE, || async {
-        (updatable(&roles.get_opt("arbiter-agent-worker").await.ok()??) == both).then_some(())
+        (arbiter::operator::webhook::binding::granted(
+            &roles.get_opt("arbiter-agent-worker").await.ok()??,
+        ) == both)
+            .then_some(())
     })
     .await;
     // Killed: the next replica acts once the operator lease expires, and knows nothing.
@@ -780,7 +775,10 @@ async fn a_replica_that_starts_acting_never_takes_a_lease_from_a_role(env: Arc<T
         .unwrap();
     let all: std::collections::BTreeSet<String> = ["a", "b", "c"].map(String::from).into();
     eventually("the Role to grant c too", DEADLINE, || async {
-        (updatable(&roles.get_opt("arbiter-agent-worker").await.ok()??) == all).then_some(())
+        (arbiter::operator::webhook::binding::granted(
+            &roles.get_opt("arbiter-agent-worker").await.ok()??,
+        ) == all)
+            .then_some(())
     })
     .await;
     watching.abort();

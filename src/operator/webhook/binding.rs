@@ -88,7 +88,7 @@ pub(crate) fn desired_binding(namespace: &str, sa: &str) -> RoleBinding {
 }
 
 /// The Leases a Role arbiter made lets its subjects update.
-fn granted(role: &Role) -> BTreeSet<String> {
+pub fn granted(role: &Role) -> BTreeSet<String> {
     role.rules
         .iter()
         .flatten()

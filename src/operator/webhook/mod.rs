@@ -11,7 +11,7 @@
 //!   and serving certificate into the Secret, rotates them before they expire, and keeps the
 //!   webhook configuration's `caBundle` trusting what every replica serves.
 
-pub(crate) mod binding;
+pub mod binding;
 pub mod certs;
 pub mod review;
 pub(crate) mod rotate;
