@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
@@ -426,11 +426,11 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
     // The active pod deleted: its agent stops the command and releases, and another replica's
     // command starts long before the lease could have expired.
     let before_delete = read_log(&log).len();
-    let deleted = Instant::now();
     pods.delete(&active, &DeleteParams::default())
         .await
         .unwrap();
-    let next = eventually("another replica's command to start", LEASE, || async {
+    // Waiting no longer than the lease: a start within it was handed over, not waited out.
+    eventually("another replica's command to start", LEASE, || async {
         read_log(&log)[before_delete..]
             .iter()
             .find_map(|e| match e {
@@ -439,7 +439,6 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
             })
     })
     .await;
-    assert!(deleted.elapsed() < LEASE, "{next} started only at expiry");
 
     // A pod whose command is its image's entrypoint is refused, with what to do.
     let bare: Pod = serde_json::from_value(json!({

@@ -957,13 +957,17 @@ async fn new_leases_of_a_shard_share_one_mark_write(env: Arc<TestEnv>) {
 /// acquired (a replica that created the Lease acts only after its renew deadline).
 /// Writes `holder` into the operators' HA Lease, as a hand edit would.
 async fn set_ha_holder(env: &TestEnv, holder: &str) {
+    edit_ha_lease(env, json!({ "spec": { "holderIdentity": holder } })).await;
+}
+
+/// Merge-patches the operators' HA Lease by hand.
+async fn edit_ha_lease(env: &TestEnv, patch: serde_json::Value) {
     let leases: Api<Lease> = env.api();
-    let p = json!({ "spec": { "holderIdentity": holder } });
     leases
         .patch(
             "arbiter-operator",
             &PatchParams::default(),
-            &Patch::Merge(&p),
+            &Patch::Merge(&patch),
         )
         .await
         .unwrap();
@@ -1240,16 +1244,11 @@ async fn a_cut_off_operator_stops_acting_before_the_standby_takes_over(env: Arc<
         a.logs()
     );
     proxy.restore();
-    assert_eq!(
-        a.wait_exit(DEADLINE).await,
-        Some(1),
-        "lost leadership exits 1"
-    );
-    let logs = a.logs();
-    assert!(
-        logs.contains("lost leadership") && logs.contains("written by someone else meanwhile"),
-        "the cut-off replica says why it stopped: {logs}"
-    );
+    exits_having_lost(
+        &mut a,
+        &["lost leadership", "written by someone else meanwhile"],
+    )
+    .await;
     // The new arbiter works; the old one wrote nothing since the cut (not even an Event).
     create_candidate(&env, "w2", "work2", "1.0.0", Some("1.0.0"), OEV, None).await;
     wait_for_holder(&env, "work2", "w2", DEADLINE).await;
@@ -1362,25 +1361,12 @@ async fn the_operator_lease_at_another_term_is_lost_leadership(env: Arc<TestEnv>
     second.wait_watching().await;
     let leases: Api<Lease> = env.api();
     let before = leases.get("arbiter-operator").await.unwrap();
-    let p = json!({ "spec": { "leaseTransitions": lease::term(&before) + 1 } });
-    leases
-        .patch(
-            "arbiter-operator",
-            &PatchParams::default(),
-            &Patch::Merge(&p),
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        first.wait_exit(DEADLINE).await,
-        Some(1),
-        "lost leadership exits 1"
-    );
-    let logs = first.logs();
-    assert!(
-        logs.contains("lost the operator lease") && logs.contains("taken over since"),
-        "{logs}"
-    );
+    edit_ha_lease(
+        &env,
+        json!({ "spec": { "leaseTransitions": lease::term(&before) + 1 } }),
+    )
+    .await;
+    exits_having_lost(&mut first, &["lost the operator lease", "taken over since"]).await;
     eventually("the standby to take over", DEADLINE, || async {
         ha_holder(&env).await.filter(|h| *h != active)
     })
@@ -1428,6 +1414,20 @@ async fn operator_lease_edit_does_not_make_two_arbiters(
         first.logs().contains("lost the operator lease"),
         "{}",
         first.logs()
+    );
+}
+
+/// Waits for `op` to exit 1, as a replica that lost leadership does, saying each of `why`.
+async fn exits_having_lost(op: &mut Operator, why: &[&str]) {
+    assert_eq!(
+        op.wait_exit(DEADLINE).await,
+        Some(1),
+        "lost leadership exits 1"
+    );
+    let logs = op.logs();
+    assert!(
+        why.iter().all(|w| logs.contains(w)),
+        "the replica says why it stopped ({why:?}): {logs}"
     );
 }
 
