@@ -927,7 +927,7 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     use nix::sys::signal::killpg;
     // Two replicas for the failover case (the first one is the active one).
     let mut ha = crate::support::operator::FAST_HA.to_vec();
-    ha.extend(["--lease-duration", "10s"]);
+    ha.extend(["--lease-duration", "20s"]);
     let mut first = Operator::start(&env, &ha);
     let leases: Api<Lease> = env.api();
     let active = eventually("an active operator", DEADLINE, || async {
@@ -937,8 +937,13 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     let _second = (edit == HandEdit::ClearHolderAndFailover).then(|| Operator::start(&env, &ha));
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
+    // A 20 s lease: b must register and the arbiter ask a to hand over while a's term still
+    // runs (from a's stall), or there is no term left to shorten. With 10 s a loaded machine
+    // sometimes let a's term end first.
     let spawn = |id: &str, version: &str| {
-        let args = agent_args_with(&env.ns, id, "edit", version, &log, &slow_stop_workload());
+        let mut args = agent_args_with(&env.ns, id, "edit", version, &log, &slow_stop_workload());
+        let at = args.iter().position(|a| a == "--lease-duration").unwrap() + 1;
+        args[at] = "20s".into();
         Agent::spawn_args(&env.kubeconfig, id, &args, &log)
     };
     let mut a = spawn("a", "1.30.0");
@@ -975,11 +980,16 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
     let agent_group = Pid::from_raw(a.pid());
     killpg(agent_group, Signal::SIGSTOP).unwrap();
     let _b = spawn("b", "1.29.0");
-    eventually("a handover to b to be requested", DEADLINE, || async {
+    let requested = eventually("a handover to b to be requested", DEADLINE, || async {
         let l = leases.get("edit").await.ok()?;
-        (lease::preferred_holder(&l) == Some("b")).then_some(())
+        (lease::preferred_holder(&l) == Some("b")).then_some(l)
     })
     .await;
+    assert_eq!(
+        lease::holder(&requested),
+        Some("a"),
+        "the edit must come while a's term still runs"
+    );
     let pp = PatchParams::default();
     match edit {
         HandEdit::Delete => {

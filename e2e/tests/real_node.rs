@@ -454,12 +454,18 @@ async fn an_init_container_puts_the_agent_into_an_image_without_it(env: Arc<Test
     );
 }
 
+/// How long a crash may take to reach the arbiter and be acted on in [`restartable_pair`]'s
+/// tests: well below the pair's 120 s lease, so what happens within it is not expiry, and long
+/// enough for a kubelet and an apiserver shared with the whole suite on two cores (40 s on a
+/// 60 s lease was sometimes not).
+const NOT_EXPIRY: Duration = Duration::from_secs(90);
+
 /// Agent pods `job-a` (1.30.0) and `job-b` (1.31.0) that the kubelet restarts when their
-/// container ends, with a minute's lease (a new term within 40 s of a crash cannot come from
-/// expiry); returns the Lease once `job-a` holds it.
+/// container ends, with a two-minute lease (a new term within [`NOT_EXPIRY`] of a crash cannot
+/// come from expiry); returns the Lease once `job-a` holds it.
 async fn restartable_pair(env: &TestEnv, shared: &Path) -> Lease {
     node::agent_service_account(&env.client, &env.ns).await;
-    let timings = ["--lease-duration", "60s", "--renew-deadline", "20s"];
+    let timings = ["--lease-duration", "120s", "--renew-deadline", "20s"];
     for (name, version) in [("job-a", "1.30.0"), ("job-b", "1.31.0")] {
         let mut pod = agent_pod_with(name, version, shared, &timings);
         pod["spec"]["restartPolicy"] = json!("Always");
@@ -518,12 +524,13 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
     assert!(status.success());
 
     let leases: Api<Lease> = env.api();
-    let next = eventually("a new term", Duration::from_secs(40), || async {
+    let next = eventually("a new term", NOT_EXPIRY, || async {
         let l = leases.get("job").await.ok()?;
         (arbiter::lease::term(&l) > term1 && arbiter::lease::holder(&l).is_some()).then_some(l)
     })
     .await;
-    // (Within 40 s of the kill, on a 60 s lease renewed at most 1 s before it: not expiry.)
+    // (Within NOT_EXPIRY of the kill, on a 120 s lease renewed at most 1 s before it: not
+    // expiry.)
     // Nothing of the old container still ran when the next term was given.
     let survivors: Vec<i32> = doomed
         .iter()
@@ -731,7 +738,7 @@ async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv
     let a_versions = record_candidate(&env, "job-a").await;
     // The second: the kubelet backs off; job-b gets the lease while job-a's container waits.
     kill_agent(&env, "job-a").await;
-    let next = eventually("another holder", Duration::from_secs(40), || async {
+    let next = eventually("another holder", NOT_EXPIRY, || async {
         let l = leases.get("job").await.ok()?;
         (term(&l) > term(&again) && arbiter::lease::holder(&l).is_some()).then_some(l)
     })
