@@ -872,8 +872,8 @@ enum HandEdit {
     RepointOwner,
     /// `holderIdentity: ""` with `arbiter.dev/released-by` naming the holder, by hand.
     ForgeRelease,
-    /// The holder's candidate annotated `arbiter.dev/withdrawn: <its incarnation>` by hand
-    /// (`kubectl annotate`), then the holder cleared.
+    /// The holder's candidate annotated `arbiter.dev/withdrawn: <its incarnation>` as the agent
+    /// writes it (arbiter's field manager, which anyone may claim), then the holder cleared.
     ForgeWithdrawal,
     /// The holder cleared, then the active operator replica replaced (it shuts down, a standby
     /// with no memory of the lease takes over at once).
@@ -1032,9 +1032,11 @@ async fn hand_edit_does_not_shorten_the_term(env: Arc<TestEnv>, edit: HandEdit) 
                 .get("arbiter.dev/holder-incarnation")
                 .cloned()
                 .expect("the holder's incarnation on the Lease");
+            // Written as arbiter's own field manager, as the agent writes it: anyone who may
+            // patch candidates can claim that name.
             let candidates: Api<LeaseCandidate> = env.api();
             let annotate = PatchParams {
-                field_manager: Some("kubectl-annotate".into()),
+                field_manager: Some(arbiter::api::FIELD_MANAGER.into()),
                 ..PatchParams::default()
             };
             let p =
@@ -1305,10 +1307,11 @@ fn descendants(pid: i32) -> Vec<i32> {
 
 /// Issue 17's trace: two agents, `d1` (1.30.0, the holder) and `d2` (1.31.0); the Lease is
 /// deleted by hand. `d1` stops its workload, exits 1 (its term is over) and withdraws its
-/// candidate, marked with its incarnation, which tells the arbiter the term's work stopped. The
-/// arbiter must settle on the live `d2` within a lease duration, never ask it to hand over to
-/// the departed `d1`, and `d2` keeps the lease. (Before: `d2` was elected and at once asked to
-/// hand over to the exited `d1`; it obeyed and exited, and the Lease named a dead holder.)
+/// candidate, marked with its incarnation. The arbiter must settle on the live `d2` once d1's
+/// term has run out (the mark is no proof: anyone who may write candidates could forge it),
+/// never ask it to hand over to the departed `d1`, and `d2` keeps the lease. (Before: `d2` was
+/// elected and at once asked to hand over to the exited `d1`; it obeyed and exited, and the
+/// Lease named a dead holder.)
 async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
     use kube::api::DeleteParams;
     let _op = operator(&env);
@@ -1322,11 +1325,23 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
 
     let leases: Api<Lease> = env.api();
     let history = crate::support::operator::record_lease(&env, "settle").await;
-    leases
-        .delete("settle", &DeleteParams::default())
-        .await
-        .unwrap();
-    let deleted = now();
+    // Deleted as last renewed: d1's term runs until that renewal plus the lease duration.
+    let last_renewal = loop {
+        let l = leases.get("settle").await.unwrap();
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                resource_version: l.metadata.resource_version.clone(),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match leases.delete("settle", &dp).await {
+            Ok(_) => break l.spec.unwrap().renew_time.unwrap().0,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("deleting the Lease: {e}"),
+        }
+    };
+    let term_end = last_renewal.as_millisecond() as f64 / 1000.0 + LEASE_DURATION.as_secs_f64();
     assert_eq!(d1.wait_exit(DEADLINE).await, Some(1), "d1's term is over");
     let started = wait_started(&log, "d2").await;
     let d1_stop = stop_of(&read_log(&log), "d1");
@@ -1336,9 +1351,9 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
         started.3
     );
     assert!(
-        started.3 - deleted < LEASE_DURATION.as_secs_f64(),
-        "d2's workload started {:.1}s after the deletion: the departed d1's term was waited out",
-        started.3 - deleted
+        started.3 >= term_end,
+        "d2's workload started {:.1}s before d1's term ran out: its withdrawal mark was taken as proof",
+        term_end - started.3
     );
     // d2 goes on holding the same term.
     let term = started.1;

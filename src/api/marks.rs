@@ -29,7 +29,8 @@ pub const OVERRAN_ANNOTATION: &str = "arbiter.dev/overran-term";
 
 /// On a candidate: its agent exited (after stopping its workload) and could not delete the
 /// candidate, or kept it to carry [`OVERRAN_ANNOTATION`]. The arbiter never elects it; cleared
-/// when a new process of that identity registers.
+/// when a new process of that identity registers. It never ends a term early: whoever may
+/// write candidates can write it (with arbiter's field manager too), so it is a claim.
 pub const WITHDRAWN_ANNOTATION: &str = "arbiter.dev/withdrawn";
 
 /// The incarnation a candidate says withdrew, if the mark counts: written by arbiter (its

@@ -346,8 +346,9 @@ impl Handle {
     /// whose workload ran past its end (the whole candidate was paused), the candidate is kept,
     /// marked withdrawn by this incarnation ([`crate::api::WITHDRAWN_ANNOTATION`], written as
     /// arbiter's field manager), with the overrun ([`crate::api::OVERRAN_ANNOTATION`]) for the
-    /// arbiter's `DoubleHolder` report. The mark tells the arbiter that the term's work
-    /// stopped: the next holder need not wait the term out. Returns the release's result.
+    /// arbiter's `DoubleHolder` report. The mark keeps the candidate from being elected again;
+    /// it does not end the term early (anyone who may write candidates could forge it), so the
+    /// next holder waits the term out. Returns the release's result.
     pub(crate) async fn exit_after_work_stopped(
         self,
         overran: Option<i32>,

@@ -138,7 +138,7 @@ pub struct Lease {
     /// Who released the lease, when it has no holder because its holder stepped down.
     pub released_by: Option<String>,
     /// The holder's work is confirmed stopped: its pod stopped (known even after its candidate
-    /// is gone), or its agent withdrew after stopping it.
+    /// is gone), or the container its process ran in ended (the kubelet's report).
     pub holder_pod_stopped: bool,
     /// When the arbiter first saw (or made) the current holder's term, on its own clock: the
     /// term began no later. (Not `acquireTime`: another replica, or a hand edit, may have
@@ -205,7 +205,8 @@ pub struct Previous {
     /// The longest lease duration it was given or wrote during its term.
     pub duration: Duration,
     /// Its work is confirmed stopped: the pod the arbiter recorded for it at assignment
-    /// stopped, or its agent withdrew (marked with the incarnation that held the term).
+    /// stopped. (A withdrawal mark on its candidate is no proof: anyone who may write
+    /// candidates can write one.)
     pub pod_stopped: bool,
 }
 

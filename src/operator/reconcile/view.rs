@@ -135,11 +135,7 @@ impl Worker {
             now,
             stopped,
         );
-        let withdrew = self.withdrew(key, candidates);
-        let previous = held.previous(key, now, stopped).map(|mut p| {
-            p.pod_stopped |= withdrew;
-            p
-        });
+        let previous = held.previous(key, now, stopped);
         let ended = self.ended_process(key, observed.map(|(l, _)| l), holder_candidate);
         // Its candidate is not elected again until a new process of it registers (the last
         // acknowledgements came from the dead one).
@@ -155,11 +151,7 @@ impl Worker {
             wall,
         );
         let observed_view = observed.map(|(l, unchanged_for)| {
-            let ended = Ended {
-                withdrew,
-                process: ended.is_some(),
-            };
-            self.lease_view(key, l, unchanged_for, ended, term_seen)
+            self.lease_view(key, l, unchanged_for, ended.is_some(), term_seen)
         });
         let term_ended = term_ended(observed_view.as_ref().and_then(|(_, by)| *by), &previous);
         View {
@@ -193,25 +185,6 @@ impl Worker {
         }
     }
 
-    /// Whether the remembered holder withdrew its candidate, marked with the incarnation that
-    /// held the term: its agent stopped the work and left (it could not release: the Lease was
-    /// gone, or no longer named it). That ends the term like a release. Remembered with the
-    /// term: the mark goes when the process restarts (a registration clears it), which may
-    /// come before anyone is elected.
-    fn withdrew(&self, key: &LeaseKey, candidates: &[Arc<LeaseCandidate>]) -> bool {
-        let held = &self.caches.held;
-        let withdrew_now = held.incarnation(key).is_some_and(|(h, incarnation)| {
-            candidates.iter().any(|c| {
-                c.name_any() == h
-                    && crate::api::withdrawn_incarnation(c) == Some(incarnation.as_str())
-            })
-        });
-        if withdrew_now {
-            held.withdrew(key);
-        }
-        withdrew_now || held.has_withdrawn(key)
-    }
-
     /// The incarnation that took the holder's term (as remembered: learned once per term, from
     /// a record an agent wrote), if it ended with its container: the kubelet reported the
     /// termination message it wrote, in the pod the term was assigned in.
@@ -241,7 +214,7 @@ impl Worker {
         key: &LeaseKey,
         l: &Lease,
         unchanged_for: Duration,
-        ended: Ended,
+        process_ended: bool,
         term_seen: jiff::Timestamp,
     ) -> (decide::Lease, Option<&'static str>) {
         let held = &self.caches.held;
@@ -268,16 +241,14 @@ impl Worker {
             }
             None => (written, self.holder_pod_stopped(l)),
         };
-        let withdrew = ended.withdrew && held.incarnation(key).map(|(h, _)| h) == holder;
         let released_by = lease::released_by(l);
         let ended_by = match () {
             _ if holder.is_none() => released_by.map(|_| "released"),
-            _ if withdrew => Some("released"),
             _ if pod_stopped => Some("pod_stopped"),
-            _ if ended.process => Some("container_restarted"),
+            _ if process_ended => Some("container_restarted"),
             _ => Some("expired"),
         };
-        let pod_stopped = pod_stopped || withdrew || ended.process;
+        let pod_stopped = pod_stopped || process_ended;
         let view = decide::Lease {
             holder,
             preferred_holder: lease::preferred_holder(l).map(str::to_string),
@@ -313,14 +284,6 @@ fn term_ended(by_lease: Option<&'static str>, previous: &Option<decide::Previous
             })
         })
         .unwrap_or("new")
-}
-
-/// What ended the remembered holder's term, besides its pod's stop.
-struct Ended {
-    /// It withdrew its candidate ([`Worker::withdrew`]).
-    withdrew: bool,
-    /// The process that took the term ended with its container ([`Worker::ended_process`]).
-    process: bool,
 }
 
 /// The candidate the arbiter last reported `Leader=True`: of several (a deposed holder's

@@ -30,9 +30,10 @@ struct Term {
     duration: Duration,
     /// The holder's pod, as recorded when the arbiter assigned it (or first saw it).
     pod_uid: Option<String>,
-    /// The holder's process (`arbiter.dev/incarnation` on the records naming it): its
-    /// withdrawal, marked with this incarnation, or its container ending with this incarnation's
-    /// termination message, proves the term's work stopped. The first one seen in the term
+    /// The holder's process (`arbiter.dev/incarnation` on the records naming it): its container
+    /// ending with this incarnation's termination message (reported by the kubelet) proves the
+    /// term's work stopped. (Its withdrawal mark does not: anyone who may write candidates can
+    /// write one.) The first one seen in the term
     /// counts: the agent that took a term never changes it, so a later value is an edit.
     incarnation: Option<String>,
     /// The pod that process took the term in (`arbiter.dev/taken-in-pod`), learned with
@@ -41,9 +42,6 @@ struct Term {
     /// The term (`leaseTransitions`) this memory is of: an incarnation is learned only from a
     /// record of that term (a stale record of the term before must not lend it its process).
     term: i32,
-    /// Its process withdrew (its candidate marked with its incarnation, after its work
-    /// stopped), as seen once: remembered, since the mark goes with the process's restart.
-    withdrew: bool,
 }
 
 /// The holder remembered when nothing names one, yet the term mark says a term may have been
@@ -133,7 +131,6 @@ impl Held {
                 incarnation: None,
                 taken_in: None,
                 term: 0,
-                withdrew: false,
             };
             terms.insert(key.clone(), term);
         };
@@ -217,22 +214,8 @@ impl Held {
             incarnation: None,
             taken_in: None,
             term,
-            withdrew: false,
         };
         self.locked().insert(key.clone(), term);
-    }
-
-    /// The remembered holder's process withdrew (seen once; the caller checked its
-    /// incarnation): its term is over, even after a restart of it clears the mark.
-    pub fn withdrew(&self, key: &LeaseKey) {
-        if let Some(t) = self.locked().get_mut(key) {
-            t.withdrew = true;
-        }
-    }
-
-    /// Whether the remembered holder's process was seen to withdraw.
-    pub fn has_withdrawn(&self, key: &LeaseKey) -> bool {
-        self.locked().get(key).is_some_and(|t| t.withdrew)
     }
 
     /// The remembered holder, for the election.
@@ -296,7 +279,6 @@ impl Term {
             incarnation: l.incarnation.map(str::to_string),
             taken_in: l.incarnation.map(|_| l.taken_in.map(str::to_string)),
             term: l.term,
-            withdrew: false,
         }
     }
 
@@ -333,18 +315,6 @@ mod tests {
             namespace: "ns".into(),
             name: "l".into(),
         }
-    }
-
-    #[test]
-    fn a_withdrawal_seen_once_is_remembered_with_its_term_only() {
-        let held = Held::default();
-        let t0 = Instant::now();
-        held.assigned(&key(), "a", 3, D, None, t0);
-        assert!(!held.has_withdrawn(&key()));
-        held.withdrew(&key());
-        assert!(held.has_withdrawn(&key()), "after the mark is gone too");
-        held.assigned(&key(), "b", 4, D, None, t0);
-        assert!(!held.has_withdrawn(&key()), "the next term starts afresh");
     }
 
     const D: Duration = Duration::from_secs(15);
