@@ -15,11 +15,16 @@
 //!   the operator watches every namespace. It also prints the API writes an election costs.
 //! - **pods**: what `--pods` ordinary pods that are not candidates (default 5000) add to the
 //!   memory of an operator watching every namespace.
+//! - **neighbours**: a burst of `--burst` first elections (default 1,000) in one namespace
+//!   while one holder fails in each of five others, over `--neighbour-rounds` rounds (default
+//!   3), with the fair queue and with the queue it replaced: how long after expiry the five are
+//!   re-elected.
 //! - **write-cost**: kube-apiserver's CPU per request for each kind of write an election or a
 //!   candidate makes (a Lease renewal, a term mark, a ping, a candidate's status, ...): what
 //!   the scale bench's elections are bound by on this machine.
 //!
-//! `cargo test --release --test bench -- [--only failover|scale|pods|write-cost] [--runs N]
+//! `cargo test --release --test bench -- [--only failover|scale|pods|neighbours|write-cost]
+//! [--runs N] [--burst N] [--neighbour-rounds N]
 //! [--leases N,N] [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]
 //! [--ack-valid-for DURATION]`;
 //! `ARBITER_OPERATOR_BIN` runs another build of the operator, and `ARBITER_BENCH_CRD` (a CRD
@@ -33,6 +38,7 @@
 mod support;
 
 mod failover;
+mod neighbours;
 mod scale;
 mod stats;
 mod write_cost;
@@ -98,6 +104,17 @@ fn main() {
         }
         if only.as_deref().is_none_or(|o| o == "write-cost") {
             write_cost::run(&cluster.kubeconfig).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "neighbours") {
+            let rounds = arg("--neighbour-rounds")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(3);
+            let burst = arg("--burst").and_then(|v| v.parse().ok()).unwrap_or(1000);
+            let client = support::client_for(&cluster.kubeconfig).await;
+            arbiter::api::apply_crds(client, Duration::from_secs(30))
+                .await
+                .expect("installing the CRD");
+            neighbours::run(&cluster.kubeconfig, rounds, burst).await;
         }
         if only.as_deref().is_none_or(|o| o == "scale") {
             for n in &leases {

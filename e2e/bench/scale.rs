@@ -29,7 +29,7 @@ use crate::write_cost;
 
 /// Lease duration the operator assigns and the holders write: long enough that renewing
 /// thousands of leases stays within what this machine's API server can take.
-const LEASE_SECONDS: i32 = 60;
+pub const LEASE_SECONDS: i32 = 60;
 /// How often a simulated holder renews.
 const RENEW_EVERY: f64 = 20.0;
 /// The operator's own HA lease (its default `--ha-lease-name`): a fixed cost, counted apart.
@@ -42,7 +42,7 @@ fn converge_limit(leases: usize) -> Duration {
 /// Time allowed after every lease is held before steady state is measured.
 const SETTLE: Duration = Duration::from_secs(60);
 /// Requests the simulator keeps in flight.
-const IN_FLIGHT: usize = 32;
+pub const IN_FLIGHT: usize = 32;
 
 /// The API server's audit log (Metadata level, one line per completed request).
 pub struct Audit {
@@ -211,24 +211,24 @@ impl QueueWait {
 
 /// What the simulated candidates know.
 #[derive(Default)]
-struct Fleet {
+pub struct Fleet {
     /// Candidates that stopped answering and renewing (their "process" died).
-    dead: HashSet<String>,
+    pub dead: HashSet<String>,
     /// Per lease: the latest object seen, and when its current holder last renewed it.
-    leases: HashMap<String, Lease>,
-    last_renew: HashMap<String, Instant>,
+    pub leases: HashMap<String, Lease>,
+    pub last_renew: HashMap<String, Instant>,
     /// Per lease: every assignment seen (holder, when).
-    assignments: HashMap<String, Vec<(String, Instant)>>,
+    pub assignments: HashMap<String, Vec<(String, Instant)>>,
     /// Per lease: when a renew by its holder completed after the holder was marked dead (it
     /// was in flight then): the lease expires counting from it.
-    renewed_after_death: HashMap<String, Instant>,
+    pub renewed_after_death: HashMap<String, Instant>,
     /// Every renewal that succeeded: when it was sent, and its round trip in seconds (what a
     /// holder's renew deadline is spent on).
-    renewals: Vec<(Instant, f64)>,
+    pub renewals: Vec<(Instant, f64)>,
     /// Candidates whose status the operator has written (any condition).
-    reported: HashSet<String>,
+    pub reported: HashSet<String>,
     /// Per lease: when the create of its first candidate returned.
-    registered: HashMap<String, Instant>,
+    pub registered: HashMap<String, Instant>,
 }
 
 /// CPU seconds and peak RSS (MiB) of a process, from /proc.
@@ -301,11 +301,7 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
         usage(operator.pid()).1
     );
     let fleet = Arc::new(Mutex::new(Fleet::default()));
-    let tasks = [
-        tokio::spawn(answer_pings(client.clone(), ns.clone(), fleet.clone())),
-        tokio::spawn(track_leases(client.clone(), ns.clone(), fleet.clone())),
-        tokio::spawn(renew_held(client.clone(), ns.clone(), fleet.clone())),
-    ];
+    let tasks = simulate(&client, &ns, &fleet);
 
     // kube-apiserver's CPU seconds, which bound the elections on this machine.
     let apiserver = write_cost::apiserver_pid(kubeconfig);
@@ -603,6 +599,20 @@ async fn wait<T>(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The simulated candidates of namespace `ns`: they answer pings, follow the Leases and renew
+/// what they hold, until the tasks are aborted.
+pub fn simulate(
+    client: &Client,
+    ns: &str,
+    fleet: &Arc<Mutex<Fleet>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    vec![
+        tokio::spawn(answer_pings(client.clone(), ns.to_string(), fleet.clone())),
+        tokio::spawn(track_leases(client.clone(), ns.to_string(), fleet.clone())),
+        tokio::spawn(renew_held(client.clone(), ns.to_string(), fleet.clone())),
+    ]
 }
 
 /// Answers every ping of a live candidate with `renewTime >= pingTime`.

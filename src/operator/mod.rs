@@ -104,6 +104,13 @@ pub struct Settings {
     /// at a time.
     #[arg(long, default_value = "8", value_parser = clap::value_parser!(u16).range(1..=metrics::MAX_WORKERS as i64))]
     pub concurrency: u16,
+    /// How due leases share each worker: `namespaces` takes the namespaces with due leases in
+    /// turn, one lease each, then the longest-waiting lease within a namespace (a burst of
+    /// elections in one namespace delays another namespace's failover by at most one reconcile
+    /// per namespace with due work); `none` takes the longest-waiting lease whatever its
+    /// namespace (one namespace's burst delays every other's; kept for comparison).
+    #[arg(long, value_enum, default_value = "namespaces")]
+    pub queue_fairness: queue::Fairness,
     /// Apply the LeaseCandidate CRD at start-up (server-side apply).
     #[arg(long)]
     pub install_crds: bool,
@@ -324,6 +331,7 @@ fn start_caches(
 ) {
     let (enqueue, queues) = queue::queues(
         usize::from(settings.concurrency),
+        settings.queue_fairness,
         queue::QueueMetrics {
             wait: metrics.queue_wait.clone(),
             depth: metrics.queue_depth.clone(),

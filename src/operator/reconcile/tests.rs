@@ -190,7 +190,11 @@ fn worker(client: kube::Client, feed: &Feed, args: &[&str]) -> (Worker, Queue) {
             instance: None,
         },
     );
-    let (_, mut queues) = queue::queues(1, queue::QueueMetrics::unregistered());
+    let (_, mut queues) = queue::queues(
+        1,
+        queue::Fairness::Namespaces,
+        queue::QueueMetrics::unregistered(),
+    );
     let worker = Worker::new(client, feed.caches.clone(), recorder, settings, metrics);
     (worker, queues.remove(0))
 }

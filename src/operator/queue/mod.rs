@@ -2,7 +2,9 @@
 //! always goes to the same worker (so it is never reconciled twice at once), chosen by the
 //! ConfigMap shard its term marks live in (so no two workers contend for one shard).
 //!
-//! Due keys are taken longest waiting first, and a lease whose election is under way (pinged,
+//! Namespaces with due keys take turns ([`turns`]: a burst in one namespace does not hold up
+//! another's failover). Within a namespace, due keys are taken longest waiting first, and a
+//! lease whose election is under way (pinged,
 //! waiting for answers or for a term to run out) waits from the moment its election began
 //! ([`Queue::electing`]), not from its latest event: the answers to its pings put it ahead of
 //! every lease whose election began later. So under overload leases finish their elections in
@@ -17,6 +19,8 @@
 //! candidate stands by. Under a burst of elections those writes would take the API server's
 //! time from the elections; they are made once the worker's due keys run out.
 
+pub mod turns;
+
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
@@ -27,6 +31,8 @@ use tokio::sync::mpsc;
 
 use super::key::LeaseKey;
 use tokio_util::time::{DelayQueue, delay_queue};
+pub use turns::Fairness;
+use turns::Turns;
 
 /// The sending side: anything that notices a change enqueues the affected lease.
 #[derive(Clone)]
@@ -77,8 +83,9 @@ impl QueueMetrics {
 /// The receiving side, owned by the worker.
 pub struct Queue {
     rx: mpsc::UnboundedReceiver<(LeaseKey, tokio::time::Instant)>,
-    /// Due now, by rank (when the key, or its election, began to wait), oldest first.
-    ready: BTreeSet<(tokio::time::Instant, LeaseKey)>,
+    /// Due now, in the order they are taken: namespaces in turn, each by rank (when the key, or
+    /// its election, began to wait), oldest first.
+    ready: Turns,
     /// Each due key's place in `ready`, and when it became due.
     due: HashMap<LeaseKey, Due>,
     /// Leases whose election is under way, since when ([`Queue::electing`]).
@@ -103,13 +110,13 @@ struct Due {
 }
 
 /// One queue per worker (at least one).
-pub fn queues(workers: usize, metrics: QueueMetrics) -> (Enqueue, Vec<Queue>) {
+pub fn queues(workers: usize, fairness: Fairness, metrics: QueueMetrics) -> (Enqueue, Vec<Queue>) {
     let (senders, queues) = (0..workers.max(1))
         .map(|_| {
             let (tx, rx) = mpsc::unbounded_channel();
             let q = Queue {
                 rx,
-                ready: BTreeSet::new(),
+                ready: Turns::new(fairness),
                 due: HashMap::new(),
                 elections: HashMap::new(),
                 current: None,
@@ -127,7 +134,7 @@ pub fn queues(workers: usize, metrics: QueueMetrics) -> (Enqueue, Vec<Queue>) {
 
 #[cfg(test)]
 fn queue() -> (Enqueue, Queue) {
-    let (tx, mut qs) = queues(1, QueueMetrics::unregistered());
+    let (tx, mut qs) = queues(1, Fairness::Namespaces, QueueMetrics::unregistered());
     (tx, qs.remove(0))
 }
 
@@ -148,7 +155,7 @@ impl Queue {
             {
                 self.fired(expired);
             }
-            if let Some((_, key)) = self.ready.pop_first() {
+            if let Some(key) = self.ready.pop() {
                 if let Some(k) = self.delay_keys.remove(&key) {
                     self.delayed.remove(&k);
                 }
@@ -206,7 +213,7 @@ impl Queue {
                 self.move_up(&key, rank);
             }
             None => {
-                self.ready.insert((rank, key.clone()));
+                self.ready.insert(rank, key.clone());
                 self.due.insert(key, Due { rank, since });
                 self.metrics.depth.inc();
             }
@@ -218,9 +225,8 @@ impl Queue {
         if let Some(due) = self.due.get_mut(key)
             && due.rank > rank
         {
-            self.ready.remove(&(due.rank, key.clone()));
+            self.ready.rerank(key, due.rank, rank);
             due.rank = rank;
-            self.ready.insert((rank, key.clone()));
         }
     }
 
@@ -247,7 +253,7 @@ impl Queue {
         while let Ok((key, sent)) = self.rx.try_recv() {
             self.make_ready(key, sent);
         }
-        self.ready.iter().any(|(_, k)| k != current)
+        self.ready.any_besides(current)
     }
 
     /// Reconcile `key` again once no key is due (unless it becomes due before). Nothing
@@ -400,6 +406,33 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_quiet_namespaces_key_is_taken_between_a_bursts_keys() {
+        let other = |ns: &str, n: &str| LeaseKey {
+            namespace: ns.into(),
+            name: n.into(),
+        };
+        let (tx, mut q) = queue();
+        for i in 0..100 {
+            tx.key(other("noisy", &format!("l{i:03}")));
+        }
+        assert_eq!(q.next().await, Some(other("noisy", "l000")));
+        // A failover in another namespace (its timer fires) after the whole burst was due.
+        q.requeue(other("quiet", "work"), Duration::from_secs(1));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(q.next().await, Some(other("noisy", "l001")), "noisy's turn");
+        assert_eq!(
+            q.next().await,
+            Some(other("quiet", "work")),
+            "then quiet's, not after the other 98"
+        );
+        // An election under way in the burst still ranks first within its namespace.
+        assert_eq!(q.next().await, Some(other("noisy", "l002")));
+        q.electing(&other("noisy", "l002"), true);
+        tx.key(other("noisy", "l002"));
+        assert_eq!(q.next().await, Some(other("noisy", "l002")));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_election_that_began_moves_up_a_key_already_due_again() {
         let (tx, mut q) = queue();
         tx.key(key("0"));
@@ -438,7 +471,7 @@ mod tests {
             depth: Gauge::default(),
             idle: Gauge::default(),
         };
-        let (tx, mut qs) = queues(1, metrics.clone());
+        let (tx, mut qs) = queues(1, Fairness::Namespaces, metrics.clone());
         let q = &mut qs[0];
         // The worker is at work (it has been asking for keys).
         tx.key(key("0"));
@@ -471,7 +504,7 @@ mod tests {
             depth: Gauge::default(),
             idle: Gauge::default(),
         };
-        let (tx, mut qs) = queues(1, metrics.clone());
+        let (tx, mut qs) = queues(1, Fairness::Namespaces, metrics.clone());
         // The watches fill the queue while the replica stands by for an hour.
         tx.key(key("a"));
         tokio::time::advance(Duration::from_secs(3600)).await;
@@ -482,7 +515,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lease_always_goes_to_one_worker_and_the_work_is_spread() {
-        let (tx, mut qs) = queues(4, QueueMetrics::unregistered());
+        let (tx, mut qs) = queues(4, Fairness::Namespaces, QueueMetrics::unregistered());
         let keys: Vec<LeaseKey> = (0..200).map(|i| key(&format!("lease-{i}"))).collect();
         for k in &keys {
             tx.key(k.clone());
