@@ -278,7 +278,15 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) {
     }
 
     let lease_duration = format!("{LEASE_SECONDS}s");
-    let mut flags = vec!["--lease-duration", &lease_duration];
+    // One namespace holds every lease: no per-namespace limit.
+    let mut flags = vec![
+        "--lease-duration",
+        &lease_duration,
+        "--max-candidates-per-namespace",
+        "0",
+        "--max-leases-per-namespace",
+        "0",
+    ];
     if let Some(c) = &setup.concurrency {
         flags.extend(["--concurrency", c]);
         println!("operator --concurrency {c}");

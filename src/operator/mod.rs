@@ -104,6 +104,17 @@ pub struct Settings {
     /// at a time.
     #[arg(long, default_value = "8", value_parser = clap::value_parser!(u16).range(1..=metrics::MAX_WORKERS as i64))]
     pub concurrency: u16,
+    /// Candidates the operator arbitrates per namespace (0: no limit). Beyond it, the newest
+    /// candidates are refused (`Eligible=False`, `LimitExceeded`, and a Warning Event), not
+    /// elected, and cached only as a stub; the older ones' elections go on. At about 8 KiB per
+    /// cached candidate, a namespace at the default holds about 80 MiB of the operator's memory.
+    #[arg(long, default_value = "10000")]
+    pub max_candidates_per_namespace: usize,
+    /// Distinct leases the candidates of one namespace may name (0: no limit). Candidates for a
+    /// lease beyond it are refused like those beyond --max-candidates-per-namespace, and no
+    /// Lease is made for it.
+    #[arg(long, default_value = "3000")]
+    pub max_leases_per_namespace: usize,
     /// How due leases share each worker: `namespaces` takes the namespaces with due leases in
     /// turn, one lease each, then the longest-waiting lease within a namespace (a burst of
     /// elections in one namespace delays another namespace's failover by at most one reconcile
@@ -341,6 +352,10 @@ fn start_caches(
     let (caches, mut watch_errors) = cache::watch_all(
         client.clone(),
         settings.watch_namespace.as_deref(),
+        cache::limits::Limits {
+            candidates: settings.max_candidates_per_namespace,
+            leases: settings.max_leases_per_namespace,
+        },
         enqueue,
         metrics.pods_followed.clone(),
     );

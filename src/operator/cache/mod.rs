@@ -10,6 +10,7 @@ pub(crate) mod declared;
 pub(crate) mod feed;
 pub(crate) mod incarnations;
 pub(crate) mod lease_records;
+pub(crate) mod limits;
 pub(crate) mod liveness;
 pub mod pod_facts;
 pub(crate) mod pods;
@@ -21,8 +22,8 @@ pub(crate) mod written;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -70,6 +71,8 @@ pub struct Caches {
     /// Each lease's holder as this process last saw or assigned it (the workers' memory; the
     /// Lease watch bumps it as it delivers a holder's records).
     pub held: Held,
+    /// Which candidates each namespace's limits admit ([`limits`]).
+    pub limits: limits::Tally,
     /// One lock per namespace, held by a worker for a single-active lease's whole reconcile:
     /// role labels belong to pods, and two workloads (or a workload whose lease name changed)
     /// may select the same pods, so "demote, then promote" must not interleave across workers.
@@ -117,6 +120,7 @@ impl Caches {
             stopped_pods: StoppedPods::default(),
             records: Records::default(),
             held: Held::default(),
+            limits: limits::Tally::default(),
             single_active_locks: NamespaceLocks::default(),
         }
     }
@@ -166,6 +170,7 @@ fn all_listed(
 pub fn watch_all(
     client: Client,
     namespace: Option<&str>,
+    limits: limits::Limits,
     enqueue: Enqueue,
     pods_followed: prometheus_client::metrics::gauge::Gauge,
 ) -> (Caches, BoxStream<'static, anyhow::Error>) {
@@ -176,7 +181,7 @@ pub fn watch_all(
     let (by_lease, workloads) = (CandidateIndex::default(), AnnotatedWorkloads::default());
     let (pods, fetches) = follow_pods(&by_lease, &workloads, pods_followed);
     let listed = all_listed(&candidates, &deployments, &stateful_sets);
-    let caches = Caches::with(
+    let mut caches = Caches::with(
         candidates,
         leases,
         pods,
@@ -185,6 +190,7 @@ pub fn watch_all(
         by_lease,
         workloads,
     );
+    caches.limits = limits::Tally::new(limits);
     let stopped_pods = caches.stopped_pods.clone();
 
     let candidate_events = candidate_events(&client, namespace, cw, &caches, enqueue.clone());
@@ -324,14 +330,30 @@ fn candidate_events(
     // Leases of the candidates a (re)list delivered: reconciled at its end, once the store
     // holds what it listed (until then a worker would judge the candidates as they were).
     let mut relisted: HashSet<LeaseKey> = HashSet::new();
+    let tally = caches.limits.clone();
+    let (judge, list_client, list_ns) =
+        (tally.clone(), client.clone(), namespace.map(String::from));
     // Tolerant: one candidate (or Lease) anyone wrote must not stop the watch for all.
     crate::tolerant::watch::<LeaseCandidate>(client.clone(), namespace, watcher::Config::default())
         .backoff(crate::client::reconnect_backoff())
+        // The namespaces' limits: a (re)list follows the candidates' creation order, and a
+        // refused candidate is cut down before it is cached.
+        .and_then(move |ev| {
+            let (tally, client, ns) = (judge.clone(), list_client.clone(), list_ns.clone());
+            async move { limits_applied(ev, &tally, &client, ns.as_deref()).await }
+        })
         .modify(|c| crate::operator::cache::slim::keep_annotation_owners(&mut c.metadata))
         .reflect(writer)
         .map(move |ev| {
             let ev = ev?;
             match &ev {
+                watcher::Event::Apply(c) | watcher::Event::InitApply(c)
+                    if tally.is_refused(&c.uid().unwrap_or_default()) =>
+                {
+                    log.forget(c);
+                    liveness.forget(c);
+                    index.remove(c);
+                }
                 watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
                     log.record(c);
                     liveness.delivered(c, matches!(ev, watcher::Event::Apply(_)));
@@ -380,6 +402,58 @@ fn candidate_events(
             Ok::<_, anyhow::Error>(())
         })
         .boxed()
+}
+
+/// A candidate watch event with the namespaces' limits applied ([`limits`]): at a (re)list's
+/// start the candidates are listed page by page and judged in creation order (if that list
+/// fails, the relist's candidates are judged in the order they come); refused candidates are
+/// cut down to stubs.
+async fn limits_applied(
+    mut ev: watcher::Event<LeaseCandidate>,
+    tally: &limits::Tally,
+    client: &Client,
+    namespace: Option<&str>,
+) -> watcher::Result<watcher::Event<LeaseCandidate>> {
+    if !tally.limits().any() {
+        return Ok(ev);
+    }
+    match &mut ev {
+        watcher::Event::Init => {
+            let plan = match list_in_creation_order(client, namespace).await {
+                Ok(listed) => limits::plan(listed, tally.limits()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing the candidates for the namespaces' limits failed; this relist's candidates are admitted in the order they come");
+                    limits::Plan::default()
+                }
+            };
+            tally.relist(namespace, plan);
+        }
+        watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
+            tally.apply(c);
+        }
+        watcher::Event::Delete(c) => tally.delete(c),
+        watcher::Event::InitDone => tally.relisted(namespace),
+    }
+    Ok(ev)
+}
+
+/// What the limits need of every candidate, listed 500 at a time (only those few fields are
+/// kept of each page).
+async fn list_in_creation_order(
+    client: &Client,
+    namespace: Option<&str>,
+) -> kube::Result<Vec<limits::Listed>> {
+    let api: Api<crate::tolerant::Tolerant<LeaseCandidate>> = api(client, namespace);
+    let mut listed = Vec::new();
+    let mut params = kube::api::ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        listed.extend(page.items.iter().map(|c| limits::Listed::of(&c.0)));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(listed),
+        }
+    }
 }
 
 /// The watch of the Leases arbiter manages: each record's delivery is stamped (the start of

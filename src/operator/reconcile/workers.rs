@@ -38,7 +38,17 @@ pub async fn run(
         );
         Box::pin(work(index, worker, queue))
     });
-    futures::future::select_all(workers).await;
+    // Candidates beyond a namespace's limits are reported beside the elections.
+    let refusals = crate::operator::report::limits::report_refusals(
+        client.clone(),
+        caches.limits.clone(),
+        caches.candidates.clone(),
+        recorder.clone(),
+    );
+    tokio::select! {
+        _ = futures::future::select_all(workers) => {}
+        () = refusals => {}
+    }
 }
 
 impl Worker {

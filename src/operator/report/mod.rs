@@ -2,6 +2,7 @@
 
 pub mod conditions;
 pub(crate) mod events;
+pub(crate) mod limits;
 
 pub use events::publish;
 

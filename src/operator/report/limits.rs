@@ -1,0 +1,181 @@
+//! Telling the owners of refused candidates ([`crate::operator::cache::limits`]): the acting
+//! replica marks each `Eligible=False` (`LimitExceeded`, with the limit in the message) and
+//! records a Warning Event `LimitExceeded` when it writes that condition, once per refusal
+//! (a replica taking over finds the condition written and stays quiet).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
+use serde_json::json;
+
+use super::conditions::{ELIGIBLE, merge};
+use super::publish;
+use crate::api::LeaseCandidate;
+use crate::operator::cache::limits::{Exceeded, Refused, Tally};
+
+/// The reason of the condition and of the Event.
+pub const LIMIT_EXCEEDED: &str = "LimitExceeded";
+
+/// How often writes that failed are tried again.
+const RETRY: Duration = Duration::from_secs(10);
+
+/// The conditions a refused candidate should carry: its own, with `Eligible` saying why.
+pub fn refused_conditions(current: &[Condition], r: &Refused) -> Option<Vec<Condition>> {
+    let eligible = Condition {
+        type_: ELIGIBLE.into(),
+        status: "False".into(),
+        reason: LIMIT_EXCEEDED.into(),
+        message: r.exceeded.message(&r.namespace),
+        observed_generation: None,
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ),
+    };
+    let mut desired: Vec<Condition> = current
+        .iter()
+        .filter(|c| c.type_ != ELIGIBLE)
+        .cloned()
+        .collect();
+    desired.push(eligible);
+    merge(current, desired)
+}
+
+/// The condition of a candidate admitted after it was refused, until its lease's next
+/// reconcile says more.
+fn admitted() -> Condition {
+    Condition {
+        type_: ELIGIBLE.into(),
+        status: "Unknown".into(),
+        reason: "Admitted".into(),
+        message: "admitted within the namespace's limits; its election follows".into(),
+        observed_generation: None,
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ),
+    }
+}
+
+/// Reports refused candidates for as long as the replica acts.
+pub async fn report_refusals(
+    client: Client,
+    tally: Tally,
+    cache: Store<LeaseCandidate>,
+    recorder: Recorder,
+) {
+    // What this replica reported: refusals already on the server are not written again.
+    let mut reported: HashMap<String, Exceeded> = HashMap::new();
+    loop {
+        let mut failed = false;
+        for r in tally.refused() {
+            if reported.get(&r.uid) == Some(&r.exceeded) {
+                continue;
+            }
+            let Some(cached) = cache.get(&ObjectRef::new(&r.name).within(&r.namespace)) else {
+                continue;
+            };
+            if cached.metadata.uid.as_deref() != Some(r.uid.as_str()) {
+                continue;
+            }
+            let current = cached
+                .status
+                .as_ref()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default();
+            match refused_conditions(&current, &r) {
+                None => {
+                    reported.insert(r.uid.clone(), r.exceeded);
+                }
+                Some(conditions) => {
+                    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &r.namespace);
+                    let patch = json!({ "status": { "conditions": conditions } });
+                    match api
+                        .patch_status(&r.name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(_) => {
+                            tracing::warn!(namespace = %r.namespace, candidate = %r.name, "{}", r.exceeded.message(&r.namespace));
+                            publish(
+                                &recorder,
+                                &cached.object_ref(&()),
+                                EventType::Warning,
+                                LIMIT_EXCEEDED,
+                                r.exceeded.message(&r.namespace),
+                            );
+                            reported.insert(r.uid.clone(), r.exceeded);
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => {
+                            tracing::warn!(namespace = %r.namespace, candidate = %r.name, error = %e, "reporting a refused candidate failed; retrying");
+                            failed = true;
+                        }
+                    }
+                }
+            }
+        }
+        reported.retain(|uid, _| tally.is_refused(uid));
+        // Admitted after all (room was made), but cached only as a stub: a status write makes
+        // the watch deliver them whole, and the next reconcile of their lease reports them.
+        for (namespace, name, uid) in tally.promoted() {
+            let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &namespace);
+            let patch = json!({ "status": { "conditions": [admitted()] } });
+            let pp = PatchParams::default();
+            match api.patch_status(&name, &pp, &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    tracing::info!(%namespace, candidate = %name, %uid, "admitted within the namespace's limits")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(%namespace, candidate = %name, error = %e, "touching an admitted candidate failed; retrying");
+                    failed = true;
+                }
+            }
+        }
+        if failed {
+            tokio::time::sleep(RETRY).await;
+        } else {
+            tally.changed().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> Refused {
+        Refused {
+            namespace: "team".into(),
+            name: "c".into(),
+            uid: "u".into(),
+            exceeded: Exceeded::Candidates(3),
+            created: String::new(),
+            lease: "l".into(),
+        }
+    }
+
+    #[test]
+    fn a_refused_candidate_is_marked_not_eligible_once() {
+        let first = refused_conditions(&[], &refused()).expect("written");
+        assert_eq!(first.len(), 1);
+        assert_eq!(
+            (first[0].type_.as_str(), first[0].status.as_str()),
+            (ELIGIBLE, "False")
+        );
+        assert_eq!(first[0].reason, LIMIT_EXCEEDED);
+        assert!(
+            first[0]
+                .message
+                .contains("namespace team already has 3 candidates")
+        );
+        assert_eq!(refused_conditions(&first, &refused()), None, "no rewrite");
+        // Another limit: rewritten.
+        let mut leases = refused();
+        leases.exceeded = Exceeded::Leases(2);
+        assert!(refused_conditions(&first, &leases).is_some());
+    }
+}
