@@ -13,6 +13,7 @@ mod real_node;
 mod release;
 mod single_active;
 mod support;
+mod tenants;
 mod trust;
 
 use std::future::Future;
@@ -53,6 +54,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(inject::tests());
     all.extend(release::tests());
     all.extend(trust::tests());
+    all.extend(tenants::tests());
     all
 }
 

@@ -38,9 +38,16 @@ pub struct Settings {
     /// namespace, else `default`).
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
-    /// Only arbitrate leases in this namespace (default: all namespaces).
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    pub watch_namespace: Option<String>,
+    /// Only arbitrate leases in these namespaces, comma-separated (default: all namespaces).
+    /// Each is watched on its own, so the operator needs rights in those namespaces only.
+    /// (`--watch-namespace` is the same flag.)
+    #[arg(
+        long = "watch-namespaces",
+        visible_alias = "watch-namespace",
+        env = "WATCH_NAMESPACE",
+        value_delimiter = ','
+    )]
+    pub watch_namespaces: Vec<String>,
     /// Name of the operator's own HA Lease.
     #[arg(long, default_value = "arbiter-operator")]
     pub leader_election_lease: String,
@@ -139,6 +146,20 @@ impl Settings {
         }
     }
 
+    /// What each watch covers: one namespace each of `--watch-namespaces`, or all (`None`).
+    pub fn scopes(&self) -> Vec<Option<String>> {
+        let mut namespaces: Vec<String> = (self.watch_namespaces.iter())
+            .filter(|ns| !ns.is_empty())
+            .cloned()
+            .collect();
+        if namespaces.is_empty() {
+            return vec![None];
+        }
+        namespaces.sort();
+        namespaces.dedup();
+        namespaces.into_iter().map(Some).collect()
+    }
+
     /// The timeout of every API write: half the HA renew deadline, and no more than three
     /// quarters of the time between the renew deadline and the HA lease's expiry (so a write
     /// sent just before the gate closed is abandoned before a standby can take over). Reads get
@@ -211,7 +232,11 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     if settings.install_crds {
         crate::api::apply_crds(ha_client.clone(), Duration::from_secs(60)).await?;
     }
-    check_crd(&client, settings.watch_namespace.as_deref()).await?;
+    check_crd(
+        &client,
+        settings.watch_namespaces.first().map(String::as_str),
+    )
+    .await?;
 
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
@@ -219,7 +244,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         &settings.webhook,
         &client,
         &namespace,
-        settings.watch_namespace.clone(),
+        settings.watch_namespaces.clone(),
         &metrics,
     )
     .await?;
@@ -277,7 +302,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         &settings.webhook,
         client.clone(),
         namespace.clone(),
-        settings.watch_namespace.clone(),
+        settings.scopes(),
         settings.reporter(),
     );
     // The webhook's upkeep ends only if a watch it needs did: like the work queue closing, that
@@ -351,7 +376,7 @@ fn start_caches(
     );
     let (caches, mut watch_errors) = cache::watch_all(
         client.clone(),
-        settings.watch_namespace.as_deref(),
+        &settings.scopes(),
         cache::limits::Limits {
             candidates: settings.max_candidates_per_namespace,
             leases: settings.max_leases_per_namespace,

@@ -43,3 +43,12 @@ the chart's appVersion). global.imageRegistry wins over image.registry.
 {{ $name }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 {{- end }}
+
+{{/* The namespaces the operator arbitrates, as a JSON list (empty: all): operator.watchNamespaces
+     and operator.watchNamespace together. */}}
+{{- define "arbiter.watchNamespaces" -}}
+{{- $l := list -}}
+{{- range .Values.operator.watchNamespaces }}{{- if . }}{{- $l = append $l . -}}{{- end }}{{- end -}}
+{{- with .Values.operator.watchNamespace }}{{- $l = append $l . -}}{{- end -}}
+{{- $l | uniq | sortAlpha | toJson -}}
+{{- end -}}

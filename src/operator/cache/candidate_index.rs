@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 
 use crate::api::LeaseCandidate;
 use crate::operator::key::LeaseKey;
@@ -156,7 +156,7 @@ impl CandidateIndex {
     pub fn candidates(
         &self,
         key: &LeaseKey,
-        cache: &Store<LeaseCandidate>,
+        cache: &crate::operator::cache::stores::Cached<LeaseCandidate>,
     ) -> Vec<Arc<LeaseCandidate>> {
         let index = self.0.lock().unwrap();
         let names: Vec<String> = index
@@ -199,6 +199,7 @@ mod tests {
     #[test]
     fn finds_a_lease_s_candidates_and_only_cached_current_ones() {
         let (cache, mut writer) = reflector::store::<LeaseCandidate>();
+        let cache = crate::operator::cache::stores::Cached::single(cache);
         let index = CandidateIndex::default();
         for c in [
             candidate("b", "one"),
@@ -229,6 +230,7 @@ mod tests {
     #[test]
     fn a_candidate_the_api_server_said_is_gone_is_left_out_until_the_cache_drops_it() {
         let (cache, mut writer) = reflector::store::<LeaseCandidate>();
+        let cache = crate::operator::cache::stores::Cached::single(cache);
         let index = CandidateIndex::default();
         let mut a = candidate("a", "one");
         a.metadata.uid = Some("uid-a".into());

@@ -31,13 +31,14 @@ impl Feed {
         let (leases, lease_writer) = reflector::store();
         let (deployments, _) = reflector::store();
         let (stateful_sets, _) = reflector::store();
-        let (pods, fetches) = FollowedPods::new(Arc::new(|_| true), Default::default());
+        let (pods, fetches) = FollowedPods::new(Arc::new(|_| true), 1, Default::default());
+        use crate::operator::cache::stores::Cached;
         let caches = Caches::with(
-            candidates,
-            leases,
+            Cached::single(candidates),
+            Cached::single(leases),
             pods,
-            deployments,
-            stateful_sets,
+            Cached::single(deployments),
+            Cached::single(stateful_sets),
             CandidateIndex::default(),
             AnnotatedWorkloads::default(),
         );

@@ -16,6 +16,7 @@ pub mod pod_facts;
 pub(crate) mod pods;
 pub(crate) mod slim;
 pub(crate) mod stopped;
+pub(crate) mod stores;
 pub(crate) mod workloads;
 pub(crate) mod written;
 
@@ -28,7 +29,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
@@ -40,6 +41,7 @@ use crate::operator::cache::lease_records::Records;
 use crate::operator::cache::liveness::Liveness;
 use crate::operator::cache::pods::{Fetch, FollowedPods, fetch_loop, has_role};
 use crate::operator::cache::stopped::StoppedPods;
+use crate::operator::cache::stores::Cached;
 use crate::operator::cache::workloads::AnnotatedWorkloads;
 use crate::operator::key::LeaseKey;
 use crate::operator::queue::Enqueue;
@@ -49,12 +51,12 @@ use crate::workloads::{Workload, WorkloadError};
 /// The caches every replica keeps warm, leader or not.
 #[derive(Clone)]
 pub struct Caches {
-    pub candidates: Store<LeaseCandidate>,
-    pub leases: Store<Lease>,
+    pub candidates: Cached<LeaseCandidate>,
+    pub leases: Cached<Lease>,
     pub pods: FollowedPods,
     /// Kept for readiness: [`Self::workloads`] is complete once these are.
-    pub deployments: Store<Deployment>,
-    pub stateful_sets: Store<StatefulSet>,
+    pub deployments: Cached<Deployment>,
+    pub stateful_sets: Cached<StatefulSet>,
     /// The single-active workloads, from the Deployment and StatefulSet watches.
     pub workloads: AnnotatedWorkloads,
     /// Every candidate's recent incarnation stamps (duplicate identities).
@@ -99,11 +101,11 @@ impl NamespaceLocks {
 impl Caches {
     /// Caches on these stores, with every index and memory empty.
     pub(crate) fn with(
-        candidates: Store<LeaseCandidate>,
-        leases: Store<Lease>,
+        candidates: Cached<LeaseCandidate>,
+        leases: Cached<Lease>,
         pods: FollowedPods,
-        deployments: Store<Deployment>,
-        stateful_sets: Store<StatefulSet>,
+        deployments: Cached<Deployment>,
+        stateful_sets: Cached<StatefulSet>,
         by_lease: CandidateIndex,
         workloads: AnnotatedWorkloads,
     ) -> Caches {
@@ -132,6 +134,7 @@ impl Caches {
 fn follow_pods(
     by_lease: &CandidateIndex,
     workloads: &AnnotatedWorkloads,
+    scopes: usize,
     kept: prometheus_client::metrics::gauge::Gauge,
 ) -> (FollowedPods, tokio::sync::mpsc::UnboundedReceiver<Fetch>) {
     let (index, annotated) = (by_lease.clone(), workloads.clone());
@@ -140,16 +143,16 @@ fn follow_pods(
             || annotated.selects_any(pod)
             || has_role(pod)
     });
-    FollowedPods::new(follows, kept)
+    FollowedPods::new(follows, scopes, kept)
 }
 
 /// Ends once the candidates and workloads are listed: the pod watch starts then, so that its
 /// first list keeps every pod they name without fetching them one by one. (This is the only
 /// wait on those three stores: a kube-runtime store wakes only its last waiter.)
 fn all_listed(
-    candidates: &Store<LeaseCandidate>,
-    deployments: &Store<Deployment>,
-    stateful_sets: &Store<StatefulSet>,
+    candidates: &Cached<LeaseCandidate>,
+    deployments: &Cached<Deployment>,
+    stateful_sets: &Cached<StatefulSet>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (c, d, s) = (
         candidates.clone(),
@@ -169,17 +172,17 @@ fn all_listed(
 /// may affect.
 pub fn watch_all(
     client: Client,
-    namespace: Option<&str>,
+    scopes: &[Option<String>],
     limits: limits::Limits,
     enqueue: Enqueue,
     pods_followed: prometheus_client::metrics::gauge::Gauge,
 ) -> (Caches, BoxStream<'static, anyhow::Error>) {
-    let (candidates, cw) = reflector::store();
-    let (leases, lw) = reflector::store();
-    let (deployments, dw) = reflector::store();
-    let (stateful_sets, sw) = reflector::store();
+    let (candidates, cws) = Cached::new(scopes);
+    let (leases, lws) = Cached::new(scopes);
+    let (deployments, dws) = Cached::new(scopes);
+    let (stateful_sets, sws) = Cached::new(scopes);
     let (by_lease, workloads) = (CandidateIndex::default(), AnnotatedWorkloads::default());
-    let (pods, fetches) = follow_pods(&by_lease, &workloads, pods_followed);
+    let (pods, fetches) = follow_pods(&by_lease, &workloads, scopes.len(), pods_followed);
     let listed = all_listed(&candidates, &deployments, &stateful_sets);
     let mut caches = Caches::with(
         candidates,
@@ -193,42 +196,52 @@ pub fn watch_all(
     caches.limits = limits::Tally::new(limits);
     let stopped_pods = caches.stopped_pods.clone();
 
-    let candidate_events = candidate_events(&client, namespace, cw, &caches, enqueue.clone());
-    let lease_events = lease_events(&client, namespace, lw, &caches, enqueue.clone());
-    let pod_events = pod_events(
+    // One watch of each kind per scope (a namespace, or all).
+    let mut streams: Vec<BoxStream<'static, anyhow::Result<()>>> = Vec::new();
+    for (((scope, cw), lw), (dw, sw)) in scopes
+        .iter()
+        .zip(cws)
+        .zip(lws)
+        .zip(dws.into_iter().zip(sws))
+    {
+        let ns = scope.as_deref();
+        streams.push(candidate_events(&client, ns, cw, &caches, enqueue.clone()));
+        streams.push(lease_events(&client, ns, lw, &caches, enqueue.clone()));
+        streams.push(
+            workload_events(
+                api::<Deployment>(&client, ns),
+                dw,
+                "Deployment",
+                Workload::from_deployment,
+                &caches,
+                enqueue.clone(),
+            )
+            .boxed(),
+        );
+        streams.push(
+            workload_events(
+                api::<StatefulSet>(&client, ns),
+                sw,
+                "StatefulSet",
+                Workload::from_stateful_set,
+                &caches,
+                enqueue.clone(),
+            )
+            .boxed(),
+        );
+    }
+    streams.push(pod_events(
         &client,
-        namespace,
+        scopes,
         &caches,
         stopped_pods,
         listed,
         fetches,
-        enqueue.clone(),
-    );
-    let deployment_events = workload_events(
-        api::<Deployment>(&client, namespace),
-        dw,
-        "Deployment",
-        Workload::from_deployment,
-        &caches,
-        enqueue.clone(),
-    );
-    let stateful_set_events = workload_events(
-        api::<StatefulSet>(&client, namespace),
-        sw,
-        "StatefulSet",
-        Workload::from_stateful_set,
-        &caches,
         enqueue,
-    );
-    let errors = futures::stream::select_all([
-        candidate_events.boxed(),
-        lease_events.boxed(),
-        pod_events.boxed(),
-        deployment_events.boxed(),
-        stateful_set_events.boxed(),
-    ])
-    .filter_map(|r: anyhow::Result<()>| async move { r.err() })
-    .boxed();
+    ));
+    let errors = futures::stream::select_all(streams)
+        .filter_map(|r: anyhow::Result<()>| async move { r.err() })
+        .boxed();
     (caches, errors)
 }
 
@@ -250,7 +263,7 @@ where
 /// candidates and workloads.
 fn pod_events(
     client: &Client,
-    namespace: Option<&str>,
+    scopes: &[Option<String>],
     caches: &Caches,
     stopped_pods: StoppedPods,
     listed: impl std::future::Future<Output = ()> + Send + 'static,
@@ -270,25 +283,27 @@ fn pod_events(
             e.key(key);
         }
     };
-    let (pod_watch_api, all_candidates, on_fetched) = (
-        api::<Pod>(client, namespace),
-        caches.candidates.clone(),
-        on_pod.clone(),
-    );
-    let pods = caches.pods.clone();
+    let (all_candidates, on_fetched) = (caches.candidates.clone(), on_pod.clone());
+    let (pods, client_for_watch, scopes) = (caches.pods.clone(), client.clone(), scopes.to_vec());
     let events = futures::stream::once(listed).flat_map(move |()| {
-        let (pods, all_candidates, on_pod) = (pods.clone(), all_candidates.clone(), on_pod.clone());
-        // Pods and workloads keep kube-runtime's backoff (up to 30 s): relisting every pod in
-        // the cluster every few seconds would weigh on an API server that is struggling, and
-        // elections after a restart need the candidates and Leases, not these.
-        watcher(pod_watch_api.clone(), watcher::Config::default())
+        let watches = scopes.iter().map(|scope| {
+            let (pods, all_candidates, on_pod) =
+                (pods.clone(), all_candidates.clone(), on_pod.clone());
+            let scope = scope.clone();
+            // Pods and workloads keep kube-runtime's backoff (up to 30 s): relisting every pod
+            // in the cluster every few seconds would weigh on an API server that is struggling,
+            // and elections after a restart need the candidates and Leases, not these.
+            watcher(
+                api::<Pod>(&client_for_watch, scope.as_deref()),
+                watcher::Config::default(),
+            )
             .default_backoff()
             .map(move |ev| {
                 let ev = ev?;
                 let listed = matches!(ev, watcher::Event::InitDone);
                 // Only what the operator reads is kept (managed fields, annotations,
                 // volumes, env and probes are most of a pod).
-                if let Some((pod, deleted)) = pods.apply_event(ev) {
+                if let Some((pod, deleted)) = pods.apply_event_in(scope.as_deref(), ev) {
                     on_pod(&pod, deleted);
                 }
                 if listed {
@@ -301,6 +316,9 @@ fn pod_events(
                 }
                 Ok::<_, anyhow::Error>(())
             })
+            .boxed()
+        });
+        futures::stream::select_all(watches)
     });
     let fetched = futures::stream::once(fetch_loop(
         client.clone(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{EventType, Recorder};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource};
 use serde_json::json;
 
@@ -17,6 +17,7 @@ use super::conditions::{ELIGIBLE, merge};
 use super::publish;
 use crate::api::LeaseCandidate;
 use crate::operator::cache::limits::{Exceeded, Refused, Tally};
+use crate::operator::cache::stores::Cached;
 
 /// The reason of the condition and of the Event.
 pub const LIMIT_EXCEEDED: &str = "LimitExceeded";
@@ -64,7 +65,7 @@ fn admitted() -> Condition {
 pub async fn report_refusals(
     client: Client,
     tally: Tally,
-    cache: Store<LeaseCandidate>,
+    cache: Cached<LeaseCandidate>,
     recorder: Recorder,
 ) {
     // What this replica reported: refusals already on the server are not written again.

@@ -102,7 +102,7 @@ pub(crate) async fn start(
     settings: &Settings,
     client: &kube::Client,
     namespace: &str,
-    only: Option<String>,
+    only: Vec<String>,
     metrics: &crate::operator::metrics::Metrics,
 ) -> anyhow::Result<Option<impl std::future::Future<Output = anyhow::Result<()>> + use<>>> {
     let Some(address) = settings.webhook_address else {
@@ -134,7 +134,7 @@ pub(crate) async fn upkeep(
     settings: &Settings,
     client: kube::Client,
     namespace: String,
-    watch_namespace: Option<String>,
+    scopes: Vec<Option<String>>,
     reporter: kube::runtime::events::Reporter,
 ) {
     if settings.webhook_address.is_none() {
@@ -148,7 +148,11 @@ pub(crate) async fn upkeep(
     };
     let bindings = async {
         if settings.inject_agent_rbac {
-            binding::keep(client.clone(), watch_namespace, reporter).await
+            // One per namespace watched (or one for all): each keeps its namespaces' rights.
+            let keeps = scopes
+                .into_iter()
+                .map(|scope| Box::pin(binding::keep(client.clone(), scope, reporter.clone())));
+            futures::future::select_all(keeps).await;
         } else {
             std::future::pending().await
         }

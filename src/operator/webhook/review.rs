@@ -16,9 +16,9 @@ pub struct Injection {
     /// The init container's `imagePullPolicy` (the operator's own, so that an air-gapped install
     /// pulls the image as the operator's pods do); the cluster's default when unset.
     pub pull_policy: Option<String>,
-    /// The only namespace arbitrated (`--watch-namespace`): pods elsewhere are refused (no one
-    /// would elect them, and unwrapped they would all run).
-    pub only: Option<String>,
+    /// The only namespaces arbitrated (`--watch-namespaces`; empty: all): pods elsewhere are
+    /// refused (no one would elect them, and unwrapped they would all run).
+    pub only: Vec<String>,
 }
 
 /// The response to `request`.
@@ -33,11 +33,15 @@ pub fn review(request: &AdmissionRequest<Pod>, injection: &Injection) -> Admissi
     else {
         return response;
     };
-    if let Some(only) = &injection.only
-        && request.namespace.as_ref() != Some(only)
+    if !injection.only.is_empty()
+        && !request
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| injection.only.contains(ns))
     {
         return response.deny(format!(
-            "arbiter: this arbiter arbitrates only namespace {only}: a pod labelled arbiter.dev/inject elsewhere would never be elected"
+            "arbiter: this arbiter arbitrates only namespace {}: a pod labelled arbiter.dev/inject elsewhere would never be elected",
+            injection.only.join(", ")
         ));
     }
     match inject(pod, &injection.image) {
@@ -111,7 +115,7 @@ mod tests {
         Injection {
             image: name.into(),
             pull_policy: Some("Never".into()),
-            only: only.map(String::from),
+            only: only.map(String::from).into_iter().collect(),
         }
     }
 

@@ -70,6 +70,9 @@ pub struct FollowedPods {
     ready: tokio::sync::watch::Sender<bool>,
     /// How many pods are kept (`arbiter_pods_followed`).
     kept: Gauge,
+    /// How many watches (one per namespace watched, or one for all) must list before the
+    /// cache is ready.
+    scopes: usize,
 }
 
 type ByNamespace = HashMap<String, HashMap<String, Arc<Pod>>>;
@@ -77,8 +80,11 @@ type ByNamespace = HashMap<String, HashMap<String, Arc<Pod>>>;
 #[derive(Default)]
 struct Inner {
     pods: ByNamespace,
-    /// Being rebuilt from a (re-)list, between `Init` and `InitDone`.
-    relist: Option<ByNamespace>,
+    /// Being rebuilt from a (re-)list, between `Init` and `InitDone`, by the scope of the
+    /// watch that lists (a namespace, or `None`: all).
+    relists: HashMap<Option<String>, ByNamespace>,
+    /// The scopes whose watch listed once.
+    listed: HashSet<Option<String>>,
     /// uid → when the watch saw it deleted (or a fetch found it gone).
     gone: HashMap<String, Instant>,
     /// `gone` is pruned when it grows past this.
@@ -140,7 +146,11 @@ fn find<'a>(map: &'a ByNamespace, ns: &str, name: &str) -> Option<&'a Arc<Pod>> 
 impl FollowedPods {
     /// A cache that keeps the pods `follows` accepts, and the receiver of the fetches it asks
     /// for (to hand to [`fetch_loop`]).
-    pub fn new(follows: Follows, kept: Gauge) -> (Self, mpsc::UnboundedReceiver<Fetch>) {
+    pub fn new(
+        follows: Follows,
+        scopes: usize,
+        kept: Gauge,
+    ) -> (Self, mpsc::UnboundedReceiver<Fetch>) {
         let (fetches, rx) = mpsc::unbounded_channel();
         let (ready, _) = tokio::sync::watch::channel(false);
         let pods = FollowedPods {
@@ -148,16 +158,27 @@ impl FollowedPods {
             follows,
             fetches,
             ready,
+            scopes: scopes.max(1),
             kept,
         };
         (pods, rx)
     }
 
-    /// Takes in one pod watch event (slimmed: [`keep_what_is_read`]). Returns the pod if it is
-    /// followed (its leases need a look) and whether it was deleted, else `None`: the pod was
-    /// dropped.
+    /// Takes in one event of the watch of every namespace ([`FollowedPods::apply_event_in`]).
+    #[cfg(test)]
     pub fn apply_event(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
-        let seen = self.take_in(ev);
+        self.apply_event_in(None, ev)
+    }
+
+    /// Takes in one event of the pod watch of `scope` (a namespace, or `None`: all), slimmed
+    /// ([`keep_what_is_read`]). Returns the pod if it is followed (its leases need a look) and
+    /// whether it was deleted, else `None`: the pod was dropped.
+    pub fn apply_event_in(
+        &self,
+        scope: Option<&str>,
+        ev: watcher::Event<Pod>,
+    ) -> Option<(Pod, bool)> {
+        let seen = self.take_in(scope, ev);
         if seen.is_some() {
             self.kept.set(self.count() as i64);
         }
@@ -170,23 +191,29 @@ impl FollowedPods {
         find(pods, &ns, &name).is_some() || (self.follows)(pod)
     }
 
-    fn take_in(&self, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
+    fn take_in(&self, scope: Option<&str>, ev: watcher::Event<Pod>) -> Option<(Pod, bool)> {
         let mut inner = self.inner.lock().unwrap();
+        let scope_key = scope.map(String::from);
         match ev {
             watcher::Event::Init => {
-                inner.relist = Some(ByNamespace::default());
+                inner.relists.insert(scope_key, ByNamespace::default());
                 None
             }
             watcher::Event::InitDone => {
-                if let Some(fresh) = inner.relist.take() {
-                    inner.pods = fresh;
+                if let Some(fresh) = inner.relists.remove(&scope_key) {
+                    inner.pods.retain(|ns, _| scope.is_some_and(|s| s != ns));
+                    inner.pods.extend(fresh);
                 }
+                inner.listed.insert(scope_key);
+                let all_listed = inner.listed.len() >= self.scopes;
                 drop(inner);
                 // The list's pages (every pod in the cluster, a page at a time) are freed.
                 crate::memory::release_free_memory();
                 // Counted before the cache says it is ready.
                 self.kept.set(self.count() as i64);
-                self.ready.send_replace(true);
+                if all_listed {
+                    self.ready.send_replace(true);
+                }
                 None
             }
             watcher::Event::InitApply(mut pod) => {
@@ -194,7 +221,7 @@ impl FollowedPods {
                     return None;
                 }
                 keep_what_is_read(&mut pod);
-                if let Some(relist) = inner.relist.as_mut() {
+                if let Some(relist) = inner.relists.get_mut(&scope_key) {
                     put(relist, Arc::new(pod.clone()));
                 }
                 Some((pod, false))
@@ -216,7 +243,7 @@ impl FollowedPods {
                 let uid = pod.uid();
                 let same = |m: &ByNamespace| find(m, &ns, &name).is_some_and(|p| p.uid() == uid);
                 let kept = same(&inner.pods) && take(&mut inner.pods, &ns, &name).is_some();
-                if let Some(relist) = inner.relist.as_mut()
+                if let Some(relist) = inner.relists.get_mut(&scope_key)
                     && same(relist)
                 {
                     take(relist, &ns, &name);
@@ -238,8 +265,11 @@ impl FollowedPods {
             return false;
         }
         let pod = Arc::new(pod);
-        if let Some(relist) = inner.relist.as_mut() {
-            put(relist, pod.clone());
+        let ns = pod.namespace();
+        for scope in [ns, None] {
+            if let Some(relist) = inner.relists.get_mut(&scope) {
+                put(relist, pod.clone());
+            }
         }
         put(&mut inner.pods, pod)
     }

@@ -31,6 +31,7 @@ fn cache() -> (
     let f = followed.clone();
     let (pods, rx) = FollowedPods::new(
         Arc::new(move |p: &Pod| f.lock().unwrap().contains(&p.uid().unwrap())),
+        1,
         Gauge::default(),
     );
     (pods, rx, followed)
@@ -184,4 +185,32 @@ fn a_workloads_pods_are_loaded_once_listed() {
     );
     assert_eq!(pods.in_namespace("ns").len(), 1);
     assert!(pods.wait_until_ready().now_or_never().is_some());
+}
+
+#[test]
+fn each_namespaces_watch_relists_its_own_pods_and_all_must_list_before_ready() {
+    let (pods, _rx) = FollowedPods::new(Arc::new(|_| true), 2, Gauge::default());
+    let in_ns = |ns: &str, name: &str, uid: &str| {
+        let mut p = pod(name, uid, 1, "Running");
+        p.metadata.namespace = Some(ns.into());
+        p
+    };
+    let list = |scope: &str, items: Vec<Pod>| {
+        pods.apply_event_in(Some(scope), watcher::Event::Init);
+        for p in items {
+            pods.apply_event_in(Some(scope), watcher::Event::InitApply(p));
+        }
+        pods.apply_event_in(Some(scope), watcher::Event::InitDone);
+    };
+    list("a", vec![in_ns("a", "p", "u-a")]);
+    assert!(
+        pods.wait_until_ready().now_or_never().is_none(),
+        "b has not listed"
+    );
+    list("b", vec![in_ns("b", "q", "u-b")]);
+    assert!(pods.wait_until_ready().now_or_never().is_some());
+    // a relists empty: b's pod stays.
+    list("a", vec![]);
+    assert!(pods.get("a", "p").is_none());
+    assert!(pods.get("b", "q").is_some());
 }

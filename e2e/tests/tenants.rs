@@ -1,0 +1,157 @@
+//! Many teams, one operator: per-namespace limits and the namespaces an install arbitrates.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arbiter::api::{LeaseCandidate, OLDEST_EMULATION_VERSION as OEV};
+use arbiter::lease;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, PostParams};
+
+use crate::support::operator::{Operator, Responder, condition, create_candidate, wait_for_holder};
+use crate::support::{TestEnv, eventually, wait_for_event};
+
+crate::tests![tenants:
+    a_namespace_over_its_limits_gets_limit_exceeded_and_nothing_else_changes,
+    an_operator_watching_two_namespaces_ignores_a_third,
+];
+
+const DEADLINE: Duration = Duration::from_secs(40);
+
+/// Another namespace for the test, `ENV-suffix`; its TestEnv (deleted with [`drop_namespace`]).
+async fn another_namespace(env: &TestEnv, suffix: &str) -> TestEnv {
+    let ns = format!("{}-{suffix}", env.ns);
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let mut obj = Namespace::default();
+    obj.metadata.name = Some(ns.clone());
+    namespaces
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("creating a namespace");
+    TestEnv {
+        client: env.client.clone(),
+        ns,
+        kubeconfig: env.kubeconfig.clone(),
+    }
+}
+
+async fn drop_namespace(other: TestEnv) {
+    other.cleanup().await;
+}
+
+/// `--watch-namespaces a,b`, with this test's own HA lease namespace and extra flags.
+fn operator_for(env: &TestEnv, namespaces: &[&TestEnv], extra: &[&str]) -> Operator {
+    let list = namespaces
+        .iter()
+        .map(|e| e.ns.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args = vec![
+        "--namespace",
+        &env.ns,
+        "--watch-namespaces",
+        &list,
+        "--metrics-address",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Operator::start_args(&env.kubeconfig, &args)
+}
+
+/// Namespace A may have 3 candidates naming 2 leases. A fourth candidate, for a third lease, is
+/// refused with `LimitExceeded` (a condition and a Warning Event) and gets no Lease; A's other
+/// leases go on (a failover within the limit), and so does namespace B, which has limits of its
+/// own. Once a candidate of A is deleted, the refused one is admitted and elected.
+async fn a_namespace_over_its_limits_gets_limit_exceeded_and_nothing_else_changes(
+    env: Arc<TestEnv>,
+) {
+    let b = another_namespace(&env, "b").await;
+    let _op = operator_for(
+        &env,
+        &[&env, &b],
+        &[
+            "--max-candidates-per-namespace",
+            "3",
+            "--max-leases-per-namespace",
+            "2",
+            "--lease-duration",
+            "5s",
+        ],
+    );
+    let ra = Responder::start(env.client.clone(), &env.ns, &["a1", "a2", "y1", "w1"]);
+    let _rb = Responder::start(b.client.clone(), &b.ns, &["z1", "z2", "v1"]);
+    create_candidate(&env, "a1", "x", "1.30.0", Some("1.30.0"), OEV, None).await;
+    create_candidate(&env, "a2", "x", "1.31.0", Some("1.31.0"), OEV, None).await;
+    create_candidate(&env, "y1", "y", "1.30.0", Some("1.30.0"), OEV, None).await;
+    create_candidate(&b, "z1", "z", "1.30.0", Some("1.30.0"), OEV, None).await;
+    create_candidate(&b, "z2", "z", "1.31.0", Some("1.31.0"), OEV, None).await;
+    wait_for_holder(&env, "x", "a1", DEADLINE).await;
+    wait_for_holder(&env, "y", "y1", DEADLINE).await;
+    wait_for_holder(&b, "z", "z1", DEADLINE).await;
+
+    // A fourth candidate in A, for a third lease: refused.
+    create_candidate(&env, "w1", "w", "1.30.0", Some("1.30.0"), OEV, None).await;
+    let refused = eventually("w1 to be refused", DEADLINE, || async {
+        condition(&env, "w1", "Eligible")
+            .await
+            .filter(|c| c.1 == "LimitExceeded")
+    })
+    .await;
+    assert_eq!(refused.0, "False");
+    let event = wait_for_event(&env, "w1", "LimitExceeded", DEADLINE).await;
+    assert!(
+        event.contains("already has 3 candidates"),
+        "the Event names the limit: {event}"
+    );
+    // A's elections go on: x's holder dies, the next holder is elected.
+    ra.silence("a1");
+    wait_for_holder(&env, "x", "a2", DEADLINE).await;
+    // B is not limited by A: a third candidate there, for a second lease, is elected.
+    create_candidate(&b, "v1", "v", "1.30.0", Some("1.30.0"), OEV, None).await;
+    wait_for_holder(&b, "v", "v1", DEADLINE).await;
+    // Still no Lease for w: it was never arbitrated.
+    let leases: Api<Lease> = env.api();
+    assert!(leases.get_opt("w").await.unwrap().is_none());
+
+    // y goes (its only candidate is deleted): w1 takes its place and is elected.
+    let candidates: Api<LeaseCandidate> = env.api();
+    candidates
+        .delete("y1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let l = wait_for_holder(&env, "w", "w1", DEADLINE).await;
+    assert_eq!(lease::term(&l), 1);
+    drop_namespace(b).await;
+}
+
+/// An operator given `--watch-namespaces a,b` elects in both and never touches a candidate in
+/// c (created first, so it would have been elected first).
+async fn an_operator_watching_two_namespaces_ignores_a_third(env: Arc<TestEnv>) {
+    let b = another_namespace(&env, "b").await;
+    let c = another_namespace(&env, "c").await;
+    let _rc = Responder::start(c.client.clone(), &c.ns, &["c1"]);
+    create_candidate(&c, "c1", "work", "1.30.0", Some("1.30.0"), OEV, None).await;
+    let _op = operator_for(&env, &[&env, &b], &[]);
+    let _ra = Responder::start(env.client.clone(), &env.ns, &["a1"]);
+    let _rb = Responder::start(b.client.clone(), &b.ns, &["b1"]);
+    create_candidate(&env, "a1", "work", "1.30.0", Some("1.30.0"), OEV, None).await;
+    create_candidate(&b, "b1", "work", "1.30.0", Some("1.30.0"), OEV, None).await;
+    wait_for_holder(&env, "work", "a1", DEADLINE).await;
+    wait_for_holder(&b, "work", "b1", DEADLINE).await;
+    // Both were elected, and their statuses written; c's candidate has neither a Lease nor a
+    // status, and was never pinged.
+    eventually("a1's and b1's statuses", DEADLINE, || async {
+        condition(&env, "a1", "Leader").await?;
+        condition(&b, "b1", "Leader").await
+    })
+    .await;
+    let leases: Api<Lease> = c.api();
+    assert!(leases.get_opt("work").await.unwrap().is_none());
+    let candidates: Api<LeaseCandidate> = c.api();
+    let c1 = candidates.get("c1").await.unwrap();
+    assert!(c1.status.is_none(), "{:?}", c1.status);
+    assert!(c1.spec.ping_time.is_none());
+    drop_namespace(b).await;
+    drop_namespace(c).await;
+}
