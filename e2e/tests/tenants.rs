@@ -15,6 +15,7 @@ use crate::support::{TestEnv, eventually, wait_for_event};
 crate::tests![tenants:
     a_namespace_over_its_limits_gets_limit_exceeded_and_nothing_else_changes,
     an_operator_watching_two_namespaces_ignores_a_third,
+    the_documented_lease_writers_policy_lets_only_the_leases_account_write_its_candidates,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -154,4 +155,162 @@ async fn an_operator_watching_two_namespaces_ignores_a_third(env: Arc<TestEnv>) 
     assert!(c1.spec.ping_time.is_none());
     drop_namespace(b).await;
     drop_namespace(c).await;
+}
+
+/// docs/examples/lease-writers.yaml, as the tenants guide says to apply it (for this test's
+/// namespace, with names of its own): only ServiceAccount `writer` may create or patch
+/// candidates for lease `work`; another account with the same RBAC rights is refused, for
+/// `work` only; the operator's account may.
+async fn the_documented_lease_writers_policy_lets_only_the_leases_account_write_its_candidates(
+    env: Arc<TestEnv>,
+) {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::api::{Patch, PatchParams};
+    use serde::Deserialize;
+    use serde_json::json;
+
+    let path = crate::support::repo_root().join("docs/examples/lease-writers.yaml");
+    let policy_name = format!("{}-lw", env.ns);
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("arbiter-lease-writers", &policy_name)
+        .replace("arbiter-system", &env.ns)
+        .replace(":arbiter'", ":operator'")
+        .replace(
+            "payments.payments-controller: payments-controller",
+            &format!("{}.work: writer", env.ns),
+        );
+    let (policies, bindings): (
+        Api<ValidatingAdmissionPolicy>,
+        Api<ValidatingAdmissionPolicyBinding>,
+    ) = (Api::all(env.client.clone()), Api::all(env.client.clone()));
+    let pp = PostParams::default();
+    let docs: Vec<serde_json::Value> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde_json::Value::deserialize(doc).unwrap())
+        .collect();
+    for value in docs {
+        match value["kind"].as_str() {
+            Some("ValidatingAdmissionPolicy") => {
+                policies
+                    .create(&pp, &serde_json::from_value(value).unwrap())
+                    .await
+                    .unwrap();
+            }
+            Some("ValidatingAdmissionPolicyBinding") => {
+                bindings
+                    .create(&pp, &serde_json::from_value(value).unwrap())
+                    .await
+                    .unwrap();
+            }
+            Some("ConfigMap") => {
+                let cms: Api<ConfigMap> = env.api();
+                cms.create(&pp, &serde_json::from_value(value).unwrap())
+                    .await
+                    .unwrap();
+            }
+            other => panic!("unexpected kind {other:?} in {}", path.display()),
+        }
+    }
+    // Three accounts with the same rights on candidates.
+    let sas: Api<ServiceAccount> = env.api();
+    let roles: Api<Role> = env.api();
+    let role_bindings: Api<RoleBinding> = env.api();
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "candidates"},
+        "rules": [{"apiGroups": ["arbiter.dev"], "resources": ["leasecandidates"],
+                   "verbs": ["get", "create", "patch"]}],
+    }))
+    .unwrap();
+    roles.create(&pp, &role).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut clients = std::collections::BTreeMap::new();
+    for sa in ["writer", "other", "operator"] {
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": sa}})).unwrap();
+        sas.create(&pp, &account).await.unwrap();
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": sa},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "candidates"},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": env.ns}],
+        }))
+        .unwrap();
+        role_bindings.create(&pp, &binding).await.unwrap();
+        let kubeconfig = crate::support::service_account_kubeconfig(
+            &env.client,
+            &env.kubeconfig,
+            &env.ns,
+            sa,
+            dir.path(),
+        )
+        .await;
+        let client = crate::support::client_for(&kubeconfig).await;
+        clients.insert(sa, Api::<LeaseCandidate>::namespaced(client, &env.ns));
+    }
+    let candidate = |name: &str, lease: &str| {
+        LeaseCandidate::new(
+            name,
+            arbiter::api::LeaseCandidateSpec {
+                lease_name: lease.into(),
+                binary_version: "1.30.0".into(),
+                emulation_version: Some("1.30.0".into()),
+                strategy: OEV.into(),
+                ping_time: None,
+                renew_time: None,
+            },
+        )
+    };
+    // The policy takes a moment to be enforced: until other is refused.
+    let refusal = eventually("the policy to refuse other", DEADLINE, || async {
+        match clients["other"]
+            .create(&pp, &candidate("probe", "work"))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => Some(e.message),
+            Ok(_) => {
+                let _ = clients["other"]
+                    .delete("probe", &DeleteParams::default())
+                    .await;
+                None
+            }
+            Err(_) => None,
+        }
+    })
+    .await;
+    assert!(
+        refusal.contains("only ServiceAccount writer may write candidates for lease work"),
+        "{refusal}"
+    );
+    // writer may; other may for another lease; other may not touch writer's candidate.
+    clients["writer"]
+        .create(&pp, &candidate("w", "work"))
+        .await
+        .unwrap();
+    clients["other"]
+        .create(&pp, &candidate("o", "elsewhere"))
+        .await
+        .unwrap();
+    let forge = json!({"metadata": {"annotations": {"arbiter.dev/withdrawn": "x"}}});
+    let patched = clients["other"]
+        .patch("w", &PatchParams::default(), &Patch::Merge(&forge))
+        .await;
+    assert!(patched.is_err(), "other patched writer's candidate");
+    // The operator's account may (it pings candidates, and creates single-active ones).
+    clients["operator"]
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"pingTime": "2026-01-01T00:00:00.000000Z"}})),
+        )
+        .await
+        .unwrap();
+    let _ = bindings
+        .delete(&policy_name, &DeleteParams::default())
+        .await;
+    let _ = policies
+        .delete(&policy_name, &DeleteParams::default())
+        .await;
 }

@@ -120,6 +120,8 @@ pub struct Metrics {
     pub active: Gauge,
     /// Pods kept in the cache: candidates' and single-active workloads' pods, no others.
     pub pods_followed: Gauge,
+    /// Candidates refused by the namespaces' limits.
+    pub candidates_refused: Gauge,
     /// Set once the caches have synced.
     pub ready: AtomicBool,
     /// The injection webhook is on but has no certificate to serve yet (not ready).
@@ -214,6 +216,7 @@ impl Metrics {
             elections_failed: Counter::default(),
             active: Gauge::default(),
             pods_followed: Gauge::default(),
+            candidates_refused: Gauge::default(),
             ready: AtomicBool::new(false),
             webhook_pending: Arc::new(AtomicBool::new(false)),
             progress: Progress::new(),
@@ -353,6 +356,11 @@ impl Metrics {
             "pods_followed",
             "Pods the operator keeps in its cache (candidates' pods and single-active workloads' pods; other pods are not kept)",
             m.pods_followed.clone(),
+        );
+        registry.register(
+            "candidates_refused",
+            "Candidates refused by the namespaces' limits (--max-candidates-per-namespace, --max-leases-per-namespace): not elected until there is room (acting replica only)",
+            m.candidates_refused.clone(),
         );
         Metrics { registry, ..m }
     }

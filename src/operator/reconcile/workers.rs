@@ -44,6 +44,7 @@ pub async fn run(
         caches.limits.clone(),
         caches.candidates.clone(),
         recorder.clone(),
+        metrics.candidates_refused.clone(),
     );
     tokio::select! {
         _ = futures::future::select_all(workers) => {}

@@ -67,12 +67,15 @@ pub async fn report_refusals(
     tally: Tally,
     cache: Cached<LeaseCandidate>,
     recorder: Recorder,
+    refused_gauge: prometheus_client::metrics::gauge::Gauge,
 ) {
     // What this replica reported: refusals already on the server are not written again.
     let mut reported: HashMap<String, Exceeded> = HashMap::new();
     loop {
         let mut failed = false;
-        for r in tally.refused() {
+        let refused = tally.refused();
+        refused_gauge.set(refused.len() as i64);
+        for r in refused {
             if reported.get(&r.uid) == Some(&r.exceeded) {
                 continue;
             }
