@@ -41,8 +41,8 @@
 //!   holder, and never touches the holder. When the candidates go back to the arbiter's
 //!   strategy, its next assignment writes that strategy on the Lease.
 //! - A **strategy conflict** changes nothing; it is reported.
-//! - A term ends only by the holder's own release (or withdrawal), its pod confirmed stopped,
-//!   or its lease expiring on the arbiter's clock. A **hand edit** does not end it: when the Lease is
+//! - A term ends only by the holder's own release, its pod confirmed stopped (or the container
+//!   its process took the term in ended), or its lease expiring on the arbiter's clock. A **hand edit** does not end it: when the Lease is
 //!   deleted, its holder cleared or replaced, or its duration lowered, the holder the arbiter
 //!   last saw ([`Previous`]) keeps its full lease duration, counted from its last record the
 //!   arbiter saw, before anyone else is elected.

@@ -232,11 +232,8 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     if settings.install_crds {
         crate::api::apply_crds(ha_client.clone(), Duration::from_secs(60)).await?;
     }
-    check_crd(
-        &client,
-        settings.watch_namespaces.first().map(String::as_str),
-    )
-    .await?;
+    let watched: Vec<String> = settings.scopes().into_iter().flatten().collect();
+    check_crd(&client, watched.first().map(String::as_str)).await?;
 
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
@@ -244,7 +241,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         &settings.webhook,
         &client,
         &namespace,
-        settings.watch_namespaces.clone(),
+        watched.clone(),
         &metrics,
     )
     .await?;

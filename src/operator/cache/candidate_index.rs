@@ -168,6 +168,8 @@ impl CandidateIndex {
             .iter()
             .filter_map(|name| cache.get(&ObjectRef::new(name).within(&key.namespace)))
             .filter(|c| c.spec.lease_name == key.name)
+            // A stub of a refused candidate (see `limits`) is never elected, nor expired.
+            .filter(|c| !crate::operator::cache::limits::is_stub(c))
             .filter(|c| c.uid().is_none_or(|uid| !index.gone.contains(&uid)))
             .collect()
     }

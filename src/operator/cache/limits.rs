@@ -11,9 +11,15 @@
 //! are never cut off by newer candidates; a refused one is admitted at its next event once
 //! there is room (agents refresh their candidates every 5 minutes).
 //!
-//! After a restart or a relist the order is the candidates' creation order, not the order the
-//! list delivers them in: a paginated list of the candidates, of which only these few fields
-//! are kept, is judged first ([`Tally::plan`]), and the watch's list follows that plan.
+//! After a restart the order is the candidates' creation order (then their names, for those
+//! created in the same second), not the order the list delivers them in: a paginated list of
+//! the candidates, of which only these few fields are kept, is judged first ([`plan`]), and the
+//! watch's list follows that plan. A relist of a running operator keeps what it admitted
+//! first, then judges the rest in that order.
+//!
+//! A stub carries [`STUB_ANNOTATION`] (never written to the API server): the cache may still
+//! hold a stub of a candidate a relist has just admitted, until the relist ends, and
+//! [`is_stub`] keeps it out of the elections meanwhile.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -22,6 +28,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use crate::api::{LeaseCandidate, LeaseCandidateSpec, LeaseCandidateStatus};
+
+/// On a stub, in the operator's cache only.
+pub const STUB_ANNOTATION: &str = "arbiter.dev/limits-stub";
+
+/// Whether `c` is a stub of a refused candidate (see [`STUB_ANNOTATION`]).
+pub fn is_stub(c: &LeaseCandidate) -> bool {
+    c.annotations().contains_key(STUB_ANNOTATION)
+}
 
 /// The limits, per namespace (0: none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -145,11 +159,18 @@ pub struct Plan {
     namespaces: HashMap<String, Namespace>,
 }
 
-/// Judges `listed` in creation order.
-pub fn plan(mut listed: Vec<Listed>, limits: Limits) -> Plan {
+/// Judges `listed` in creation order, after those `kept` says are admitted already (they stay
+/// admitted: elections going on are never cut off by a relist).
+pub fn plan(mut listed: Vec<Listed>, limits: Limits, kept: impl Fn(&str) -> bool) -> Plan {
     listed.sort();
     let mut plan = Plan::default();
-    for l in listed {
+    let (first, rest): (Vec<Listed>, Vec<Listed>) = listed.into_iter().partition(|l| kept(&l.uid));
+    for l in first {
+        let ns = plan.namespaces.entry(l.namespace).or_default();
+        ns.admit(&l.uid, &l.lease);
+        plan.verdicts.insert(l.uid, Ok(()));
+    }
+    for l in rest {
         let ns = plan.namespaces.entry(l.namespace).or_default();
         let verdict = ns.judge(limits, &l.lease);
         if verdict.is_ok() {
@@ -208,6 +229,9 @@ impl State {
         let ns = self.namespaces.entry(namespace.to_string()).or_default();
         let mut admitted = Vec::new();
         for r in waiting {
+            if limits.candidates > 0 && ns.admitted.len() >= limits.candidates {
+                break;
+            }
             if ns.judge(limits, &r.lease).is_ok() {
                 ns.admit(&r.uid, &r.lease);
                 admitted.push((r.uid.clone(), r.name.clone()));
@@ -243,11 +267,25 @@ impl Tally {
         self.limits
     }
 
-    /// A relist of `scope` (a namespace, or all) begins, to follow `plan` (see [`plan`]) for
-    /// what it lists: the scope's admitted candidates are the plan's from now on (so that one
-    /// created since is judged against them, not against those delivered so far).
-    pub fn relist(&self, scope: Option<&str>, plan: Plan) {
+    /// A relist of `scope` (a namespace, or all) begins, with `listed` (`None`: that list
+    /// failed) judged by [`plan`]: the scope's admitted candidates are the plan's from now on
+    /// (so that one created since is judged against them, not against those delivered so
+    /// far). Without a list, what was admitted stays, and new candidates are judged as they
+    /// come.
+    pub fn relist(&self, scope: Option<&str>, listed: Option<Vec<Listed>>) {
         let mut s = self.state.lock().unwrap();
+        let Some(listed) = listed else {
+            s.relists.insert(scope.map(String::from), Relist::default());
+            return;
+        };
+        let plan = {
+            let admitted = |uid: &str| {
+                s.namespaces
+                    .values()
+                    .any(|ns| ns.admitted.contains_key(uid))
+            };
+            plan(listed, self.limits, admitted)
+        };
         s.namespaces.retain(|ns, _| !in_scope(scope, ns));
         s.namespaces.extend(plan.namespaces);
         let relist = Relist {
@@ -403,6 +441,7 @@ fn stub(c: &mut LeaseCandidate) {
         uid: m.uid,
         resource_version: m.resource_version,
         creation_timestamp: m.creation_timestamp,
+        annotations: Some([(STUB_ANNOTATION.to_string(), "true".to_string())].into()),
         ..ObjectMeta::default()
     };
     c.spec = LeaseCandidateSpec {
@@ -450,6 +489,7 @@ mod tests {
                 listed("b", 9, "b9", "z"),
             ],
             limits,
+            |_| false,
         );
         let v = &p.verdicts;
         assert_eq!(v["a1"], Ok(()));
@@ -467,6 +507,7 @@ mod tests {
                 .map(|i| listed("a", i % 60, &format!("u{i}"), &format!("l{i}")))
                 .collect(),
             Limits::default(),
+            |_| false,
         );
         assert!(p.verdicts.values().all(|v| v.is_ok()));
     }
@@ -503,7 +544,8 @@ mod tests {
         assert!(tally.apply(&mut candidate("b", "ub", "l", 2)));
         let mut d = candidate("d", "ud", "l", 4);
         assert!(!tally.apply(&mut d));
-        assert!(d.metadata.annotations.is_none(), "a stub: {d:?}");
+        assert!(is_stub(&d), "a stub: {d:?}");
+        assert_eq!(d.metadata.annotations.as_ref().map(|a| a.len()), Some(1));
         assert_eq!(d.spec.lease_name, "l");
         assert!(!tally.apply(&mut candidate("c", "uc", "l", 3)));
         assert_eq!(tally.refused().len(), 2);
@@ -533,10 +575,7 @@ mod tests {
         let tally = Tally::new(limits);
         tally.relist(
             None,
-            plan(
-                vec![listed("ns", 1, "uo", "l"), listed("ns", 2, "un", "l")],
-                limits,
-            ),
+            Some(vec![listed("ns", 1, "uo", "l"), listed("ns", 2, "un", "l")]),
         );
         // The list delivers the newer first; one created after the plan comes before the
         // older too: judged against the plan's admitted, it does not take the older's place.
@@ -548,16 +587,58 @@ mod tests {
         // A relist that no longer lists the older: its room goes to the oldest refused.
         tally.relist(
             None,
-            plan(
-                vec![listed("ns", 2, "un", "l"), listed("ns", 3, "ul", "l")],
-                limits,
-            ),
+            Some(vec![listed("ns", 2, "un", "l"), listed("ns", 3, "ul", "l")]),
         );
         assert!(!tally.apply(&mut candidate("later", "ul", "l", 3)));
         assert!(tally.apply(&mut candidate("new", "un", "l", 2)));
         tally.relisted(None);
         assert_eq!(tally.refused().len(), 1);
         assert!(tally.promoted().is_empty(), "new was delivered whole");
+    }
+
+    #[test]
+    fn a_relist_keeps_what_was_admitted_before_older_refused_candidates() {
+        let limits = Limits {
+            candidates: 0,
+            leases: 1,
+        };
+        let tally = Tally::new(limits);
+        let a = candidate("a", "ua", "l1", 1);
+        assert!(tally.apply(&mut a.clone()));
+        assert!(!tally.apply(&mut candidate("c", "uc", "l2", 2)));
+        assert!(tally.apply(&mut candidate("d", "ud", "l1", 3)));
+        tally.delete(&a);
+        assert!(tally.promoted().is_empty(), "l1 still has d");
+        // A relist: c is older than d, but d holds l1's election.
+        tally.relist(
+            None,
+            Some(vec![
+                listed("ns", 2, "uc", "l2"),
+                listed("ns", 3, "ud", "l1"),
+            ]),
+        );
+        assert!(!tally.apply(&mut candidate("c", "uc", "l2", 2)));
+        assert!(tally.apply(&mut candidate("d", "ud", "l1", 3)));
+        tally.relisted(None);
+        // Without the list (it failed): what was admitted stays.
+        tally.relist(None, None);
+        assert!(!tally.apply(&mut candidate("c", "uc", "l2", 2)));
+        assert!(tally.apply(&mut candidate("d", "ud", "l1", 3)));
+        tally.relisted(None);
+        assert_eq!(tally.refused().len(), 1);
+    }
+
+    #[test]
+    fn a_stub_is_marked_and_kept_out() {
+        let tally = Tally::new(Limits {
+            candidates: 1,
+            leases: 0,
+        });
+        assert!(tally.apply(&mut candidate("a", "ua", "l", 1)));
+        let mut b = candidate("b", "ub", "l", 2);
+        assert!(!tally.apply(&mut b));
+        assert!(is_stub(&b));
+        assert!(!is_stub(&candidate("a", "ua", "l", 1)));
     }
 
     #[test]
@@ -570,7 +651,7 @@ mod tests {
         let mut other = candidate("o", "uo", "l", 1);
         other.metadata.namespace = Some("other".into());
         assert!(tally.apply(&mut other));
-        tally.relist(Some("ns"), plan(vec![listed("ns", 1, "ua", "l")], limits));
+        tally.relist(Some("ns"), Some(vec![listed("ns", 1, "ua", "l")]));
         assert!(tally.apply(&mut candidate("a", "ua", "l", 1)));
         tally.relisted(Some("ns"));
         // other's candidate is still admitted: a second one there is refused.

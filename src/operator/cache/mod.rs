@@ -437,14 +437,14 @@ async fn limits_applied(
     }
     match &mut ev {
         watcher::Event::Init => {
-            let plan = match list_in_creation_order(client, namespace).await {
-                Ok(listed) => limits::plan(listed, tally.limits()),
+            let listed = match list_in_creation_order(client, namespace).await {
+                Ok(listed) => Some(listed),
                 Err(e) => {
-                    tracing::warn!(error = %e, "listing the candidates for the namespaces' limits failed; this relist's candidates are admitted in the order they come");
-                    limits::Plan::default()
+                    tracing::warn!(error = %e, "listing the candidates for the namespaces' limits failed; candidates admitted stay so, new ones are admitted in the order they come");
+                    None
                 }
             };
-            tally.relist(namespace, plan);
+            tally.relist(namespace, listed);
         }
         watcher::Event::Apply(c) | watcher::Event::InitApply(c) => {
             tally.apply(c);

@@ -535,19 +535,42 @@ async fn a_term_mark_with_no_lease_and_no_reported_leader_is_waited_out() {
 
 #[tokio::test]
 async fn the_end_of_the_process_that_took_a_term_ends_it_at_once() {
+    let written = process_ends_after_taking_the_term_in("pod-old").await;
+    assert_eq!(written.len(), 1);
+    assert_eq!(crate::lease::holder(&written[0]), Some("new"));
+}
+
+/// The same end, reported in the recorded pod, of a process that took the term in another pod
+/// (a candidate's owner can be re-pointed at a pod that writes the incarnation it read off the
+/// Lease as its termination message): no proof, the term runs on.
+#[tokio::test]
+async fn the_end_of_a_container_the_term_was_not_taken_in_proves_nothing() {
+    let written = process_ends_after_taking_the_term_in("pod-elsewhere").await;
+    assert!(written.is_empty(), "{written:?}");
+}
+
+/// `old` is elected in its pod, its agent takes the term in pod `taken_in`, then the recorded
+/// pod's container ends with that process's termination message: the Leases written after.
+async fn process_ends_after_taking_the_term_in(taken_in: &str) -> Vec<Lease> {
     let (pod, mut feed, server, mut worker, mut queue) = old_in_a_pod_and_new();
     worker.reconcile(&key(), &mut queue).await.unwrap();
     feed.lease(&server.lease());
     worker.reconcile(&key(), &mut queue).await.unwrap();
 
-    // The agent renews, stamping its incarnation (as arbiter's field manager writes it).
+    // The agent renews, stamping its incarnation and the pod it took the term in (as
+    // arbiter's field manager writes them).
     let mut renewed: Value = serde_json::to_value(server.lease()).unwrap();
     renewed["metadata"]["resourceVersion"] = json!("900");
     renewed["metadata"]["annotations"][INCARNATION_ANNOTATION] = json!("old-1");
+    renewed["metadata"]["annotations"][crate::lease::TAKEN_IN_POD_ANNOTATION] =
+        json!(crate::lease::taken_in("old-1", taken_in));
     renewed["metadata"]["managedFields"] = json!([{
         "manager": crate::api::FIELD_MANAGER, "operation": "Update",
         "apiVersion": "coordination.k8s.io/v1", "fieldsType": "FieldsV1",
-        "fieldsV1": {"f:metadata": {"f:annotations": {format!("f:{INCARNATION_ANNOTATION}"): {}}}},
+        "fieldsV1": {"f:metadata": {"f:annotations": {
+            format!("f:{INCARNATION_ANNOTATION}"): {},
+            format!("f:{}", crate::lease::TAKEN_IN_POD_ANNOTATION): {},
+        }}},
     }]);
     feed.lease(&serde_json::from_value(renewed).unwrap());
     worker.reconcile(&key(), &mut queue).await.unwrap();
@@ -566,9 +589,7 @@ async fn the_end_of_the_process_that_took_a_term_ends_it_at_once() {
     }]);
     feed.pod(&serde_json::from_value(restarted).unwrap());
     worker.reconcile(&key(), &mut queue).await.unwrap();
-    let written = replaced(&server);
-    assert_eq!(written.len(), 1, "{:?}", server.api.requests());
-    assert_eq!(crate::lease::holder(&written[0]), Some("new"));
+    replaced(&server)
 }
 
 /// Deployment `kv`, annotated single-active for lease `l`, selecting `app=kv`.

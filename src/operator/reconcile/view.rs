@@ -197,10 +197,12 @@ impl Worker {
         let held = &self.caches.held;
         let holder = lease.and_then(lease::holder)?;
         let (h, incarnation) = held.incarnation(key)?;
-        let (_, recorded) = held.term_of(key, holder)?;
+        // Only the pod the term was seen taken in, and recorded at its assignment: a
+        // candidate's owner reference can be pointed at a pod that never ran the term.
+        let recorded = held.taken_in_recorded_pod(key, holder)?;
         let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
         (h == holder
-            && pod.uid() == recorded
+            && pod.uid().as_deref() == Some(recorded.as_str())
             && crate::operator::cache::pod_facts::incarnation_ended(&pod, &incarnation))
         .then_some(incarnation)
     }

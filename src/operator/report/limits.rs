@@ -126,7 +126,18 @@ pub async fn report_refusals(
         // the watch deliver them whole, and the next reconcile of their lease reports them.
         for (namespace, name, uid) in tally.promoted() {
             let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &namespace);
-            let patch = json!({ "status": { "conditions": [admitted()] } });
+            // Its other conditions (a Leader=True a replica taking over would remember) stay.
+            let current = cache
+                .get(&ObjectRef::new(&name).within(&namespace))
+                .and_then(|c| c.status.clone())
+                .map(|s| s.conditions)
+                .unwrap_or_default();
+            let mut conditions: Vec<Condition> = current
+                .into_iter()
+                .filter(|c| c.type_ != ELIGIBLE)
+                .collect();
+            conditions.push(admitted());
+            let patch = json!({ "status": { "conditions": conditions } });
             let pp = PatchParams::default();
             match api.patch_status(&name, &pp, &Patch::Merge(&patch)).await {
                 Ok(_) => {

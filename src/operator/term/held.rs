@@ -256,6 +256,16 @@ impl Held {
             .map(|t| (t.duration, t.pod_uid.clone()))
     }
 
+    /// The pod `holder`'s remembered term was taken in, if that is the pod recorded at its
+    /// assignment (a take was seen, in that pod): the only pod whose container's end can prove
+    /// the term's process gone. (A candidate's owner can be re-pointed at any pod.)
+    pub fn taken_in_recorded_pod(&self, key: &LeaseKey, holder: &str) -> Option<String> {
+        self.locked()
+            .get(key)
+            .filter(|t| t.holder == holder)
+            .and_then(|t| t.stop_proof(false).map(str::to_string))
+    }
+
     /// The pod whose confirmed stop ends `holder`'s term, if it is the one remembered, judged
     /// against the Lease that names it now at `term` (see [`Term::stop_proof`]; a record of
     /// another term proves nothing about the remembered one).
@@ -440,11 +450,14 @@ mod tests {
         };
         let proof = |held: &Held| held.ended_by_stop_of(&key(), "a", 1);
         let previous = |held: &Held| held.previous(&key(), t0, old_stopped).unwrap().pod_stopped;
+        // Whose container's end can prove the process gone: only a pod the take was seen in.
+        let container = |held: &Held| held.taken_in_recorded_pod(&key(), "a");
 
         // Assigned in the old pod, not taken yet.
         let held = Held::default();
         held.assigned(&key(), "a", 1, D, Some("uid-old"), t0);
         assert_eq!(proof(&held).as_deref(), Some("uid-old"));
+        assert_eq!(container(&held), None, "no take seen");
         assert!(
             !previous(&held),
             "with the Lease gone, an unseen take is waited out"
@@ -454,6 +467,11 @@ mod tests {
         taken(&held, Some("uid-new"));
         assert_eq!(proof(&held), None);
         assert!(!previous(&held));
+        assert_eq!(
+            container(&held),
+            None,
+            "the recorded pod never ran the term"
+        );
 
         // Taken in the recorded pod.
         let held = Held::default();
@@ -461,6 +479,7 @@ mod tests {
         taken(&held, Some("uid-old"));
         assert_eq!(proof(&held).as_deref(), Some("uid-old"));
         assert!(previous(&held));
+        assert_eq!(container(&held).as_deref(), Some("uid-old"));
 
         // Taken outside any pod (or by an agent that does not say where).
         let held = Held::default();
