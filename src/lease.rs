@@ -76,6 +76,27 @@ pub fn assigned_by_arbiter_unlabelled(lease: &Lease) -> bool {
         == Some(assignment(holder, term(lease)).as_str())
 }
 
+/// The install `lease` belongs to ([`crate::api::INSTANCE_LABEL`]; `None`: an install without
+/// `--instance`).
+pub fn instance(lease: &Lease) -> Option<&str> {
+    lease
+        .labels()
+        .get(crate::api::INSTANCE_LABEL)
+        .map(String::as_str)
+        .filter(|i| !i.is_empty())
+}
+
+/// Labels `lease` as arbiter's, of install `instance` (an install without one removes the
+/// label: what it writes is its own).
+pub fn label(lease: &mut Lease, instance: Option<&str>) {
+    let labels = lease.labels_mut();
+    labels.insert(MANAGED_LABEL.into(), "true".into());
+    match instance {
+        Some(i) => labels.insert(crate::api::INSTANCE_LABEL.into(), i.into()),
+        None => labels.remove(crate::api::INSTANCE_LABEL),
+    };
+}
+
 /// Whether `lease` carries arbiter's label ([`MANAGED_LABEL`]).
 pub fn managed(lease: &Lease) -> bool {
     lease

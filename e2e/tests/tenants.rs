@@ -16,6 +16,7 @@ crate::tests![tenants:
     a_namespace_over_its_limits_gets_limit_exceeded_and_nothing_else_changes,
     an_operator_watching_two_namespaces_ignores_a_third,
     the_documented_lease_writers_policy_lets_only_the_leases_account_write_its_candidates,
+    two_installs_with_disjoint_instances_never_write_the_same_lease,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -313,4 +314,103 @@ async fn the_documented_lease_writers_policy_lets_only_the_leases_account_write_
     let _ = policies
         .delete(&policy_name, &DeleteParams::default())
         .await;
+}
+
+/// Two installs on one namespace, `--instance a` and `--instance b`: each elects only the
+/// candidates labelled for it, and labels its Leases so. For lease `both`, whose candidates
+/// are split between them, the install that made the Lease is the only one that ever writes
+/// it (every version names a holder of the Lease's own instance), and the other reports
+/// `LeaseOfAnotherInstance`. An unlabelled candidate is elected by neither.
+async fn two_installs_with_disjoint_instances_never_write_the_same_lease(env: Arc<TestEnv>) {
+    let install = |instance: &str| {
+        let ha = format!("ha-{instance}");
+        Operator::start_with(
+            &env.kubeconfig,
+            &env.ns,
+            &["--instance", instance, "--leader-election-lease", &ha],
+        )
+    };
+    let (_a, _b) = (install("a"), install("b"));
+    let _r = Responder::start(env.client.clone(), &env.ns, &["a1", "b1", "x", "y", "n1"]);
+    let labelled = |name: &str, lease: &str, instance: Option<&str>| {
+        let mut c = LeaseCandidate::new(
+            name,
+            arbiter::api::LeaseCandidateSpec {
+                lease_name: lease.into(),
+                binary_version: "1.30.0".into(),
+                emulation_version: Some("1.30.0".into()),
+                strategy: OEV.into(),
+                ping_time: None,
+                renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    jiff::Timestamp::now(),
+                )),
+            },
+        );
+        c.metadata.labels =
+            instance.map(|i| [(arbiter::api::INSTANCE_LABEL.to_string(), i.to_string())].into());
+        c
+    };
+    let candidates: Api<LeaseCandidate> = env.api();
+    let pp = PostParams::default();
+    // `both` first, its candidates split; then one lease each, and an unlabelled one.
+    candidates
+        .create(&pp, &labelled("x", "both", Some("a")))
+        .await
+        .unwrap();
+    candidates
+        .create(&pp, &labelled("y", "both", Some("b")))
+        .await
+        .unwrap();
+    let leases: Api<Lease> = env.api();
+    let first = eventually("lease both to be held", DEADLINE, || async {
+        let l = leases.get_opt("both").await.ok()??;
+        lease::holder(&l).is_some().then_some(l)
+    })
+    .await;
+    let history = crate::support::operator::record(leases.clone(), "both", |l: &Lease| {
+        (
+            lease::holder(l).map(str::to_string),
+            lease::instance(l).map(str::to_string),
+            lease::term(l),
+        )
+    })
+    .await;
+    candidates
+        .create(&pp, &labelled("a1", "la", Some("a")))
+        .await
+        .unwrap();
+    candidates
+        .create(&pp, &labelled("b1", "lb", Some("b")))
+        .await
+        .unwrap();
+    candidates
+        .create(&pp, &labelled("n1", "ln", None))
+        .await
+        .unwrap();
+    let la = wait_for_holder(&env, "la", "a1", DEADLINE).await;
+    let lb = wait_for_holder(&env, "lb", "b1", DEADLINE).await;
+    assert_eq!(lease::instance(&la), Some("a"));
+    assert_eq!(lease::instance(&lb), Some("b"));
+    // The install that lost the race for `both` says so, and never writes it.
+    let owner = lease::instance(&first).map(str::to_string).unwrap();
+    let event = eventually("a LeaseOfAnotherInstance event", DEADLINE, || async {
+        crate::support::events_for(&env, "both")
+            .await
+            .into_iter()
+            .find(|(r, _)| r == "LeaseOfAnotherInstance")
+            .map(|(_, m)| m)
+    })
+    .await;
+    assert!(event.contains(&format!("instance {owner}")), "{event}");
+    // Every version of `both` was written by its owner: labelled so, naming its candidate.
+    let mine = if owner == "a" { "x" } else { "y" };
+    for (holder, instance, _) in history.lock().unwrap().iter() {
+        assert_eq!(instance.as_deref(), Some(owner.as_str()), "{holder:?}");
+        assert!(holder.as_deref().is_none_or(|h| h == mine), "{holder:?}");
+    }
+    assert_eq!(lease::holder(&first), Some(mine));
+    // Nobody elects the unlabelled candidate.
+    assert!(leases.get_opt("ln").await.unwrap().is_none());
+    let n1 = candidates.get("n1").await.unwrap();
+    assert!(n1.status.is_none() && n1.spec.ping_time.is_none());
 }

@@ -63,6 +63,10 @@ pub struct Settings {
     /// OldestEmulationVersion, or a qualified third-party strategy name.
     #[arg(long, default_value = OLDEST_EMULATION_VERSION)]
     pub strategy: String,
+    /// The arbiter install that arbitrates this candidate (its `--instance`): the candidate is
+    /// labelled `arbiter.dev/instance=NAME` (default: none, for an install without one).
+    #[arg(long, value_parser = crate::flags::instance)]
+    pub instance: Option<String>,
     /// Written as the lease's duration on every renew (whole seconds).
     #[arg(long, default_value = "15s", value_parser = crate::flags::lease_duration)]
     pub lease_duration: Duration,
@@ -163,6 +167,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     }
     if !settings.termination_log.as_os_str().is_empty() {
         builder = builder.termination_log(&settings.termination_log);
+    }
+    if let Some(instance) = &settings.instance {
+        builder = builder.instance(instance);
     }
     reaper::start_if_init();
     // Live once registered: standing by or leading (see `serve`).

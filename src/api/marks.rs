@@ -45,6 +45,20 @@ pub fn withdrawn_incarnation(c: &LeaseCandidate) -> Option<&str> {
         .then_some(mark.as_str())
 }
 
+/// On a candidate, a Lease, a Deployment or StatefulSet (single-active) and a pod labelled
+/// `arbiter.dev/inject`: the arbiter install (`arbiter operator --instance`) that arbitrates it.
+/// An install without `--instance` arbitrates only what carries no such label. The operator
+/// labels the Leases it makes with its instance and never writes one labelled with another.
+pub const INSTANCE_LABEL: &str = "arbiter.dev/instance";
+
+/// The label selector of what install `instance` arbitrates (`None`: an install without one).
+pub fn instance_selector(instance: Option<&str>) -> String {
+    match instance {
+        Some(i) => format!("{INSTANCE_LABEL}={i}"),
+        None => format!("!{INSTANCE_LABEL}"),
+    }
+}
+
 /// On a candidate: the lease duration its agent writes when it holds the lease, in seconds.
 /// The arbiter waits at least this long for a holder whose Lease was edited by hand.
 pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds";

@@ -365,6 +365,7 @@ mod tests {
             pod_name: None,
             pod_uid: None,
             termination_log: None,
+            instance: None,
             timings: super::super::Timings {
                 lease_duration: Duration::from_secs(15),
                 renew_deadline: Duration::from_secs(10),

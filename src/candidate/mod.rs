@@ -90,6 +90,8 @@ pub struct Config {
     /// The container's termination log (`/dev/termination-log` in a pod), where the process
     /// records its incarnation when it starts; written only if it exists.
     pub termination_log: Option<std::path::PathBuf>,
+    /// The arbiter install that arbitrates this candidate (label `arbiter.dev/instance`).
+    pub instance: Option<String>,
     pub timings: Timings,
 }
 
@@ -141,9 +143,17 @@ impl Candidate {
                 pod_name: None,
                 pod_uid: None,
                 termination_log: None,
+                instance: None,
                 timings: Timings::default(),
             },
         }
+    }
+
+    /// The arbiter install that arbitrates this candidate (`arbiter operator --instance`):
+    /// the candidate is labelled `arbiter.dev/instance=NAME`.
+    pub fn instance(mut self, name: &str) -> Self {
+        self.config.instance = Some(name.into());
+        self
     }
 
     pub fn namespace(mut self, ns: &str) -> Self {

@@ -16,8 +16,8 @@ use serde_json::json;
 
 use super::Config;
 use crate::api::{
-    LEASE_DURATION_ANNOTATION, LeaseCandidate, LeaseCandidateSpec, OVERRAN_ANNOTATION,
-    WITHDRAWN_ANNOTATION,
+    INSTANCE_LABEL, LEASE_DURATION_ANNOTATION, LeaseCandidate, LeaseCandidateSpec,
+    OVERRAN_ANNOTATION, WITHDRAWN_ANNOTATION,
 };
 use crate::lease::INCARNATION_ANNOTATION;
 use crate::tolerant::Tolerant;
@@ -187,6 +187,8 @@ async fn try_register(
                 if let Some(owners) = owners {
                     patch["metadata"]["ownerReferences"] = json!(owners);
                 }
+                // The install that arbitrates it, as this process was told (none: removed).
+                patch["metadata"]["labels"] = json!({ INSTANCE_LABEL: config.instance });
                 api.patch(
                     &config.identity,
                     &PatchParams::default(),
@@ -213,6 +215,10 @@ async fn try_register(
                     .into(),
                 );
                 candidate.metadata.owner_references = owner_references(config);
+                candidate.metadata.labels = config
+                    .instance
+                    .as_ref()
+                    .map(|i| [(INSTANCE_LABEL.to_string(), i.clone())].into());
                 match api
                     .create(&PostParams::default(), &Tolerant(candidate))
                     .await

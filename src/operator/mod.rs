@@ -48,6 +48,12 @@ pub struct Settings {
         value_delimiter = ','
     )]
     pub watch_namespaces: Vec<String>,
+    /// This install's instance class: it arbitrates only candidates, single-active workloads
+    /// and injected pods labelled `arbiter.dev/instance=NAME`, labels the Leases it makes with
+    /// it, and never writes a Lease labelled with another instance (default: none, for what
+    /// carries no such label). Give each install that may see the same namespace its own.
+    #[arg(long, value_parser = crate::flags::instance)]
+    pub instance: Option<String>,
     /// Name of the operator's own HA Lease.
     #[arg(long, default_value = "arbiter-operator")]
     pub leader_election_lease: String,
@@ -242,6 +248,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         &client,
         &namespace,
         watched.clone(),
+        settings.instance.clone(),
         &metrics,
     )
     .await?;
@@ -300,6 +307,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         client.clone(),
         namespace.clone(),
         settings.scopes(),
+        settings.instance.clone(),
         settings.reporter(),
     );
     // The webhook's upkeep ends only if a watch it needs did: like the work queue closing, that
@@ -374,6 +382,7 @@ fn start_caches(
     let (caches, mut watch_errors) = cache::watch_all(
         client.clone(),
         &settings.scopes(),
+        settings.instance.as_deref(),
         cache::limits::Limits {
             candidates: settings.max_candidates_per_namespace,
             leases: settings.max_leases_per_namespace,

@@ -102,7 +102,9 @@ pub async fn prepare(
         .filter(|p| workload.selects(p))
         .collect();
     pods.sort_by_key(|p| p.name_any());
-    let unreadable = sync::ensure_candidates(client, &workload, &pods, candidates).await?;
+    let instance = caches.instance.as_deref();
+    let unreadable =
+        sync::ensure_candidates(client, instance, &workload, &pods, candidates).await?;
     for (pod, why) in unreadable {
         if reported.insert((key.namespace.clone(), pod.clone())) {
             let note = format!("pod {pod} is not eligible: {why}");

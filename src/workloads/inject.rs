@@ -142,6 +142,12 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
             container: spec.containers[index].name.clone(),
             why,
         })?;
+    // The install that arbitrates the pod, passed on to its agent's candidate.
+    let instance = pod
+        .labels()
+        .get(crate::api::INSTANCE_LABEL)
+        .filter(|i| !i.is_empty())
+        .cloned();
     let mut pod = pod.clone();
     let spec = pod.spec.as_mut().expect("checked above");
     let container = &mut spec.containers[index];
@@ -159,6 +165,9 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     let mut args: Vec<String> = ["run", "--lease", &lease, "--binary-version", &version]
         .map(String::from)
         .into();
+    if let Some(instance) = instance {
+        args.extend(["--instance".into(), instance]);
+    }
     if let Some(grace) = annotations.get(KILL_GRACE_ANNOTATION) {
         humantime::parse_duration(grace).map_err(|e| Refusal::Annotation {
             key: KILL_GRACE_ANNOTATION,

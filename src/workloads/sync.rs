@@ -22,6 +22,7 @@ pub fn managed(c: &LeaseCandidate) -> bool {
 /// read, why.
 pub async fn ensure_candidates(
     client: &Client,
+    instance: Option<&str>,
     workload: &Workload,
     pods: &[Arc<Pod>],
     candidates: &[Arc<LeaseCandidate>],
@@ -53,10 +54,11 @@ pub async fn ensure_candidates(
                 renew_time: Some(MicroTime(jiff::Timestamp::now())),
             },
         );
-        c.metadata.labels = Some(BTreeMap::from([(
-            WORKLOAD_LABEL.to_string(),
-            workload.name.clone(),
-        )]));
+        let mut labels = BTreeMap::from([(WORKLOAD_LABEL.to_string(), workload.name.clone())]);
+        if let Some(i) = instance {
+            labels.insert(crate::api::INSTANCE_LABEL.to_string(), i.to_string());
+        }
+        c.metadata.labels = Some(labels);
         c.metadata.owner_references = Some(vec![OwnerReference {
             api_version: "v1".into(),
             kind: "Pod".into(),

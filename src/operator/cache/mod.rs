@@ -75,6 +75,9 @@ pub struct Caches {
     pub held: Held,
     /// Which candidates each namespace's limits admit ([`limits`]).
     pub limits: limits::Tally,
+    /// This install's instance (`--instance`): what its watches list, and the label of what it
+    /// creates.
+    pub instance: Option<String>,
     /// One lock per namespace, held by a worker for a single-active lease's whole reconcile:
     /// role labels belong to pods, and two workloads (or a workload whose lease name changed)
     /// may select the same pods, so "demote, then promote" must not interleave across workers.
@@ -123,6 +126,7 @@ impl Caches {
             records: Records::default(),
             held: Held::default(),
             limits: limits::Tally::default(),
+            instance: None,
             single_active_locks: NamespaceLocks::default(),
         }
     }
@@ -173,6 +177,7 @@ fn all_listed(
 pub fn watch_all(
     client: Client,
     scopes: &[Option<String>],
+    instance: Option<&str>,
     limits: limits::Limits,
     enqueue: Enqueue,
     pods_followed: prometheus_client::metrics::gauge::Gauge,
@@ -194,8 +199,11 @@ pub fn watch_all(
         workloads,
     );
     caches.limits = limits::Tally::new(limits);
+    caches.instance = instance.map(String::from);
     let stopped_pods = caches.stopped_pods.clone();
 
+    // Only what this install arbitrates (`--instance`) is listed at all.
+    let selector = crate::api::instance_selector(instance);
     // One watch of each kind per scope (a namespace, or all).
     let mut streams: Vec<BoxStream<'static, anyhow::Result<()>>> = Vec::new();
     for (((scope, cw), lw), (dw, sw)) in scopes
@@ -205,11 +213,26 @@ pub fn watch_all(
         .zip(dws.into_iter().zip(sws))
     {
         let ns = scope.as_deref();
-        streams.push(candidate_events(&client, ns, cw, &caches, enqueue.clone()));
-        streams.push(lease_events(&client, ns, lw, &caches, enqueue.clone()));
+        streams.push(candidate_events(
+            &client,
+            ns,
+            &selector,
+            cw,
+            &caches,
+            enqueue.clone(),
+        ));
+        streams.push(lease_events(
+            &client,
+            ns,
+            &selector,
+            lw,
+            &caches,
+            enqueue.clone(),
+        ));
         streams.push(
             workload_events(
                 api::<Deployment>(&client, ns),
+                &selector,
                 dw,
                 "Deployment",
                 Workload::from_deployment,
@@ -221,6 +244,7 @@ pub fn watch_all(
         streams.push(
             workload_events(
                 api::<StatefulSet>(&client, ns),
+                &selector,
                 sw,
                 "StatefulSet",
                 Workload::from_stateful_set,
@@ -335,6 +359,7 @@ fn pod_events(
 fn candidate_events(
     client: &Client,
     namespace: Option<&str>,
+    selector: &str,
     writer: reflector::store::Writer<LeaseCandidate>,
     caches: &Caches,
     enqueue: Enqueue,
@@ -349,16 +374,26 @@ fn candidate_events(
     // holds what it listed (until then a worker would judge the candidates as they were).
     let mut relisted: HashSet<LeaseKey> = HashSet::new();
     let tally = caches.limits.clone();
-    let (judge, list_client, list_ns) =
-        (tally.clone(), client.clone(), namespace.map(String::from));
+    let (judge, list_client, list_ns, list_selector) = (
+        tally.clone(),
+        client.clone(),
+        namespace.map(String::from),
+        selector.to_string(),
+    );
     // Tolerant: one candidate (or Lease) anyone wrote must not stop the watch for all.
-    crate::tolerant::watch::<LeaseCandidate>(client.clone(), namespace, watcher::Config::default())
+    let config = watcher::Config::default().labels(selector);
+    crate::tolerant::watch::<LeaseCandidate>(client.clone(), namespace, config)
         .backoff(crate::client::reconnect_backoff())
         // The namespaces' limits: a (re)list follows the candidates' creation order, and a
         // refused candidate is cut down before it is cached.
         .and_then(move |ev| {
-            let (tally, client, ns) = (judge.clone(), list_client.clone(), list_ns.clone());
-            async move { limits_applied(ev, &tally, &client, ns.as_deref()).await }
+            let (tally, client, ns, selector) = (
+                judge.clone(),
+                list_client.clone(),
+                list_ns.clone(),
+                list_selector.clone(),
+            );
+            async move { limits_applied(ev, &tally, &client, ns.as_deref(), &selector).await }
         })
         .modify(|c| crate::operator::cache::slim::keep_annotation_owners(&mut c.metadata))
         .reflect(writer)
@@ -431,13 +466,14 @@ async fn limits_applied(
     tally: &limits::Tally,
     client: &Client,
     namespace: Option<&str>,
+    selector: &str,
 ) -> watcher::Result<watcher::Event<LeaseCandidate>> {
     if !tally.limits().any() {
         return Ok(ev);
     }
     match &mut ev {
         watcher::Event::Init => {
-            let listed = match list_in_creation_order(client, namespace).await {
+            let listed = match list_in_creation_order(client, namespace, selector).await {
                 Ok(listed) => Some(listed),
                 Err(e) => {
                     tracing::warn!(error = %e, "listing the candidates for the namespaces' limits failed; candidates admitted stay so, new ones are admitted in the order they come");
@@ -460,10 +496,11 @@ async fn limits_applied(
 async fn list_in_creation_order(
     client: &Client,
     namespace: Option<&str>,
+    selector: &str,
 ) -> kube::Result<Vec<limits::Listed>> {
     let api: Api<crate::tolerant::Tolerant<LeaseCandidate>> = api(client, namespace);
     let mut listed = Vec::new();
-    let mut params = kube::api::ListParams::default().limit(500);
+    let mut params = kube::api::ListParams::default().labels(selector).limit(500);
     loop {
         let page = api.list(&params).await?;
         listed.extend(page.items.iter().map(|c| limits::Listed::of(&c.0)));
@@ -480,6 +517,7 @@ async fn list_in_creation_order(
 fn lease_events(
     client: &Client,
     namespace: Option<&str>,
+    instance_selector: &str,
     writer: reflector::store::Writer<Lease>,
     caches: &Caches,
     enqueue: Enqueue,
@@ -490,7 +528,8 @@ fn lease_events(
         caches.held.clone(),
         caches.leases.clone(),
     );
-    let managed = watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true"));
+    let managed =
+        watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true,{instance_selector}"));
     crate::tolerant::watch::<Lease>(client.clone(), namespace, managed)
         .backoff(crate::client::reconnect_backoff())
         .modify(|l| crate::operator::cache::slim::keep_annotation_owners(&mut l.metadata))
@@ -515,6 +554,7 @@ fn lease_events(
 /// reconciling; its pods need listing once, and again if its selector was dropped meanwhile.
 fn workload_events<K>(
     api: Api<K>,
+    selector: &str,
     writer: reflector::store::Writer<K>,
     kind: &'static str,
     parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
@@ -531,7 +571,7 @@ where
         + 'static,
 {
     let (annotated, pods) = (caches.workloads.clone(), caches.pods.clone());
-    watcher(api, watcher::Config::default())
+    watcher(api, watcher::Config::default().labels(selector))
         .default_backoff()
         .modify(|w| w.managed_fields_mut().clear())
         .reflect(writer)

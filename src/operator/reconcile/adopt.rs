@@ -22,8 +22,8 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::Resource;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 
 use crate::lease::{self, ASSIGNED_ANNOTATION, LeaseStore, MANAGED_LABEL};
 use crate::operator::key::LeaseKey;
@@ -41,10 +41,13 @@ impl Worker {
         let Some(existing) = store.get(&key.name).await? else {
             return Ok(false);
         };
-        if lease::managed(&existing) {
+        if lease::managed(&existing) && !self.theirs(&existing) {
             return Ok(false);
         }
-        if self.foreign.insert(key.clone()) {
+        let first = self.foreign.insert(key.clone());
+        if first && self.theirs(&existing) {
+            self.another_instance(key, &existing);
+        } else if first {
             let holder = lease::holder(&existing).unwrap_or("nobody");
             let note = format!(
                 "Lease {} exists but arbiter did not make it (no label {MANAGED_LABEL}=true); its holder {holder}'s term is waited out unchanged on arbiter's clock, then arbiter takes it over with a new term",
@@ -76,6 +79,10 @@ impl Worker {
             self.foreign.remove(key);
             return Ok(None);
         };
+        if self.theirs(&current) {
+            // Another install's: never written, nor relabelled (gather stops there).
+            return Ok(Some(Arc::new(current)));
+        }
         if lease::managed(&current) {
             // Labelled since (by this worker, or by hand): the watch takes it from here.
             self.foreign.remove(key);
@@ -87,9 +94,7 @@ impl Worker {
             return Ok(Some(Arc::new(current)));
         }
         let mut relabelled = current.clone();
-        relabelled
-            .labels_mut()
-            .insert(MANAGED_LABEL.into(), "true".into());
+        lease::label(&mut relabelled, self.settings.instance.as_deref());
         let written = store.replace(&relabelled).await?;
         self.foreign.remove(key);
         let note = format!(
@@ -106,6 +111,34 @@ impl Worker {
         );
         self.wrote_lease(key, written.clone());
         Ok(Some(Arc::new(written)))
+    }
+
+    /// Whether `lease` belongs to another arbiter install: labelled with another instance, or
+    /// arbiter's and without this install's (`--instance`). A Lease arbiter did not make and
+    /// that names no instance (a client-go one) is no install's.
+    pub(in crate::operator) fn theirs(&self, lease: &Lease) -> bool {
+        let instance = lease::instance(lease);
+        instance != self.settings.instance.as_deref()
+            && (lease::managed(lease) || instance.is_some())
+    }
+
+    /// Reports, once, that `key`'s Lease belongs to another install: it is never written.
+    fn another_instance(&self, key: &LeaseKey, existing: &Lease) {
+        let theirs = lease::instance(existing).unwrap_or("(none)");
+        let ours = self.settings.instance.as_deref().unwrap_or("(none)");
+        let note = format!(
+            "Lease {} belongs to arbiter instance {theirs} (label {}), not to this one ({ours}): this install never writes it; its candidates labelled for this instance are not elected",
+            key.name,
+            crate::api::INSTANCE_LABEL
+        );
+        tracing::warn!(lease = %key, "{note}");
+        publish(
+            &self.recorder,
+            &existing.object_ref(&()),
+            EventType::Warning,
+            "LeaseOfAnotherInstance",
+            note,
+        );
     }
 
     /// Reports the takeover of `before` (someone else's) by the write `after`.
@@ -155,7 +188,7 @@ mod tests {
         lease::set_annotation(&mut l, ASSIGNED_ANNOTATION, Some("m1/7"));
         assert!(lease::assigned_by_arbiter_unlabelled(&l));
         assert!(!lease::assigned_by_arbiter(&l), "no label");
-        l.labels_mut().insert(MANAGED_LABEL.into(), "true".into());
+        lease::label(&mut l, None);
         assert!(lease::assigned_by_arbiter(&l));
         // Another holder or term than the mark's: an edit since the assignment.
         let mut other = l.clone();

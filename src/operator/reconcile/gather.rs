@@ -75,6 +75,9 @@ pub(in crate::operator) enum Gathered {
     Done(Reconciled),
 }
 
+/// How often a lease whose Lease belongs to another install is looked at again.
+const ANOTHER_INSTANCE_LOOK: Duration = Duration::from_secs(60);
+
 impl Worker {
     /// Gathers `key`'s lease: its candidates, its Lease, and the workload that governs it. A
     /// candidate that expired is deleted first; a single-active workload's pods are made
@@ -88,6 +91,15 @@ impl Worker {
             Some(l) => Some(l),
             None => self.foreign_lease(key).await?,
         };
+        // Another install's Lease (`--instance`): never written; looked at again now and then,
+        // in case it is deleted or relabelled.
+        if let Some(l) = &lease
+            && self.theirs(l)
+        {
+            return Ok(Gathered::Done(Reconciled::after(Some(
+                ANOTHER_INSTANCE_LOOK,
+            ))));
+        }
         let next_expiry = self.expire_candidates(key, &mut candidates).await;
         // A single-active lease's reconcile (its role labels) never interleaves with another
         // of the namespace's, whatever worker runs it.

@@ -2,7 +2,6 @@
 //! compare-and-swap), with the term recorded first and the holder's pod noted, and the Event
 //! for a handover that was abandoned.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,7 +18,7 @@ use serde_json::json;
 use crate::api::LeaseCandidate;
 use crate::election::decide::{Action, Decision};
 use crate::lease::RESTARTS_ANNOTATION;
-use crate::lease::{self, CasError, HOLDER_POD_ANNOTATION, LeaseStore, MANAGED_LABEL};
+use crate::lease::{self, CasError, HOLDER_POD_ANNOTATION, LeaseStore};
 use crate::operator::CONCURRENT_WRITES;
 use crate::operator::cache::candidate_index::owner_pod;
 use crate::operator::cache::written::LeaseVersion;
@@ -240,7 +239,7 @@ impl Worker {
         let mut l = Lease::default();
         l.metadata.name = Some(key.name.clone());
         l.metadata.namespace = Some(key.namespace.clone());
-        l.metadata.labels = Some(BTreeMap::from([(MANAGED_LABEL.into(), "true".into())]));
+        lease::label(&mut l, self.settings.instance.as_deref());
         l.metadata.owner_references = owner.map(|o| vec![o]);
         l.spec = Some(LeaseSpec {
             lease_duration_seconds: Some(duration),
@@ -308,7 +307,7 @@ impl Worker {
         assign(&mut l, holder, term, duration, pod);
         // A Lease arbiter did not make is taken over by this same write.
         let adopting = !lease::managed(current);
-        l.labels_mut().insert(MANAGED_LABEL.into(), "true".into());
+        lease::label(&mut l, self.settings.instance.as_deref());
         let written = store.replace(&l).await?;
         if adopting {
             self.adopted(key, current, &written);

@@ -167,6 +167,7 @@ fn wanted(
 pub(crate) async fn keep(
     client: Client,
     namespace: Option<String>,
+    instance: Option<String>,
     reporter: kube::runtime::events::Reporter,
 ) {
     let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
@@ -174,7 +175,11 @@ pub(crate) async fn keep(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let config = watcher::Config::default().labels(&format!("{INJECT_LABEL}=true"));
+    // Only this install's injected pods (`--instance`).
+    let config = watcher::Config::default().labels(&format!(
+        "{INJECT_LABEL}=true,{}",
+        crate::api::instance_selector(instance.as_deref())
+    ));
     let mut events = watcher(pods, config).default_backoff().boxed();
     // The injected pods by (namespace, name), and the leases each account's Role grants.
     let mut injected: BTreeMap<(String, String), (Account, String)> = BTreeMap::new();

@@ -103,6 +103,7 @@ pub(crate) async fn start(
     client: &kube::Client,
     namespace: &str,
     only: Vec<String>,
+    instance: Option<String>,
     metrics: &crate::operator::metrics::Metrics,
 ) -> anyhow::Result<Option<impl std::future::Future<Output = anyhow::Result<()>> + use<>>> {
     let Some(address) = settings.webhook_address else {
@@ -119,6 +120,7 @@ pub(crate) async fn start(
             image: settings.inject_image.clone().unwrap_or_default(),
             pull_policy: settings.inject_image_pull_policy.clone(),
             only,
+            instance,
         },
         admissions: metrics.webhook_admissions.clone(),
     });
@@ -135,6 +137,7 @@ pub(crate) async fn upkeep(
     client: kube::Client,
     namespace: String,
     scopes: Vec<Option<String>>,
+    instance: Option<String>,
     reporter: kube::runtime::events::Reporter,
 ) {
     if settings.webhook_address.is_none() {
@@ -149,9 +152,10 @@ pub(crate) async fn upkeep(
     let bindings = async {
         if settings.inject_agent_rbac {
             // One per namespace watched (or one for all): each keeps its namespaces' rights.
-            let keeps = scopes
-                .into_iter()
-                .map(|scope| Box::pin(binding::keep(client.clone(), scope, reporter.clone())));
+            let keeps = scopes.into_iter().map(|scope| {
+                let keep = binding::keep(client.clone(), scope, instance.clone(), reporter.clone());
+                Box::pin(keep)
+            });
             futures::future::select_all(keeps).await;
         } else {
             std::future::pending().await

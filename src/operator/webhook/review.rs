@@ -19,6 +19,9 @@ pub struct Injection {
     /// The only namespaces arbitrated (`--watch-namespaces`; empty: all): pods elsewhere are
     /// refused (no one would elect them, and unwrapped they would all run).
     pub only: Vec<String>,
+    /// This install's instance (`--instance`): a pod labelled for another is left to its
+    /// install's webhook.
+    pub instance: Option<String>,
 }
 
 /// The response to `request`.
@@ -33,6 +36,15 @@ pub fn review(request: &AdmissionRequest<Pod>, injection: &Injection) -> Admissi
     else {
         return response;
     };
+    let pod_instance = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::api::INSTANCE_LABEL))
+        .filter(|i| !i.is_empty());
+    if pod_instance != injection.instance.as_ref() {
+        return response;
+    }
     if !injection.only.is_empty()
         && !request
             .namespace
@@ -116,6 +128,7 @@ mod tests {
             image: name.into(),
             pull_policy: Some("Never".into()),
             only: only.map(String::from).into_iter().collect(),
+            instance: None,
         }
     }
 
@@ -145,6 +158,40 @@ mod tests {
             Some("Never"),
             "the operator's own"
         );
+    }
+
+    /// A pod labelled for an install's instance is wrapped only by that install's webhook,
+    /// and its agent is told the instance (its candidate is labelled with it).
+    #[test]
+    fn only_the_pods_of_this_install_are_wrapped_and_their_agents_told_its_instance() {
+        let mut req = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
+        req.object
+            .as_mut()
+            .unwrap()
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(crate::api::INSTANCE_LABEL.into(), "blue".into());
+        let unlabelled_install = review(&req, &image("arbiter:0.1.0", None));
+        assert!(unlabelled_install.allowed && unlabelled_install.patch.is_none());
+        let mut blue = image("arbiter:0.1.0", None);
+        blue.instance = Some("blue".into());
+        let response = review(&req, &blue);
+        let patch: json_patch::Patch =
+            serde_json::from_slice(response.patch.as_deref().expect("a patch")).unwrap();
+        let mut pod = serde_json::to_value(req.object.as_ref().unwrap()).unwrap();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        let args = pod.spec.unwrap().containers[0].args.clone().unwrap();
+        let at = args
+            .iter()
+            .position(|a| a == "--instance")
+            .expect("--instance");
+        assert_eq!(args[at + 1], "blue");
+        // An unlabelled pod is not the blue install's.
+        let plain = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
+        assert!(review(&plain, &blue).patch.is_none());
     }
 
     #[test]
