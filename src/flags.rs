@@ -18,27 +18,12 @@ macro_rules! usage {
     };
 }
 
-/// A duration such as `15s`, `500ms`, `1m`.
-/// An install's instance (`--instance`): a label value, so that it can select what it
-/// arbitrates: at most 63 characters, letters, digits, `-`, `_` and `.`, beginning and ending
-/// with a letter or digit.
+/// An install's instance (`--instance`): see [`crate::api::check_instance`].
 pub fn instance(s: &str) -> Result<String, String> {
-    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        && edge(s.chars().next())
-        && edge(s.chars().last());
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{s:?} is not a label value: at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
-        ))
-    }
+    crate::api::check_instance(s).map(|()| s.to_string())
 }
 
+/// A duration such as `15s`, `500ms`, `1m`.
 pub fn duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("invalid duration {s:?} ({e}): use e.g. 15s, 500ms, 1m"))

@@ -77,13 +77,13 @@ pub fn assigned_by_arbiter_unlabelled(lease: &Lease) -> bool {
 }
 
 /// The install `lease` belongs to ([`crate::api::INSTANCE_LABEL`]; `None`: an install without
-/// `--instance`).
+/// `--instance`). An empty label is an instance no install has, as the API server's selectors
+/// see it.
 pub fn instance(lease: &Lease) -> Option<&str> {
     lease
         .labels()
         .get(crate::api::INSTANCE_LABEL)
         .map(String::as_str)
-        .filter(|i| !i.is_empty())
 }
 
 /// Labels `lease` as arbiter's, of install `instance` (an install without one removes the

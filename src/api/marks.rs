@@ -51,6 +51,26 @@ pub fn withdrawn_incarnation(c: &LeaseCandidate) -> Option<&str> {
 /// labels the Leases it makes with its instance and never writes one labelled with another.
 pub const INSTANCE_LABEL: &str = "arbiter.dev/instance";
 
+/// Whether `s` can name an install's instance: a label value, so that it can select what the
+/// install arbitrates: at most 63 characters, letters, digits, `-`, `_` and `.`, beginning and
+/// ending with a letter or digit (so never empty).
+pub fn check_instance(s: &str) -> Result<(), String> {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && edge(s.chars().next())
+        && edge(s.chars().last());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{s:?} is not an instance: at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit"
+        ))
+    }
+}
+
 /// The label selector of what install `instance` arbitrates (`None`: an install without one).
 pub fn instance_selector(instance: Option<&str>) -> String {
     match instance {

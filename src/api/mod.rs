@@ -9,7 +9,7 @@ mod on_depose;
 pub use install::{apply_crd, apply_crds};
 pub use marks::{
     FIELD_MANAGER, INCARNATION_ANNOTATION, INSTANCE_LABEL, LEASE_DURATION_ANNOTATION,
-    OVERRAN_ANNOTATION, WITHDRAWN_ANNOTATION, incarnation, instance_selector,
+    OVERRAN_ANNOTATION, WITHDRAWN_ANNOTATION, check_instance, incarnation, instance_selector,
     withdrawn_incarnation, written_by_arbiter,
 };
 pub use on_depose::OnDepose;

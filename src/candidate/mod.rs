@@ -224,6 +224,9 @@ impl Candidate {
                 t.lease_duration
             );
         }
+        if let Some(instance) = &self.config.instance {
+            crate::api::check_instance(instance).map_err(anyhow::Error::msg)?;
+        }
         if self.config.emulation_version.is_none()
             && self.config.strategy == OLDEST_EMULATION_VERSION
         {

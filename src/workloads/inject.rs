@@ -143,11 +143,7 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
             why,
         })?;
     // The install that arbitrates the pod, passed on to its agent's candidate.
-    let instance = pod
-        .labels()
-        .get(crate::api::INSTANCE_LABEL)
-        .filter(|i| !i.is_empty())
-        .cloned();
+    let instance = pod.labels().get(crate::api::INSTANCE_LABEL).cloned();
     let mut pod = pod.clone();
     let spec = pod.spec.as_mut().expect("checked above");
     let container = &mut spec.containers[index];

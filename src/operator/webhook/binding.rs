@@ -12,6 +12,10 @@
 //! unwrapped. The agent retries a registration refused for want of rights for a while
 //! ([`crate::candidate::registration`]), so rights made a moment after the pod are in time.
 //!
+//! With `--instance`, each install keeps the rights of its own instance's pods only: its Roles
+//! and RoleBindings are named `arbiter-agent:INSTANCE:SA` and labelled with the instance, so
+//! that two installs never count each other's rights unused.
+//!
 //! Rights are removed once no injected pod uses the ServiceAccount: only after the replica saw
 //! no such pod at two looks [`SWEEP_EVERY`] apart with the binding unchanged between them, only
 //! once the pods were listed in full, and with that resourceVersion as the delete's
@@ -39,30 +43,59 @@ const FIELD_MANAGER: &str = "arbiter";
 /// (namespace, ServiceAccount).
 type Account = (String, String);
 
-/// The name of the Role and RoleBinding for ServiceAccount `sa`: `arbiter-agent-SA`, shortened
-/// with a hash of the whole name when that is longer than a name may be.
-pub(crate) fn name(sa: &str) -> String {
-    let full = format!("arbiter-agent-{sa}");
+/// The name of install `instance`'s Role and RoleBinding for ServiceAccount `sa`:
+/// `arbiter-agent-SA`, or `arbiter-agent:INSTANCE:SA` (RBAC names may hold `:`, instances and
+/// ServiceAccount names may not, so no two pairs share a name), shortened with a hash of the whole name when that is longer than
+/// a name may be.
+pub(crate) fn name(instance: Option<&str>, sa: &str) -> String {
+    let full = match instance {
+        Some(i) => format!("arbiter-agent:{i}:{sa}"),
+        None => format!("arbiter-agent-{sa}"),
+    };
     if full.len() <= 253 {
         return full;
     }
     use std::hash::Hasher;
     let mut h = fnv::FnvHasher::default();
-    h.write(sa.as_bytes());
+    h.write(full.as_bytes());
     format!("{}-{:016x}", &full[..236], h.finish())
 }
 
-fn labels() -> serde_json::Value {
-    serde_json::json!({BINDING_LABEL: "true", "app.kubernetes.io/managed-by": "arbiter"})
+fn labels(instance: Option<&str>) -> serde_json::Value {
+    let mut labels =
+        serde_json::json!({BINDING_LABEL: "true", "app.kubernetes.io/managed-by": "arbiter"});
+    if let Some(i) = instance {
+        labels[crate::api::INSTANCE_LABEL] = i.into();
+    }
+    labels
+}
+
+/// Whether install `instance` made the Role or RoleBinding labelled `labels`.
+fn made_by(instance: Option<&str>, labels: &BTreeMap<String, String>) -> bool {
+    labels.get(BINDING_LABEL).map(String::as_str) == Some("true")
+        && labels.get(crate::api::INSTANCE_LABEL).map(String::as_str) == instance
+}
+
+/// Whether `pod` is install `instance`'s to wrap.
+fn mine(instance: Option<&str>, pod: &Pod) -> bool {
+    pod.labels()
+        .get(crate::api::INSTANCE_LABEL)
+        .map(String::as_str)
+        == instance
 }
 
 /// The Role of ServiceAccount `sa` of `namespace` whose pods run for `leases`: what
 /// `arbiter run` needs (the chart's candidate ClusterRole), with Lease updates limited to those.
-pub(crate) fn desired_role(namespace: &str, sa: &str, leases: &BTreeSet<String>) -> Role {
+pub(crate) fn desired_role(
+    instance: Option<&str>,
+    namespace: &str,
+    sa: &str,
+    leases: &BTreeSet<String>,
+) -> Role {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": {"name": name(sa), "namespace": namespace, "labels": labels()},
+        "metadata": {"name": name(instance, sa), "namespace": namespace, "labels": labels(instance)},
         "rules": [
             {"apiGroups": ["arbiter.dev"], "resources": ["leasecandidates"],
              "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
@@ -76,12 +109,13 @@ pub(crate) fn desired_role(namespace: &str, sa: &str, leases: &BTreeSet<String>)
 }
 
 /// The binding of that Role to the ServiceAccount.
-pub(crate) fn desired_binding(namespace: &str, sa: &str) -> RoleBinding {
+pub(crate) fn desired_binding(instance: Option<&str>, namespace: &str, sa: &str) -> RoleBinding {
+    let name = name(instance, sa);
     serde_json::from_value(serde_json::json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": {"name": name(sa), "namespace": namespace, "labels": labels()},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name(sa)},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(instance)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}],
     }))
     .expect("a RoleBinding")
@@ -97,12 +131,13 @@ pub fn granted(role: &Role) -> BTreeSet<String> {
         .collect()
 }
 
-/// The ServiceAccount whose rights injected pod `pod` needs, and the lease its agent runs for,
-/// if it is one: labelled, injected, not being deleted.
-pub(crate) fn needs(pod: &Pod) -> Option<(Account, String)> {
+/// The ServiceAccount whose rights injected pod `pod` needs from install `instance`, and the
+/// lease its agent runs for, if it is one: labelled, of that instance, injected, not being
+/// deleted.
+pub(crate) fn needs(instance: Option<&str>, pod: &Pod) -> Option<(Account, String)> {
     let spec = pod.spec.as_ref()?;
     let labelled = pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true");
-    if !labelled || pod.metadata.deletion_timestamp.is_some() {
+    if !labelled || !mine(instance, pod) || pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
     let lease = wrapped_lease(pod)?;
@@ -114,7 +149,8 @@ pub(crate) fn needs(pod: &Pod) -> Option<(Account, String)> {
     Some(((pod.namespace().unwrap_or_default(), sa), lease))
 }
 
-/// A pod labelled for injection that was not injected (it runs its command unwrapped).
+/// A pod labelled for injection that was not injected (it runs its command unwrapped), of any
+/// instance: one labelled for an instance no install serves is wrapped by none.
 fn unwrapped(pod: &Pod) -> bool {
     pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true")
         && pod.metadata.deletion_timestamp.is_none()
@@ -175,11 +211,10 @@ pub(crate) async fn keep(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    // Only this install's injected pods (`--instance`).
-    let config = watcher::Config::default().labels(&format!(
-        "{INJECT_LABEL}=true,{}",
-        crate::api::instance_selector(instance.as_deref())
-    ));
+    // Every labelled pod: this install's need rights, and any that runs unwrapped is reported
+    // (also one labelled for an instance that no install serves).
+    let instance = instance.as_deref();
+    let config = watcher::Config::default().labels(&format!("{INJECT_LABEL}=true"));
     let mut events = watcher(pods, config).default_backoff().boxed();
     // The injected pods by (namespace, name), and the leases each account's Role grants.
     let mut injected: BTreeMap<(String, String), (Account, String)> = BTreeMap::new();
@@ -207,14 +242,14 @@ pub(crate) async fn keep(
                         continue;
                     }
                     Some(Ok(watcher::Event::InitApply(p))) => {
-                        if let (Some(l), Some(need)) = (listing.as_mut(), needs(&p)) {
+                        if let (Some(l), Some(need)) = (listing.as_mut(), needs(instance, &p)) {
                             l.insert((p.namespace().unwrap_or_default(), p.name_any()), need);
                         }
                         p
                     }
                     Some(Ok(watcher::Event::Apply(p))) => {
                         let key = (p.namespace().unwrap_or_default(), p.name_any());
-                        match needs(&p) {
+                        match needs(instance, &p) {
                             Some(need) => injected.insert(key, need),
                             None => injected.remove(&key),
                         };
@@ -230,16 +265,16 @@ pub(crate) async fn keep(
                     }
                     None => return tracing::error!("the watch of injected pods ended"),
                 };
-                let Some((account, lease)) = needs(&pod) else {
+                let Some((account, lease)) = needs(instance, &pod) else {
                     let key = (pod.namespace().unwrap_or_default(), pod.name_any());
                     if unwrapped(&pod) && unwrapped_seen.insert(key.clone()) {
-                        tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, or outside its namespaces): replace it to have it wrapped");
+                        tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, outside its namespaces, or labelled for an instance no install serves): replace it to have it wrapped");
                         crate::operator::report::events::publish(
                             &recorder,
                             &pod.object_ref(&()),
                             kube::runtime::events::EventType::Warning,
                             "NotInjected",
-                            "labelled arbiter.dev/inject but created without the agent (no webhook configuration then): its command runs on every such replica; delete the pod to have it wrapped".into(),
+                            "labelled arbiter.dev/inject but created without the agent (no webhook configuration then, or its arbiter.dev/instance is served by no install): its command runs on every such replica; delete the pod to have it wrapped".into(),
                         );
                     }
                     continue;
@@ -250,7 +285,7 @@ pub(crate) async fn keep(
                 }
                 let mut leases = has.clone();
                 leases.insert(lease);
-                match apply(&client, &account, &leases).await {
+                match apply(&client, instance, &account, &leases).await {
                     Ok(()) => {
                         granted.insert(account, leases);
                     }
@@ -263,7 +298,7 @@ pub(crate) async fn keep(
                 }
                 let want = wanted(&injected);
                 let used: BTreeSet<Account> = want.keys().cloned().collect();
-                match look(&client, namespace.as_deref(), &used, &unused).await {
+                match look(&client, instance, namespace.as_deref(), &used, &unused).await {
                     Ok((next, present)) => {
                         unused = next;
                         // What exists now: rights deleted by hand, or with their namespace,
@@ -275,7 +310,7 @@ pub(crate) async fn keep(
                                 continue;
                             }
                             let all: BTreeSet<String> = has.union(&leases).cloned().collect();
-                            match apply(&client, &account, &all).await {
+                            match apply(&client, instance, &account, &all).await {
                                 Ok(()) => {
                                     granted.insert(account, all);
                                 }
@@ -295,6 +330,7 @@ pub(crate) async fn keep(
 /// what was read.
 async fn apply(
     client: &Client,
+    instance: Option<&str>,
     account: &Account,
     leases: &BTreeSet<String>,
 ) -> anyhow::Result<()> {
@@ -303,21 +339,19 @@ async fn apply(
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
+    let name = name(instance, sa);
     let not_ours = |kind: &str| {
         anyhow::anyhow!(
-            "{kind} {namespace}/{} exists and was not made by arbiter: it is left as it is (injected pods of ServiceAccount {sa} need an agent's rights)",
-            name(sa)
+            "{kind} {namespace}/{name} exists and was not made by this arbiter install: it is left as it is (injected pods of ServiceAccount {sa} need an agent's rights)",
         )
     };
-    let ours = |labels: &BTreeMap<String, String>| {
-        labels.get(BINDING_LABEL).map(String::as_str) == Some("true")
-    };
+    let ours = |labels: &BTreeMap<String, String>| made_by(instance, labels);
 
     let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
-    match roles.get_opt(&name(sa)).await? {
+    match roles.get_opt(&name).await? {
         None => {
             roles
-                .create(&pp, &desired_role(namespace, sa, leases))
+                .create(&pp, &desired_role(instance, namespace, sa, leases))
                 .await?;
         }
         Some(existing) if !ours(existing.labels()) => return Err(not_ours("Role")),
@@ -325,17 +359,17 @@ async fn apply(
             // Never fewer leases than the Role grants already: this replica's memory may lag
             // (it just started acting), and a running holder must keep its renewals.
             let all: BTreeSet<String> = granted(&existing).union(leases).cloned().collect();
-            let mut role = desired_role(namespace, sa, &all);
+            let mut role = desired_role(instance, namespace, sa, &all);
             if existing.rules != role.rules {
                 role.metadata.resource_version = existing.resource_version();
-                roles.replace(&name(sa), &pp, &role).await?;
+                roles.replace(&name, &pp, &role).await?;
             }
         }
     }
 
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
-    let mut binding = desired_binding(namespace, sa);
-    match bindings.get_opt(&name(sa)).await? {
+    let mut binding = desired_binding(instance, namespace, sa);
+    match bindings.get_opt(&name).await? {
         None => {
             bindings.create(&pp, &binding).await?;
         }
@@ -344,7 +378,7 @@ async fn apply(
             if existing.role_ref == binding.role_ref && existing.subjects == binding.subjects => {}
         Some(existing) if existing.role_ref == binding.role_ref => {
             binding.metadata.resource_version = existing.resource_version();
-            bindings.replace(&name(sa), &pp, &binding).await?;
+            bindings.replace(&name, &pp, &binding).await?;
         }
         Some(existing) => {
             // roleRef cannot change: delete exactly what was read, and make it again.
@@ -355,7 +389,7 @@ async fn apply(
                 }),
                 ..DeleteParams::default()
             };
-            bindings.delete(&name(sa), &dp).await?;
+            bindings.delete(&name, &dp).await?;
             bindings.create(&pp, &binding).await?;
         }
     }
@@ -367,6 +401,7 @@ async fn apply(
 /// unused bindings to remember, and the leases granted to each account whose rights are there.
 async fn look(
     client: &Client,
+    instance: Option<&str>,
     namespace: Option<&str>,
     used: &BTreeSet<Account>,
     unused_before: &BTreeSet<Seen>,
@@ -378,7 +413,11 @@ async fn look(
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
-    let ours = ListParams::default().labels(&format!("{BINDING_LABEL}=true"));
+    // Only this install's (`--instance`): another's are used by pods this one does not count.
+    let ours = ListParams::default().labels(&format!(
+        "{BINDING_LABEL}=true,{}",
+        crate::api::instance_selector(instance)
+    ));
     let seen: Vec<Seen> = bindings
         .list(&ours)
         .await?
@@ -437,7 +476,7 @@ async fn look(
         let roles: Api<Role> = Api::namespaced(client.clone(), &b.namespace);
         let role = roles.get_opt(&b.name).await;
         if let Ok(Some(role)) = &role
-            && role.labels().get(BINDING_LABEL).map(String::as_str) == Some("true")
+            && made_by(instance, role.labels())
         {
             let dp = DeleteParams {
                 preconditions: Some(Preconditions {
@@ -465,7 +504,7 @@ mod tests {
     fn seen(ns: &str, sa: &str, version: &str) -> Seen {
         Seen {
             namespace: ns.into(),
-            name: name(sa),
+            name: name(None, sa),
             service_account: sa.into(),
             version: version.into(),
         }
@@ -522,30 +561,40 @@ mod tests {
     #[test]
     fn only_injected_pods_that_exist_need_rights_for_their_own_lease() {
         assert_eq!(
-            needs(&pod(Some("worker"), true)),
+            needs(None, &pod(Some("worker"), true)),
             Some((account("ns", "worker"), "work".into()))
         );
         assert_eq!(
-            needs(&pod(None, true)),
+            needs(None, &pod(None, true)),
             Some((account("ns", "default"), "work".into()))
         );
         let plain = pod(Some("worker"), false);
-        assert_eq!(needs(&plain), None, "labelled but not injected");
+        assert_eq!(needs(None, &plain), None, "labelled but not injected");
         assert!(unwrapped(&plain));
         let mut unlabelled = pod(Some("worker"), true);
         unlabelled.labels_mut().remove(INJECT_LABEL);
-        assert_eq!(needs(&unlabelled), None);
+        assert_eq!(needs(None, &unlabelled), None);
         let mut going = pod(Some("worker"), true);
         going.metadata.deletion_timestamp = Some(
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
         );
-        assert_eq!(needs(&going), None);
+        assert_eq!(needs(None, &going), None);
+        // Another install's pod needs nothing from this one, and this one's nothing from it.
+        let mut blue = pod(Some("worker"), true);
+        blue.labels_mut()
+            .insert(crate::api::INSTANCE_LABEL.into(), "blue".into());
+        assert_eq!(needs(None, &blue), None);
+        assert_eq!(
+            needs(Some("blue"), &blue),
+            Some((account("ns", "worker"), "work".into()))
+        );
+        assert_eq!(needs(Some("blue"), &pod(Some("worker"), true)), None);
     }
 
     #[test]
     fn the_role_updates_only_the_leases_its_pods_run_for() {
         let leases = BTreeSet::from(["work".to_string(), "other".to_string()]);
-        let role = desired_role("ns", "worker", &leases);
+        let role = desired_role(None, "ns", "worker", &leases);
         assert_eq!(granted(&role), leases);
         let rules = role.rules.clone().unwrap();
         for r in &rules {
@@ -558,7 +607,7 @@ mod tests {
                 || r.resources.as_deref() == Some(&["leasecandidates".to_string()][..])),
             "no Lease is created by an agent"
         );
-        let binding = desired_binding("ns", "worker");
+        let binding = desired_binding(None, "ns", "worker");
         assert_eq!(binding.role_ref.kind, "Role");
         assert_eq!(binding.role_ref.name, "arbiter-agent-worker");
         assert_eq!(
@@ -579,10 +628,29 @@ mod tests {
 
     #[test]
     fn names_fit_the_limit_and_stay_distinct() {
-        assert_eq!(name("worker"), "arbiter-agent-worker");
+        assert_eq!(name(None, "worker"), "arbiter-agent-worker");
+        assert_eq!(name(Some("blue"), "worker"), "arbiter-agent:blue:worker");
         let long = |c: char| std::iter::repeat_n(c, 253).collect::<String>();
-        let (a, b) = (name(&long('a')), name(&format!("{}b", &long('a')[1..])));
+        let (a, b) = (
+            name(None, &long('a')),
+            name(None, &format!("{}b", &long('a')[1..])),
+        );
         assert!(a.len() <= 253 && b.len() <= 253);
         assert_ne!(a, b);
+        let (c, d) = (name(Some("x"), &long('a')), name(Some("y"), &long('a')));
+        assert!(c.len() <= 253 && d.len() <= 253);
+        assert_ne!(c, d, "two installs' names for one long ServiceAccount");
+    }
+
+    /// Two installs never take each other's rights for their own.
+    #[test]
+    fn each_install_owns_only_its_instances_rights() {
+        let blue = desired_role(Some("blue"), "ns", "worker", &BTreeSet::new());
+        assert!(made_by(Some("blue"), blue.labels()));
+        assert!(!made_by(None, blue.labels()));
+        let plain = desired_binding(None, "ns", "worker");
+        assert!(made_by(None, plain.labels()));
+        assert!(!made_by(Some("blue"), plain.labels()));
+        assert_ne!(blue.name_any(), plain.name_any());
     }
 }

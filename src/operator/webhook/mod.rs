@@ -65,9 +65,9 @@ pub struct Settings {
     #[arg(long, value_parser = ["Always", "IfNotPresent", "Never"])]
     pub inject_image_pull_policy: Option<String>,
     /// Give each ServiceAccount injected pods run as an agent's rights in its namespace: a Role
-    /// and RoleBinding `arbiter-agent-SA`, made by the acting replica, whose Lease updates are
-    /// limited to the leases those pods run for (without it, the ServiceAccount must have those
-    /// rights already).
+    /// and RoleBinding `arbiter-agent-SA` (with `--instance`: `arbiter-agent:INSTANCE:SA`),
+    /// made by the acting replica, whose Lease updates are limited to the leases those pods run
+    /// for (without it, the ServiceAccount must have those rights already).
     #[arg(long)]
     pub inject_agent_rbac: bool,
 }

@@ -40,8 +40,15 @@ pub fn review(request: &AdmissionRequest<Pod>, injection: &Injection) -> Admissi
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(crate::api::INSTANCE_LABEL))
-        .filter(|i| !i.is_empty());
+        .and_then(|l| l.get(crate::api::INSTANCE_LABEL));
+    // No install has such an instance: refused by every install, rather than run unwrapped.
+    if let Some(Err(why)) = pod_instance.map(|i| crate::api::check_instance(i)) {
+        return response.deny(format!(
+            "arbiter: label {}: {why}",
+            crate::api::INSTANCE_LABEL
+        ));
+    }
+    // Another install's pod: its own webhook wraps it.
     if pod_instance != injection.instance.as_ref() {
         return response;
     }
@@ -192,6 +199,20 @@ mod tests {
         // An unlabelled pod is not the blue install's.
         let plain = request(json!({"name": "app", "image": "kv:1.2.3", "command": ["/kv"]}));
         assert!(review(&plain, &blue).patch.is_none());
+        // A label no install can have (empty, or not a label value) is refused by every
+        // install: unwrapped, the pod's command would run on every replica.
+        for bad in ["", "-x"] {
+            let mut req = plain.clone();
+            let labels = req.object.as_mut().unwrap().metadata.labels.as_mut();
+            labels
+                .unwrap()
+                .insert(crate::api::INSTANCE_LABEL.into(), bad.into());
+            for install in [&blue, &image("arbiter:0.1.0", None)] {
+                let response = review(&req, install);
+                assert!(!response.allowed, "{bad:?}");
+                assert!(response.result.message.contains("arbiter.dev/instance"));
+            }
+        }
     }
 
     #[test]
