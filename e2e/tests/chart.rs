@@ -19,6 +19,7 @@ use crate::support::{TestEnv, eventually, repo_root};
 crate::tests![chart:
     lint_is_clean,
     the_schema_refuses_lease_durations_that_are_not_whole_seconds,
+    the_namespace_selector_renders_into_the_flag_and_the_rbac,
     manifests_match_the_chart,
     crd_template_matches_the_generated_crd,
     install_upgrade_uninstall,
@@ -115,6 +116,85 @@ async fn the_schema_refuses_lease_durations_that_are_not_whole_seconds(_env: Arc
         assert!(stderr.contains("leaseDuration"), "{value}: {stderr}");
     }
     template(&["operator.leaseDuration=20s"], None);
+}
+
+/// `operator.namespaceSelector` (a LabelSelector) becomes the operator's
+/// `--namespace-selector`, which the API server reads as that LabelSelector; the operator may
+/// list and watch Namespaces; the webhook is not scoped by it (a pod made while its namespace
+/// does not match must not start unwrapped); combining it with watchNamespaces fails to render.
+async fn the_namespace_selector_renders_into_the_flag_and_the_rbac(env: Arc<TestEnv>) {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Patch, PatchParams};
+    let sets = [
+        "injection.enabled=true",
+        "operator.namespaceSelector.matchLabels.e2e\\.arbiter\\.dev/chart=yes",
+        "operator.namespaceSelector.matchExpressions[0].key=e2e.arbiter.dev/tier",
+        "operator.namespaceSelector.matchExpressions[0].operator=In",
+        "operator.namespaceSelector.matchExpressions[0].values={prod,staging}",
+        "operator.namespaceSelector.matchExpressions[1].key=e2e.arbiter.dev/legacy",
+        "operator.namespaceSelector.matchExpressions[1].operator=DoesNotExist",
+    ];
+    let out = template(&sets, None);
+    let flag = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- \"--namespace-selector="))
+        .and_then(|l| l.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("no --namespace-selector:\n{out}"));
+    assert_eq!(
+        flag,
+        "e2e.arbiter.dev/chart=yes,e2e.arbiter.dev/tier in (prod,staging),!e2e.arbiter.dev/legacy"
+    );
+    assert!(out.contains("resources: [\"namespaces\"]"), "{out}");
+    let webhook = template(&sets, Some("templates/webhook.yaml"));
+    assert!(!webhook.contains("namespaceSelector:"), "{webhook}");
+    // The API server reads the flag as the LabelSelector: this test's namespace matches once
+    // labelled so, and not with the legacy label.
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let selected = || async {
+        let list = namespaces
+            .list_metadata(&ListParams::default().labels(flag))
+            .await
+            .expect("the API server accepts the rendered selector");
+        list.items
+            .iter()
+            .any(|n| n.metadata.name.as_deref() == Some(&env.ns))
+    };
+    assert!(!selected().await);
+    let label = |labels: serde_json::Value| {
+        let patch = serde_json::json!({"metadata": {"labels": labels}});
+        let namespaces = namespaces.clone();
+        let ns = env.ns.clone();
+        async move {
+            namespaces
+                .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    label(serde_json::json!({"e2e.arbiter.dev/chart": "yes", "e2e.arbiter.dev/tier": "prod"}))
+        .await;
+    assert!(selected().await);
+    label(serde_json::json!({"e2e.arbiter.dev/legacy": "1"})).await;
+    assert!(!selected().await);
+
+    let both = helm_command(&[
+        "template",
+        "x",
+        chart().to_str().unwrap(),
+        "--set",
+        "operator.watchNamespaces={a}",
+        "--set",
+        sets[1],
+    ])
+    .env("HELM_CACHE_HOME", "/tmp")
+    .output()
+    .expect("running helm");
+    assert!(!both.status.success());
+    assert!(
+        String::from_utf8_lossy(&both.stderr).contains("cannot be combined"),
+        "{}",
+        String::from_utf8_lossy(&both.stderr)
+    );
 }
 
 async fn manifests_match_the_chart(_env: Arc<TestEnv>) {

@@ -17,6 +17,7 @@ crate::tests![tenants:
     an_operator_watching_two_namespaces_ignores_a_third,
     the_documented_lease_writers_policy_lets_only_the_leases_account_write_its_candidates,
     two_installs_with_disjoint_instances_never_write_the_same_lease,
+    a_namespace_selector_arbitrates_only_matching_namespaces_as_their_labels_change,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(40);
@@ -148,12 +149,7 @@ async fn an_operator_watching_two_namespaces_ignores_a_third(env: Arc<TestEnv>) 
         condition(&b, "b1", "Leader").await
     })
     .await;
-    let leases: Api<Lease> = c.api();
-    assert!(leases.get_opt("work").await.unwrap().is_none());
-    let candidates: Api<LeaseCandidate> = c.api();
-    let c1 = candidates.get("c1").await.unwrap();
-    assert!(c1.status.is_none(), "{:?}", c1.status);
-    assert!(c1.spec.ping_time.is_none());
+    untouched(&c, "c1", "work").await;
     drop_namespace(b).await;
     drop_namespace(c).await;
 }
@@ -413,4 +409,91 @@ async fn two_installs_with_disjoint_instances_never_write_the_same_lease(env: Ar
     assert!(leases.get_opt("ln").await.unwrap().is_none());
     let n1 = candidates.get("n1").await.unwrap();
     assert!(n1.status.is_none() && n1.spec.ping_time.is_none());
+}
+
+/// Candidate `name` of `env` was never pinged nor given a status, and lease `lease` has no
+/// Lease.
+async fn untouched(env: &TestEnv, name: &str, lease: &str) {
+    let leases: Api<Lease> = env.api();
+    assert!(leases.get_opt(lease).await.unwrap().is_none(), "{lease}");
+    let candidate = env.api::<LeaseCandidate>().get(name).await.unwrap();
+    assert!(candidate.status.is_none(), "{name}: {:?}", candidate.status);
+    assert!(candidate.spec.ping_time.is_none(), "{name} was pinged");
+}
+
+/// Labels (or, with `None`, unlabels) namespace `ns` with `key`.
+async fn label_namespace(env: &TestEnv, ns: &str, key: &str, value: Option<&str>) {
+    use kube::api::{Patch, PatchParams};
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+    namespaces
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("labelling a namespace");
+}
+
+/// An operator given `--namespace-selector` (cluster-wide) elects in a namespace whose labels
+/// match, never in one whose labels do not (its candidate, created first, is neither pinged nor
+/// given a status or a Lease), starts arbitrating a namespace once it is labelled, and writes
+/// nothing in one once its label is removed (a new lease there gets no Lease, while a
+/// failover elsewhere, which takes longer than a first election, completes).
+async fn a_namespace_selector_arbitrates_only_matching_namespaces_as_their_labels_change(
+    env: Arc<TestEnv>,
+) {
+    let key = "e2e.arbiter.dev/tenant";
+    let b = another_namespace(&env, "b").await;
+    let c = another_namespace(&env, "c").await;
+    label_namespace(&env, &b.ns, key, Some(&env.ns)).await;
+    let rb = Responder::start(b.client.clone(), &b.ns, &["b1", "fresh1"]);
+    let rc = Responder::start(c.client.clone(), &c.ns, &["c1", "c2"]);
+    create_candidate(&c, "c1", "work", "1.30.0", Some("1.30.0"), OEV, None).await;
+    create_candidate(&b, "b1", "work", "1.30.0", Some("1.30.0"), OEV, None).await;
+    let selector = format!("{key}={}", env.ns);
+    let op = Operator::start_args(
+        &env.kubeconfig,
+        &[
+            "--namespace",
+            &env.ns,
+            "--namespace-selector",
+            &selector,
+            "--lease-duration",
+            "5s",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ],
+    );
+    wait_for_holder(&b, "work", "b1", DEADLINE).await;
+    eventually("b1's status", DEADLINE, || condition(&b, "b1", "Leader")).await;
+    // c does not match: its candidate, there first, is left alone.
+    untouched(&c, "c1", "work").await;
+
+    // c comes to match: its lease is elected.
+    label_namespace(&env, &c.ns, key, Some(&env.ns)).await;
+    wait_for_holder(&c, "work", "c1", DEADLINE).await;
+
+    // b stops matching (the operator says so): a new lease there gets nothing, while c fails
+    // over (its holder stops answering; the next is elected after the lease expires).
+    label_namespace(&env, &b.ns, key, None).await;
+    eventually("the operator to let b go", DEADLINE, || async {
+        op.logs()
+            .lines()
+            .any(|l| l.contains("no longer matches") && l.contains(&b.ns))
+            .then_some(())
+    })
+    .await;
+    create_candidate(&b, "fresh1", "fresh", "1.30.0", Some("1.30.0"), OEV, None).await;
+    create_candidate(&c, "c2", "work", "1.30.0", Some("1.30.0"), OEV, None).await;
+    rc.silence("c1");
+    wait_for_holder(&c, "work", "c2", DEADLINE).await;
+    untouched(&b, "fresh1", "fresh").await;
+    let work: Api<Lease> = b.api();
+    let held = work.get("work").await.unwrap();
+    assert_eq!(
+        lease::holder(&held),
+        Some("b1"),
+        "b's lease stays as it was"
+    );
+    drop(rb);
+    drop_namespace(b).await;
+    drop_namespace(c).await;
 }

@@ -48,6 +48,14 @@ pub struct Settings {
         value_delimiter = ','
     )]
     pub watch_namespaces: Vec<String>,
+    /// Only arbitrate leases in the namespaces whose labels match this label selector (the
+    /// API server's syntax, as `kubectl get namespaces -l`: `team=payments`,
+    /// `tier in (prod,staging)`, `!legacy`), followed as labels change. The operator watches
+    /// every namespace (its caches still hold theirs) and needs to list and watch Namespaces;
+    /// it writes nothing in a namespace that does not match. Cannot be combined with
+    /// --watch-namespaces.
+    #[arg(long, env = "NAMESPACE_SELECTOR", conflicts_with = "watch_namespaces")]
+    pub namespace_selector: Option<String>,
     /// This install's instance class: it arbitrates only candidates, single-active workloads
     /// and injected pods labelled `arbiter.dev/instance=NAME`, labels the Leases it makes with
     /// it, and never writes a Lease labelled with another instance (default: none, for what
@@ -176,6 +184,13 @@ impl Settings {
 
     fn validate(&mut self) -> anyhow::Result<()> {
         self.webhook.validate()?;
+        if self.namespace_selector.as_deref().map(str::trim) == Some("")
+            || (self.namespace_selector.is_some() && !self.scopes().contains(&None))
+        {
+            crate::usage!(
+                "--namespace-selector needs a selector, and cannot be combined with --watch-namespaces"
+            );
+        }
         if self.ha_retry_period >= self.ha_renew_deadline
             || self.ha_renew_deadline >= self.ha_lease_duration
         {
@@ -240,6 +255,9 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     }
     let watched: Vec<String> = settings.scopes().into_iter().flatten().collect();
     check_crd(&client, watched.first().map(String::as_str)).await?;
+    if let Some(selector) = &settings.namespace_selector {
+        cache::namespaces::check(&client, selector).await?;
+    }
 
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
@@ -295,6 +313,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     };
     metrics.active.set(1);
     tracing::info!(%identity, "acting as the arbiter");
+    let arbitrated = caches.arbitrated.clone();
     let work = reconcile::run(
         client.clone(),
         caches,
@@ -308,6 +327,7 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         namespace.clone(),
         settings.scopes(),
         settings.instance.clone(),
+        arbitrated,
         settings.reporter(),
     );
     // The webhook's upkeep ends only if a watch it needs did: like the work queue closing, that
@@ -383,6 +403,7 @@ fn start_caches(
         client.clone(),
         &settings.scopes(),
         settings.instance.as_deref(),
+        settings.namespace_selector.as_deref(),
         cache::limits::Limits {
             candidates: settings.max_candidates_per_namespace,
             leases: settings.max_leases_per_namespace,
@@ -407,6 +428,7 @@ fn start_caches(
                 // those three are waited for there, once).
                 c.leases.wait_until_ready(),
                 c.pods.wait_until_ready(),
+                c.arbitrated.wait_until_listed(),
             );
             m.ready.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::info!("caches synced");
@@ -539,5 +561,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("must be at most 300s"), "{err}");
+    }
+
+    #[test]
+    fn a_namespace_selector_is_a_selector_and_stands_alone() {
+        let s = validated(&["--namespace-selector", "team=a"]).unwrap();
+        assert_eq!(s.namespace_selector.as_deref(), Some("team=a"));
+        assert_eq!(s.scopes(), vec![None], "watched cluster-wide");
+        for bad in [
+            &["--namespace-selector", " "][..],
+            &[
+                "--namespace-selector",
+                "team=a",
+                "--watch-namespaces",
+                "a,b",
+            ],
+        ] {
+            assert!(validated(bad).is_err(), "{bad:?}");
+        }
     }
 }

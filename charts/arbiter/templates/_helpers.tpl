@@ -52,3 +52,22 @@ the chart's appVersion). global.imageRegistry wins over image.registry.
 {{- with .Values.operator.watchNamespace }}{{- $l = append $l . -}}{{- end -}}
 {{- $l | uniq | sortAlpha | toJson -}}
 {{- end -}}
+
+{{/* operator.namespaceSelector (a LabelSelector) as a label selector string for
+     --namespace-selector (empty: none). Fails when combined with watchNamespaces. */}}
+{{- define "arbiter.namespaceSelector" -}}
+{{- $s := .Values.operator.namespaceSelector | default dict -}}
+{{- $parts := list -}}
+{{- range $k, $v := ($s.matchLabels | default dict) }}{{- $parts = append $parts (printf "%s=%s" $k $v) -}}{{- end -}}
+{{- range ($s.matchExpressions | default list) -}}
+{{- if eq .operator "In" }}{{- $parts = append $parts (printf "%s in (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "NotIn" }}{{- $parts = append $parts (printf "%s notin (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "Exists" }}{{- $parts = append $parts .key -}}
+{{- else }}{{- $parts = append $parts (printf "!%s" .key) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $parts (include "arbiter.watchNamespaces" . | fromJsonArray) -}}
+{{- fail "operator.namespaceSelector cannot be combined with operator.watchNamespaces (or watchNamespace)" -}}
+{{- end -}}
+{{- join "," $parts -}}
+{{- end -}}

@@ -426,6 +426,12 @@ impl Tally {
             .collect()
     }
 
+    /// Wakes the reports as if a candidate had been refused (a namespace came to be
+    /// arbitrated: its refusals and admissions are reported now).
+    pub fn nudge(&self) {
+        self.changes.notify_one();
+    }
+
     /// Waits until a candidate is refused or admitted after all (or was since the last call).
     pub async fn changed(&self) {
         self.changes.notified().await

@@ -12,6 +12,7 @@ pub(crate) mod incarnations;
 pub(crate) mod lease_records;
 pub(crate) mod limits;
 pub(crate) mod liveness;
+pub(crate) mod namespaces;
 pub mod pod_facts;
 pub(crate) mod pods;
 pub(crate) mod slim;
@@ -78,6 +79,9 @@ pub struct Caches {
     /// This install's instance (`--instance`): what its watches list, and the label of what it
     /// creates.
     pub instance: Option<String>,
+    /// The namespaces this install arbitrates (`--namespace-selector`; all of the watch scope
+    /// without one).
+    pub arbitrated: namespaces::Arbitrated,
     /// One lock per namespace, held by a worker for a single-active lease's whole reconcile:
     /// role labels belong to pods, and two workloads (or a workload whose lease name changed)
     /// may select the same pods, so "demote, then promote" must not interleave across workers.
@@ -127,6 +131,7 @@ impl Caches {
             held: Held::default(),
             limits: limits::Tally::default(),
             instance: None,
+            arbitrated: namespaces::Arbitrated::all(),
             single_active_locks: NamespaceLocks::default(),
         }
     }
@@ -172,12 +177,13 @@ fn all_listed(
     }
 }
 
-/// The three watches, as one stream that ends only on error. Each event enqueues the leases it
-/// may affect.
+/// The three watches (and the selected namespaces', with `--namespace-selector`), as one stream
+/// that ends only on error. Each event enqueues the leases it may affect.
 pub fn watch_all(
     client: Client,
     scopes: &[Option<String>],
     instance: Option<&str>,
+    namespace_selector: Option<&str>,
     limits: limits::Limits,
     enqueue: Enqueue,
     pods_followed: prometheus_client::metrics::gauge::Gauge,
@@ -206,6 +212,12 @@ pub fn watch_all(
     let selector = crate::api::instance_selector(instance);
     // One watch of each kind per scope (a namespace, or all).
     let mut streams: Vec<BoxStream<'static, anyhow::Result<()>>> = Vec::new();
+    if let Some(selector) = namespace_selector {
+        let (arbitrated, events) =
+            namespaces::watch(&client, selector, leases_of(&caches, enqueue.clone()));
+        caches.arbitrated = arbitrated;
+        streams.push(events);
+    }
     for (((scope, cw), lw), (dw, sw)) in scopes
         .iter()
         .zip(cws)
@@ -267,6 +279,36 @@ pub fn watch_all(
         .filter_map(|r: anyhow::Result<()>| async move { r.err() })
         .boxed();
     (caches, errors)
+}
+
+/// What a namespace coming to be arbitrated sets off: every lease of it is enqueued (those
+/// its candidates name, its Leases, those its single-active workloads govern), and its
+/// refused candidates are reported.
+fn leases_of(caches: &Caches, e: Enqueue) -> impl Fn(&str) + Send + 'static {
+    let (index, leases, workloads, tally) = (
+        caches.by_lease.clone(),
+        caches.leases.clone(),
+        caches.workloads.clone(),
+        caches.limits.clone(),
+    );
+    move |namespace: &str| {
+        tally.nudge();
+        let mut names = index.leases_in(namespace, |_| true);
+        names.extend(
+            (leases.state().iter())
+                .filter(|l| l.namespace().as_deref() == Some(namespace))
+                .map(|l| l.name_any()),
+        );
+        for name in names {
+            e.key(LeaseKey {
+                namespace: namespace.to_string(),
+                name,
+            });
+        }
+        for key in workloads.leases_in(namespace) {
+            e.key(key);
+        }
+    }
 }
 
 /// The API of `K` in `namespace`, or in all namespaces.

@@ -110,8 +110,6 @@ impl AnnotatedWorkloads {
             })
     }
 
-    /// The leases of the workloads that select `pod` (valid ones only; an invalid selector
-    /// selects nothing).
     /// The selector of the valid annotated workload `kind` `name` in `namespace`, if it is one.
     pub fn valid_selector(
         &self,
@@ -131,6 +129,22 @@ impl AnnotatedWorkloads {
         !self.selecting(pod).is_empty()
     }
 
+    /// The leases the annotated workloads of `namespace` govern, valid or not.
+    pub fn leases_in(&self, namespace: &str) -> Vec<LeaseKey> {
+        let index = self.0.lock().unwrap();
+        let start = (namespace.to_string(), "", String::new());
+        index
+            .range(start..)
+            .take_while(|((ns, _, _), _)| ns == namespace)
+            .map(|(_, e)| LeaseKey {
+                namespace: namespace.to_string(),
+                name: e.lease().to_string(),
+            })
+            .collect()
+    }
+
+    /// The leases of the workloads that select `pod` (valid ones only; an invalid selector
+    /// selects nothing).
     pub fn selecting(&self, pod: &Pod) -> Vec<LeaseKey> {
         let namespace = pod.namespace().unwrap_or_default();
         let index = self.0.lock().unwrap();
@@ -209,6 +223,8 @@ mod tests {
         assert!(take_in(&index, &deployment("web", &[]), false).is_empty());
         assert_eq!(take_in(&index, &deployment("web", &on), false), ["web"]);
         assert_eq!(index.selecting(&pod("web", "ns")), [key("web")]);
+        assert_eq!(index.leases_in("ns"), [key("web")]);
+        assert!(index.leases_in("n").is_empty() && index.leases_in("nt").is_empty());
         assert!(index.selecting(&pod("web", "other")).is_empty());
         assert!(index.selecting(&pod("db", "ns")).is_empty());
         // A changed lease name: both the new and the old lease are reconciled.

@@ -83,6 +83,18 @@ impl Worker {
     /// candidate that expired is deleted first; a single-active workload's pods are made
     /// candidates.
     pub(in crate::operator) async fn gather(&mut self, key: &LeaseKey) -> anyhow::Result<Gathered> {
+        // A namespace this install does not arbitrate (`--namespace-selector`): nothing is
+        // written there; its leases are enqueued again if its labels come to match. (Checked
+        // again after the namespace's lock and before the Lease write: a pass that saw it match
+        // finishes only what it had begun.)
+        match self.caches.arbitrated.covers(&key.namespace) {
+            Some(true) => {}
+            Some(false) => return Ok(Gathered::Done(Reconciled::after(None))),
+            None => {
+                let soon = Some(Duration::from_millis(500));
+                return Ok(Gathered::Done(Reconciled::after(soon)));
+            }
+        }
         let mut candidates = self
             .caches
             .by_lease
@@ -107,6 +119,10 @@ impl Worker {
             Some(_) => Some(self.caches.single_active_locks.lock(&key.namespace).await),
             None => None,
         };
+        // The namespace may have stopped matching while this waited for its lock.
+        if serial.is_some() && self.caches.arbitrated.covers(&key.namespace) != Some(true) {
+            return Ok(Gathered::Done(Reconciled::after(None)));
+        }
         let prepared = single_active::prepare(
             &self.client,
             &self.caches,

@@ -143,6 +143,10 @@ impl Worker {
         if let Some(done) = self.hand_over_for_pod(&pass, &inputs, &decision).await? {
             return Ok(done);
         }
+        // The namespace stopped matching during the pass (`--namespace-selector`).
+        if self.caches.arbitrated.covers(&key.namespace) != Some(true) {
+            return Ok(Reconciled::after(None));
+        }
         let written = self.write(&pass, &inputs, &decision).await?;
         let reported = self
             .report_pass(&pass, &inputs, &decision, written.as_ref(), queue)

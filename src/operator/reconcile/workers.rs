@@ -43,6 +43,7 @@ pub async fn run(
         client.clone(),
         caches.limits.clone(),
         caches.candidates.clone(),
+        caches.arbitrated.clone(),
         recorder.clone(),
         metrics.candidates_refused.clone(),
     );

@@ -17,6 +17,7 @@ use super::conditions::{ELIGIBLE, merge};
 use super::publish;
 use crate::api::LeaseCandidate;
 use crate::operator::cache::limits::{Exceeded, Refused, Tally};
+use crate::operator::cache::namespaces::Arbitrated;
 use crate::operator::cache::stores::Cached;
 
 /// The reason of the condition and of the Event.
@@ -66,6 +67,7 @@ pub async fn report_refusals(
     client: Client,
     tally: Tally,
     cache: Cached<LeaseCandidate>,
+    arbitrated: Arbitrated,
     recorder: Recorder,
     refused_gauge: prometheus_client::metrics::gauge::Gauge,
 ) {
@@ -76,7 +78,10 @@ pub async fn report_refusals(
         let refused = tally.refused();
         refused_gauge.set(refused.len() as i64);
         for r in refused {
-            if reported.get(&r.uid) == Some(&r.exceeded) {
+            // Not this install's namespace (`--namespace-selector`), or already reported.
+            if reported.get(&r.uid) == Some(&r.exceeded)
+                || arbitrated.covers(&r.namespace) != Some(true)
+            {
                 continue;
             }
             let Some(cached) = cache.get(&ObjectRef::new(&r.name).within(&r.namespace)) else {
@@ -125,6 +130,9 @@ pub async fn report_refusals(
         // Admitted after all (room was made), but cached only as a stub: a status write makes
         // the watch deliver them whole, and the next reconcile of their lease reports them.
         for (namespace, name, uid) in tally.promoted() {
+            if arbitrated.covers(&namespace) != Some(true) {
+                continue;
+            }
             let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &namespace);
             // Its other conditions (a Leader=True a replica taking over would remember) stay.
             let current = cache

@@ -16,6 +16,9 @@
 //! and RoleBindings are named `arbiter-agent:INSTANCE:SA` and labelled with the instance, so
 //! that two installs never count each other's rights unused.
 //!
+//! With `--namespace-selector`, rights are made only in namespaces that match (at once when one
+//! comes to match), and removed only there (another install may keep the others').
+//!
 //! Rights are removed once no injected pod uses the ServiceAccount: only after the replica saw
 //! no such pod at two looks [`SWEEP_EVERY`] apart with the binding unchanged between them, only
 //! once the pods were listed in full, and with that resourceVersion as the delete's
@@ -32,6 +35,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
+use crate::operator::cache::namespaces::Arbitrated;
 use crate::workloads::inject::{INIT_CONTAINER, INJECT_LABEL, wrapped_lease};
 
 /// The label on every Role and RoleBinding arbiter makes for injected pods.
@@ -204,6 +208,7 @@ pub(crate) async fn keep(
     client: Client,
     namespace: Option<String>,
     instance: Option<String>,
+    arbitrated: Arbitrated,
     reporter: kube::runtime::events::Reporter,
 ) {
     let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
@@ -214,6 +219,9 @@ pub(crate) async fn keep(
     // Every labelled pod: this install's need rights, and any that runs unwrapped is reported
     // (also one labelled for an instance that no install serves).
     let instance = instance.as_deref();
+    let needs = |pod: &Pod| needs(instance, pod);
+    let covered = |ns: &str| arbitrated.covers(ns) == Some(true);
+    let mut gained = arbitrated.clone();
     let config = watcher::Config::default().labels(&format!("{INJECT_LABEL}=true"));
     let mut events = watcher(pods, config).default_backoff().boxed();
     // The injected pods by (namespace, name), and the leases each account's Role grants.
@@ -242,14 +250,14 @@ pub(crate) async fn keep(
                         continue;
                     }
                     Some(Ok(watcher::Event::InitApply(p))) => {
-                        if let (Some(l), Some(need)) = (listing.as_mut(), needs(instance, &p)) {
+                        if let (Some(l), Some(need)) = (listing.as_mut(), needs(&p)) {
                             l.insert((p.namespace().unwrap_or_default(), p.name_any()), need);
                         }
                         p
                     }
                     Some(Ok(watcher::Event::Apply(p))) => {
                         let key = (p.namespace().unwrap_or_default(), p.name_any());
-                        match needs(instance, &p) {
+                        match needs(&p) {
                             Some(need) => injected.insert(key, need),
                             None => injected.remove(&key),
                         };
@@ -265,8 +273,12 @@ pub(crate) async fn keep(
                     }
                     None => return tracing::error!("the watch of injected pods ended"),
                 };
-                let Some((account, lease)) = needs(instance, &pod) else {
-                    let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+                // Nothing is written where this install does not arbitrate.
+                if !covered(&key.0) {
+                    continue;
+                }
+                let Some((account, lease)) = needs(&pod) else {
                     if unwrapped(&pod) && unwrapped_seen.insert(key.clone()) {
                         tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, outside its namespaces, or labelled for an instance no install serves): replace it to have it wrapped");
                         crate::operator::report::events::publish(
@@ -298,28 +310,47 @@ pub(crate) async fn keep(
                 }
                 let want = wanted(&injected);
                 let used: BTreeSet<Account> = want.keys().cloned().collect();
-                match look(&client, instance, namespace.as_deref(), &used, &unused).await {
+                let scope = Scope { instance, namespace: namespace.as_deref(), arbitrated: &arbitrated };
+                match look(&client, &scope, &used, &unused).await {
                     Ok((next, present)) => {
                         unused = next;
                         // What exists now: rights deleted by hand, or with their namespace,
                         // are made again for the pods that still need them.
                         granted = present;
-                        for (account, leases) in want {
-                            let has = granted.get(&account).cloned().unwrap_or_default();
-                            if leases.is_subset(&has) {
-                                continue;
-                            }
-                            let all: BTreeSet<String> = has.union(&leases).cloned().collect();
-                            match apply(&client, instance, &account, &all).await {
-                                Ok(()) => {
-                                    granted.insert(account, all);
-                                }
-                                Err(e) => tracing::warn!(namespace = %account.0, service_account = %account.1, error = %e, "making the injected agent's rights failed (retrying at the next look)"),
-                            }
-                        }
+                        grant(&client, instance, want, &covered, &mut granted).await;
                     }
                     Err(e) => tracing::warn!(error = %e, "removing unused agent rights failed (retrying)"),
                 }
+            }
+            // A namespace came to match: its pods' rights now, not at the next look.
+            () = gained.gained(), if listed && listing.is_none() => {
+                grant(&client, instance, wanted(&injected), &covered, &mut granted).await;
+            }
+        }
+    }
+}
+
+/// Makes the rights `want` says each account needs, in the namespaces `covered` accepts, where
+/// `granted` (what exists) falls short.
+async fn grant(
+    client: &Client,
+    instance: Option<&str>,
+    want: BTreeMap<Account, BTreeSet<String>>,
+    covered: &impl Fn(&str) -> bool,
+    granted: &mut BTreeMap<Account, BTreeSet<String>>,
+) {
+    for (account, leases) in want {
+        let has = granted.get(&account).cloned().unwrap_or_default();
+        if leases.is_subset(&has) || !covered(&account.0) {
+            continue;
+        }
+        let all: BTreeSet<String> = has.union(&leases).cloned().collect();
+        match apply(client, instance, &account, &all).await {
+            Ok(()) => {
+                granted.insert(account, all);
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %account.0, service_account = %account.1, error = %e, "making the injected agent's rights failed (retrying at the next look)")
             }
         }
     }
@@ -397,15 +428,28 @@ async fn apply(
     Ok(())
 }
 
+/// Whose rights a look removes: install `instance`'s, in `namespace` (or all) where it
+/// arbitrates.
+#[derive(Clone, Copy)]
+struct Scope<'a> {
+    instance: Option<&'a str>,
+    namespace: Option<&'a str>,
+    arbitrated: &'a Arbitrated,
+}
+
 /// One look: deletes the rights unused now and at the previous look, unchanged. Returns the
 /// unused bindings to remember, and the leases granted to each account whose rights are there.
 async fn look(
     client: &Client,
-    instance: Option<&str>,
-    namespace: Option<&str>,
+    scope: &Scope<'_>,
     used: &BTreeSet<Account>,
     unused_before: &BTreeSet<Seen>,
 ) -> anyhow::Result<(BTreeSet<Seen>, BTreeMap<Account, BTreeSet<String>>)> {
+    let Scope {
+        instance,
+        namespace,
+        arbitrated,
+    } = *scope;
     let (bindings, roles): (Api<RoleBinding>, Api<Role>) = match namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
@@ -444,7 +488,12 @@ async fn look(
             )
         })
         .collect();
-    let (delete, unused) = sweep(&seen, used, unused_before);
+    // Only where this install arbitrates: elsewhere another install may keep its own.
+    let sweepable: Vec<Seen> = (seen.iter())
+        .filter(|b| arbitrated.covers(&b.namespace) == Some(true))
+        .cloned()
+        .collect();
+    let (delete, unused) = sweep(&sweepable, used, unused_before);
     let mut present: BTreeMap<Account, BTreeSet<String>> = seen
         .iter()
         .filter_map(|b| {

@@ -138,6 +138,7 @@ pub(crate) async fn upkeep(
     namespace: String,
     scopes: Vec<Option<String>>,
     instance: Option<String>,
+    arbitrated: crate::operator::cache::namespaces::Arbitrated,
     reporter: kube::runtime::events::Reporter,
 ) {
     if settings.webhook_address.is_none() {
@@ -153,7 +154,13 @@ pub(crate) async fn upkeep(
         if settings.inject_agent_rbac {
             // One per namespace watched (or one for all): each keeps its namespaces' rights.
             let keeps = scopes.into_iter().map(|scope| {
-                let keep = binding::keep(client.clone(), scope, instance.clone(), reporter.clone());
+                let keep = binding::keep(
+                    client.clone(),
+                    scope,
+                    instance.clone(),
+                    arbitrated.clone(),
+                    reporter.clone(),
+                );
                 Box::pin(keep)
             });
             futures::future::select_all(keeps).await;
