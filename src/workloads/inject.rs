@@ -252,6 +252,13 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
 /// The lease an injected pod's agent runs for (`--lease` in its wrapped container's args), if
 /// the pod was injected.
 pub fn wrapped_lease(pod: &Pod) -> Option<String> {
+    wrapped_agent(pod).map(|(lease, _)| lease)
+}
+
+/// The lease an injected pod's agent runs for and the install instance it was told
+/// (`--lease`, `--instance` in its wrapped container's args), if the pod was injected: fixed
+/// at the pod's creation, whatever its labels say later.
+pub fn wrapped_agent(pod: &Pod) -> Option<(String, Option<String>)> {
     let wrapper = [format!("{DIR}/arbiter")];
     pod.spec.as_ref()?.containers.iter().find_map(|c| {
         let args = c.args.as_ref()?;
@@ -259,8 +266,11 @@ pub fn wrapped_lease(pod: &Pod) -> Option<String> {
             return None;
         }
         let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
-        let at = args[..end].iter().position(|a| a == "--lease")?;
-        args.get(at + 1).cloned()
+        let flag = |name: &str| {
+            let at = args[..end].iter().position(|a| a == name)?;
+            args.get(at + 1).cloned()
+        };
+        Some((flag("--lease")?, flag("--instance")))
     })
 }
 

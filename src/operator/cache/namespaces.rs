@@ -147,6 +147,8 @@ pub fn watch(
                     relisting.insert(ns.name_any());
                 }
                 watcher::Event::InitDone => {
+                    // Listed before anyone is woken: what wakes must find the namespaces known.
+                    listed.store(true, Ordering::Release);
                     for name in relisting.difference(&known) {
                         tracing::info!(namespace = %name, "{COMES}");
                         selected(name);
@@ -155,7 +157,6 @@ pub fn watch(
                         tracing::info!(namespace = %name, "{GOES}");
                     }
                     known = std::mem::take(&mut relisting);
-                    listed.store(true, Ordering::Release);
                 }
                 watcher::Event::Apply(ns) => {
                     if known.insert(ns.name_any()) {

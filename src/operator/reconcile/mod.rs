@@ -140,12 +140,13 @@ impl Worker {
         if let Some(again) = self.confirm(&pass, &decision) {
             return Ok(again);
         }
-        if let Some(done) = self.hand_over_for_pod(&pass, &inputs, &decision).await? {
-            return Ok(done);
-        }
-        // The namespace stopped matching during the pass (`--namespace-selector`).
+        // The namespace stopped matching during the pass (`--namespace-selector`): no Lease
+        // write (a handover's release included).
         if self.caches.arbitrated.covers(&key.namespace) != Some(true) {
             return Ok(Reconciled::after(None));
+        }
+        if let Some(done) = self.hand_over_for_pod(&pass, &inputs, &decision).await? {
+            return Ok(done);
         }
         let written = self.write(&pass, &inputs, &decision).await?;
         let reported = self

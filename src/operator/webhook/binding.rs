@@ -36,7 +36,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::operator::cache::namespaces::Arbitrated;
-use crate::workloads::inject::{INIT_CONTAINER, INJECT_LABEL, wrapped_lease};
+use crate::workloads::inject::{INIT_CONTAINER, INJECT_LABEL, wrapped_agent};
 
 /// The label on every Role and RoleBinding arbiter makes for injected pods.
 pub(crate) const BINDING_LABEL: &str = "arbiter.dev/agent-binding";
@@ -78,14 +78,6 @@ fn labels(instance: Option<&str>) -> serde_json::Value {
 fn made_by(instance: Option<&str>, labels: &BTreeMap<String, String>) -> bool {
     labels.get(BINDING_LABEL).map(String::as_str) == Some("true")
         && labels.get(crate::api::INSTANCE_LABEL).map(String::as_str) == instance
-}
-
-/// Whether `pod` is install `instance`'s to wrap.
-fn mine(instance: Option<&str>, pod: &Pod) -> bool {
-    pod.labels()
-        .get(crate::api::INSTANCE_LABEL)
-        .map(String::as_str)
-        == instance
 }
 
 /// The Role of ServiceAccount `sa` of `namespace` whose pods run for `leases`: what
@@ -136,15 +128,18 @@ pub fn granted(role: &Role) -> BTreeSet<String> {
 }
 
 /// The ServiceAccount whose rights injected pod `pod` needs from install `instance`, and the
-/// lease its agent runs for, if it is one: labelled, of that instance, injected, not being
-/// deleted.
+/// lease its agent runs for, if it is one: labelled, injected with an agent told that instance
+/// (its args, not its labels, which may change), not being deleted.
 pub(crate) fn needs(instance: Option<&str>, pod: &Pod) -> Option<(Account, String)> {
     let spec = pod.spec.as_ref()?;
     let labelled = pod.labels().get(INJECT_LABEL).map(String::as_str) == Some("true");
-    if !labelled || !mine(instance, pod) || pod.metadata.deletion_timestamp.is_some() {
+    if !labelled || pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let lease = wrapped_lease(pod)?;
+    let (lease, told) = wrapped_agent(pod)?;
+    if told.as_deref() != instance {
+        return None;
+    }
     let sa = spec
         .service_account_name
         .clone()
@@ -629,15 +624,25 @@ mod tests {
         );
         assert_eq!(needs(None, &going), None);
         // Another install's pod needs nothing from this one, and this one's nothing from it.
-        let mut blue = pod(Some("worker"), true);
-        blue.labels_mut()
+        let mut labelled_blue = pod(Some("worker"), false);
+        labelled_blue
+            .labels_mut()
             .insert(crate::api::INSTANCE_LABEL.into(), "blue".into());
+        let mut blue = inject(&labelled_blue, "arbiter:1").unwrap().unwrap();
         assert_eq!(needs(None, &blue), None);
         assert_eq!(
             needs(Some("blue"), &blue),
             Some((account("ns", "worker"), "work".into()))
         );
         assert_eq!(needs(Some("blue"), &pod(Some("worker"), true)), None);
+        // Relabelled after it was wrapped: still the install its agent was told.
+        blue.labels_mut()
+            .insert(crate::api::INSTANCE_LABEL.into(), "green".into());
+        assert_eq!(
+            needs(Some("blue"), &blue),
+            Some((account("ns", "worker"), "work".into()))
+        );
+        assert_eq!(needs(Some("green"), &blue), None);
     }
 
     #[test]
