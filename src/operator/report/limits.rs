@@ -25,6 +25,9 @@ pub const LIMIT_EXCEEDED: &str = "LimitExceeded";
 
 /// How often writes that failed are tried again.
 const RETRY: Duration = Duration::from_secs(10);
+/// How soon a refusal is looked at again when its candidate is not in the cache yet (the tally
+/// judges a candidate before the watch stores it).
+const NOT_CACHED_YET: Duration = Duration::from_millis(500);
 
 /// The conditions a refused candidate should carry: its own, with `Eligible` saying why.
 pub fn refused_conditions(current: &[Condition], r: &Refused) -> Option<Vec<Condition>> {
@@ -74,7 +77,7 @@ pub async fn report_refusals(
     // What this replica reported: refusals already on the server are not written again.
     let mut reported: HashMap<String, Exceeded> = HashMap::new();
     loop {
-        let mut failed = false;
+        let (mut failed, mut not_cached) = (false, false);
         let refused = tally.refused();
         refused_gauge.set(refused.len() as i64);
         for r in refused {
@@ -84,12 +87,12 @@ pub async fn report_refusals(
             {
                 continue;
             }
-            let Some(cached) = cache.get(&ObjectRef::new(&r.name).within(&r.namespace)) else {
+            let cached = cache.get(&ObjectRef::new(&r.name).within(&r.namespace));
+            let Some(cached) = cached.filter(|c| c.metadata.uid.as_deref() == Some(&r.uid)) else {
+                // Judged, not stored yet (or replaced under its name, and judged again soon).
+                not_cached = true;
                 continue;
             };
-            if cached.metadata.uid.as_deref() != Some(r.uid.as_str()) {
-                continue;
-            }
             let current = cached
                 .status
                 .as_ref()
@@ -160,6 +163,11 @@ pub async fn report_refusals(
         }
         if failed {
             tokio::time::sleep(RETRY).await;
+        } else if not_cached {
+            tokio::select! {
+                () = tokio::time::sleep(NOT_CACHED_YET) => {}
+                () = tally.changed() => {}
+            }
         } else {
             tally.changed().await;
         }
