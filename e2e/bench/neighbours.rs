@@ -47,13 +47,7 @@ struct Simulated {
 
 impl Simulated {
     async fn start(client: &Client, ns: String) -> Simulated {
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let mut namespace = Namespace::default();
-        namespace.metadata.name = Some(ns.clone());
-        namespaces
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("creating a namespace");
+        crate::support::create_namespace(client, &ns).await;
         let fleet = Arc::new(Mutex::new(Fleet::default()));
         let tasks = scale::simulate(client, &ns, &fleet);
         Simulated { ns, fleet, tasks }

@@ -25,13 +25,7 @@ const DEADLINE: Duration = Duration::from_secs(40);
 /// Another namespace for the test, `ENV-suffix`; its TestEnv (deleted with [`drop_namespace`]).
 async fn another_namespace(env: &TestEnv, suffix: &str) -> TestEnv {
     let ns = format!("{}-{suffix}", env.ns);
-    let namespaces: Api<Namespace> = Api::all(env.client.clone());
-    let mut obj = Namespace::default();
-    obj.metadata.name = Some(ns.clone());
-    namespaces
-        .create(&PostParams::default(), &obj)
-        .await
-        .expect("creating a namespace");
+    crate::support::create_namespace(&env.client, &ns).await;
     TestEnv {
         client: env.client.clone(),
         ns,
@@ -347,16 +341,18 @@ async fn two_installs_with_disjoint_instances_never_write_the_same_lease(env: Ar
         c
     };
     let candidates: Api<LeaseCandidate> = env.api();
-    let pp = PostParams::default();
+    let create = |name: &'static str, lease: &'static str, instance: Option<&'static str>| {
+        let candidates = candidates.clone();
+        async move {
+            candidates
+                .create(&PostParams::default(), &labelled(name, lease, instance))
+                .await
+                .unwrap();
+        }
+    };
     // `both` first, its candidates split; then one lease each, and an unlabelled one.
-    candidates
-        .create(&pp, &labelled("x", "both", Some("a")))
-        .await
-        .unwrap();
-    candidates
-        .create(&pp, &labelled("y", "both", Some("b")))
-        .await
-        .unwrap();
+    create("x", "both", Some("a")).await;
+    create("y", "both", Some("b")).await;
     let leases: Api<Lease> = env.api();
     let first = eventually("lease both to be held", DEADLINE, || async {
         let l = leases.get_opt("both").await.ok()??;
@@ -371,18 +367,9 @@ async fn two_installs_with_disjoint_instances_never_write_the_same_lease(env: Ar
         )
     })
     .await;
-    candidates
-        .create(&pp, &labelled("a1", "la", Some("a")))
-        .await
-        .unwrap();
-    candidates
-        .create(&pp, &labelled("b1", "lb", Some("b")))
-        .await
-        .unwrap();
-    candidates
-        .create(&pp, &labelled("n1", "ln", None))
-        .await
-        .unwrap();
+    create("a1", "la", Some("a")).await;
+    create("b1", "lb", Some("b")).await;
+    create("n1", "ln", None).await;
     let la = wait_for_holder(&env, "la", "a1", DEADLINE).await;
     let lb = wait_for_holder(&env, "lb", "b1", DEADLINE).await;
     assert_eq!(lease::instance(&la), Some("a"));

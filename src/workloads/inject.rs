@@ -249,12 +249,6 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     Ok(Some(pod))
 }
 
-/// The lease an injected pod's agent runs for (`--lease` in its wrapped container's args), if
-/// the pod was injected.
-pub fn wrapped_lease(pod: &Pod) -> Option<String> {
-    wrapped_agent(pod).map(|(lease, _)| lease)
-}
-
 /// The lease an injected pod's agent runs for and the install instance it was told
 /// (`--lease`, `--instance` in its wrapped container's args), if the pod was injected: fixed
 /// at the pod's creation, whatever its labels say later.
@@ -448,9 +442,9 @@ mod tests {
         );
         assert_eq!(spec.volumes.as_ref().unwrap()[0].name, VOLUME);
         assert_eq!(inject(&injected, IMAGE), Ok(None), "injected once only");
-        assert_eq!(wrapped_lease(&injected).as_deref(), Some("kv"));
+        assert_eq!(wrapped_agent(&injected), Some(("kv".into(), None)));
         assert_eq!(
-            wrapped_lease(&pod(app(json!({"command": ["/kv"]})), json!({}))),
+            wrapped_agent(&pod(app(json!({"command": ["/kv"]})), json!({}))),
             None
         );
         assert_eq!(

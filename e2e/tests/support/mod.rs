@@ -102,6 +102,17 @@ pub async fn client_for(path: &Path) -> Client {
     Client::try_from(config).expect("building a client")
 }
 
+/// Creates namespace `name`.
+pub async fn create_namespace(client: &Client, name: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut obj = Namespace::default();
+    obj.metadata.name = Some(name.to_string());
+    namespaces
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+}
+
 /// One test's world: an admin client and a fresh namespace, deleted when the test ends.
 pub struct TestEnv {
     pub client: Client,
@@ -124,13 +135,7 @@ impl TestEnv {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let mut obj = Namespace::default();
-        obj.metadata.name = Some(ns.clone());
-        namespaces
-            .create(&PostParams::default(), &obj)
-            .await
-            .expect("creating test namespace");
+        create_namespace(&client, &ns).await;
         TestEnv {
             client,
             ns,

@@ -37,6 +37,15 @@ pub fn is_stub(c: &LeaseCandidate) -> bool {
     c.annotations().contains_key(STUB_ANNOTATION)
 }
 
+/// Drops the stub marker from a candidate as the API server delivered it: the marker is the
+/// cache's own, and anyone who may annotate a candidate could otherwise keep it (a holder's
+/// included) out of every election.
+pub fn clear_stub_marker(c: &mut LeaseCandidate) {
+    if let Some(a) = c.metadata.annotations.as_mut() {
+        a.remove(STUB_ANNOTATION);
+    }
+}
+
 /// The limits, per namespace (0: none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
@@ -645,6 +654,14 @@ mod tests {
         assert!(!tally.apply(&mut b));
         assert!(is_stub(&b));
         assert!(!is_stub(&candidate("a", "ua", "l", 1)));
+        // The marker written by hand on a candidate the API server delivers is not taken.
+        let mut forged = candidate("a", "ua", "l", 1);
+        forged
+            .annotations_mut()
+            .insert(STUB_ANNOTATION.into(), "true".into());
+        clear_stub_marker(&mut forged);
+        assert!(!is_stub(&forged));
+        assert!(tally.apply(&mut forged) && !is_stub(&forged));
     }
 
     #[test]

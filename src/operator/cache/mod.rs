@@ -510,6 +510,12 @@ async fn limits_applied(
     namespace: Option<&str>,
     selector: &str,
 ) -> watcher::Result<watcher::Event<LeaseCandidate>> {
+    // The stub marker is the cache's own, whatever the API server's copy says.
+    if let watcher::Event::Apply(c) | watcher::Event::InitApply(c) | watcher::Event::Delete(c) =
+        &mut ev
+    {
+        limits::clear_stub_marker(c);
+    }
     if !tally.limits().any() {
         return Ok(ev);
     }

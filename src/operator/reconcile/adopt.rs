@@ -101,14 +101,7 @@ impl Worker {
             "Lease {} had lost its label {MANAGED_LABEL}; it carries arbiter's assignment of its holder and term, so it was labelled again",
             key.name
         );
-        tracing::warn!(lease = %key, "{note}");
-        publish(
-            &self.recorder,
-            &written.object_ref(&()),
-            EventType::Warning,
-            "LeaseRelabelled",
-            note,
-        );
+        self.warn_on(key, &written, "LeaseRelabelled", note);
         self.wrote_lease(key, written.clone());
         Ok(Some(Arc::new(written)))
     }
@@ -131,12 +124,17 @@ impl Worker {
             key.name,
             crate::api::INSTANCE_LABEL
         );
+        self.warn_on(key, existing, "LeaseOfAnotherInstance", note);
+    }
+
+    /// Logs `note` about `key`'s Lease and records it on the Lease as a Warning Event.
+    fn warn_on(&self, key: &LeaseKey, lease: &Lease, reason: &str, note: String) {
         tracing::warn!(lease = %key, "{note}");
         publish(
             &self.recorder,
-            &existing.object_ref(&()),
+            &lease.object_ref(&()),
             EventType::Warning,
-            "LeaseOfAnotherInstance",
+            reason,
             note,
         );
     }

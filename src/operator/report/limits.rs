@@ -104,7 +104,11 @@ pub async fn report_refusals(
                 }
                 Some(conditions) => {
                     let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &r.namespace);
-                    let patch = json!({ "status": { "conditions": conditions } });
+                    // Only the candidate judged (its uid: not one made again under its name).
+                    let patch = json!({
+                        "metadata": { "uid": r.uid },
+                        "status": { "conditions": conditions },
+                    });
                     match api
                         .patch_status(&r.name, &PatchParams::default(), &Patch::Merge(&patch))
                         .await
@@ -120,7 +124,7 @@ pub async fn report_refusals(
                             );
                             reported.insert(r.uid.clone(), r.exceeded);
                         }
-                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                         Err(e) => {
                             tracing::warn!(namespace = %r.namespace, candidate = %r.name, error = %e, "reporting a refused candidate failed; retrying");
                             failed = true;
@@ -148,13 +152,17 @@ pub async fn report_refusals(
                 .filter(|c| c.type_ != ELIGIBLE)
                 .collect();
             conditions.push(admitted());
-            let patch = json!({ "status": { "conditions": conditions } });
+            let patch = json!({
+                "metadata": { "uid": uid },
+                "status": { "conditions": conditions },
+            });
             let pp = PatchParams::default();
             match api.patch_status(&name, &pp, &Patch::Merge(&patch)).await {
                 Ok(_) => {
                     tracing::info!(%namespace, candidate = %name, %uid, "admitted within the namespace's limits")
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // Gone, or made again under its name (its uid differs).
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 Err(e) => {
                     tracing::warn!(%namespace, candidate = %name, error = %e, "touching an admitted candidate failed; retrying");
                     failed = true;

@@ -61,7 +61,8 @@ pub(crate) fn name(instance: Option<&str>, sa: &str) -> String {
     }
     use std::hash::Hasher;
     let mut h = fnv::FnvHasher::default();
-    h.write(full.as_bytes());
+    // Of the ServiceAccount alone without an instance: the names earlier releases made.
+    h.write(instance.map_or(sa, |_| full.as_str()).as_bytes());
     format!("{}-{:016x}", &full[..236], h.finish())
 }
 
