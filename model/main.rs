@@ -46,6 +46,8 @@ impl Model for System {
             Property::<Self>::always("liveness", |_, s: &State| s.live()),
             // With no fault, a holder outranked by a live candidate hands over in time.
             Property::<Self>::always("version order", |_, s: &State| s.in_order()),
+            // With no fault, candidates started together elect the oldest from the first term.
+            Property::<Self>::always("started together", |_, s: &State| s.gathered()),
             // A forced exit hits only the pod that held the deposed term.
             Property::<Self>::always("forced exits", |_, s: &State| !s.wrong_eviction),
             // Sanity: the model reaches a CMD running, and a term after a first one.
@@ -170,13 +172,13 @@ fn bounds(small: bool) -> Vec<Bound> {
 /// which must see every shorter path first, far cheaper). Liveness needs a long one (a fault,
 /// then [`system::CALM`] seconds of calm), and so does a take answered after its term lapsed;
 /// a term nobody reported needs three faults (one replica), an agent that leaves stopping CMD
-/// to its frozen guard two (one replica); a replica paused between two writes, a pod
+/// to its frozen guard two (one replica, 8 s: the first election waits out the settle); a replica paused between two writes, a pod
 /// force-deleted or its record edited, and a second fault, two; the rest one.
 fn mutation_bound(m: Mutation, small: bool) -> Bound {
     use Mutation::*;
     match m {
         NoUnknownTerm => THREE_FAULTS,
-        AgentReliesOnGuard => (2, 1, 7, 2),
+        AgentReliesOnGuard => (2, 1, 8, 2),
         IgnorePings | FutureRenewAsAnswer | RenewDeadlineFromAnswer => LONG,
         MarkAfterLease | OwnerPod | PodStopWhoeverTook if small => (2, 2, 8, 2),
         MarkAfterLease | OwnerPod | PodStopWhoeverTook => (2, 2, 9, 2),
@@ -198,6 +200,7 @@ fn system((candidates, replicas, max_time, faults): Bound, mutation: Option<Muta
         replicas,
         max_time,
         faults,
+        settle: system::SETTLE,
         // Three faults from the first kinds only: the deeper budget's state space.
         extended: faults < 3,
         mutation,
@@ -205,11 +208,12 @@ fn system((candidates, replicas, max_time, faults): Bound, mutation: Option<Muta
 }
 
 /// The promises checked (always), and what the model must reach (sometimes) to prove anything.
-const PROMISES: [&str; 5] = [
+const PROMISES: [&str; 6] = [
     "exclusion",
     "fencing",
     "liveness",
     "version order",
+    "started together",
     "forced exits",
 ];
 const SANITY: [&str; 6] = [
@@ -303,7 +307,8 @@ fn replay_regressions() {
                 .join("\n")
         );
         if case.system.mutation.is_none() {
-            let broken = states.iter().position(|s| !s.promises_hold());
+            let gather = case.system.settle > 0;
+            let broken = states.iter().position(|s| !s.promises_hold(gather));
             assert!(
                 broken.is_none(),
                 "regression {}: a promise is broken at step {broken:?}",

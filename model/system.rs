@@ -24,6 +24,10 @@ pub const LEASE: u8 = 4;
 pub const RENEW_DEADLINE: u8 = 2;
 pub const KILL_GRACE: u8 = 1;
 pub const ACK_WINDOW: u8 = 2;
+/// The settle (`--settle`, at most the ack window): a registration is delivered at the end of
+/// its second, so candidates that register in the same second or the next are counted before
+/// a first election, and before a live holder is asked to hand over.
+pub const SETTLE: u8 = 2;
 /// How many terms a mark write reserves (the operator's is 16).
 pub const BLOCK: i32 = 2;
 /// The operator's own HA lease, scaled the same way (15 s / 10 s, renewed every 2 s): a
@@ -92,10 +96,13 @@ pub enum Mutation {
     /// wall clock, as the answer (upstream's `renewTime >= pingTime`): a candidate written by
     /// hand with a `renewTime` in the future answers every ping without a process behind it.
     FutureRenewAsAnswer,
+    /// No settle (`--settle=0s`): a first election does not wait for candidates started
+    /// together, and the first to register leads first, whatever its version.
+    NoSettle,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 15] = [
+    pub const ALL: [Mutation; 16] = [
         Mutation::NoRenewDeadline,
         Mutation::LongKillGrace,
         Mutation::ExpiryByRenewTime,
@@ -111,6 +118,7 @@ impl Mutation {
         Mutation::AgentReliesOnGuard,
         Mutation::NoGuard,
         Mutation::FutureRenewAsAnswer,
+        Mutation::NoSettle,
     ];
 
     pub fn name(self) -> &'static str {
@@ -130,6 +138,7 @@ impl Mutation {
             Mutation::AgentReliesOnGuard => "agent-relies-on-guard",
             Mutation::NoGuard => "no-guard",
             Mutation::FutureRenewAsAnswer => "future-renew-as-answer",
+            Mutation::NoSettle => "no-settle",
         }
     }
 
@@ -140,6 +149,7 @@ impl Mutation {
             Mutation::NoHandover => "version order",
             Mutation::IgnorePings | Mutation::FutureRenewAsAnswer => "liveness",
             Mutation::OwnerPod => "forced exits",
+            Mutation::NoSettle => "started together",
             Mutation::NoUnknownTerm => "exclusion",
             _ => "exclusion",
         }
@@ -154,6 +164,9 @@ pub struct System {
     pub replicas: u8,
     pub max_time: u8,
     pub faults: u8,
+    /// The settle, in ticks ([`SETTLE`]; the recorded counterexamples of other mechanisms were
+    /// found with none).
+    pub settle: u8,
     /// The fault kinds added with late answers: slow answers, hand-written candidates, an agent
     /// or guard frozen alone, force-deleted pods, the recorded pod deleted from the Lease by
     /// hand (off: the first kinds only, for the deeper fault budgets).
@@ -409,6 +422,14 @@ pub struct State {
     pub assigned_at: u8,
     /// Since when the holder has been outranked by a live registered candidate.
     pub outranked_since: Option<u8>,
+    /// When the first candidate registered, and which candidates registered by the end of the
+    /// next second (started together, as a Deployment's pods do).
+    pub first_registration: Option<u8>,
+    pub together: Vec<bool>,
+    /// The first term's holder.
+    pub first_holder: Option<u8>,
+    /// Sticky: the first term went to a candidate that one started together with it outranks.
+    pub scattered: bool,
 }
 
 impl State {
@@ -428,13 +449,21 @@ impl State {
     }
 
     /// Every promise holds in this state (what a replayed trace of the protocol must keep).
-    pub fn promises_hold(&self) -> bool {
+    /// (`gather`: the system settles, so candidates started together must elect the oldest.)
+    pub fn promises_hold(&self, gather: bool) -> bool {
         !self.overlap
             && !self.term_reused
             && !self.two_writers
             && self.live()
             && self.in_order()
+            && (!gather || self.gathered())
             && !self.wrong_eviction
+    }
+
+    /// Started together: with no fault, the first term goes to a candidate that none of those
+    /// registered with it (in the same second as the first registration, or the next) outranks.
+    pub fn gathered(&self) -> bool {
+        self.faults > 0 || !self.scattered
     }
 
     /// Version order: with no fault, the holder is never outranked for [`HANDOVER`] or longer.
@@ -533,7 +562,10 @@ impl System {
         Rules {
             ack_window: secs(ACK_WINDOW),
             ack_valid_for: secs(2 * ACK_WINDOW),
-            settle: Duration::ZERO,
+            settle: match self.mutation {
+                Some(Mutation::NoSettle) => Duration::ZERO,
+                _ => secs(self.settle),
+            },
             max_skew: None,
             refuse_skew: false,
         }
@@ -598,6 +630,10 @@ impl System {
             calm_since: 0,
             assigned_at: 0,
             outranked_since: None,
+            first_registration: None,
+            together: vec![false; n],
+            first_holder: None,
+            scattered: false,
         }
     }
 
@@ -1263,6 +1299,7 @@ impl System {
         }
         n.max_term = n.max_term.max(term);
         n.assigned_at = n.t;
+        n.first_holder.get_or_insert(holder);
         n.lease_rv += 1;
         n.lease = Some(LeaseObj {
             rv: n.lease_rv,
@@ -1442,6 +1479,10 @@ fn register(n: &mut State, i: u8) -> bool {
         owner_pod: c.pod,
     });
     n.calm_since = n.t;
+    let first = *n.first_registration.get_or_insert(n.t);
+    if n.t <= first + 1 {
+        n.together[i as usize] = true;
+    }
     true
 }
 
@@ -1619,4 +1660,10 @@ fn check(n: &mut State) {
         (true, Some(since)) => Some(since),
         (true, None) => Some(n.t),
     };
+    // The first term's holder, outranked by one started together with it.
+    if n.first_holder
+        .is_some_and(|h| (0..h).any(|j| n.together[j as usize]))
+    {
+        n.scattered = true;
+    }
 }

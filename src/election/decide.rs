@@ -23,7 +23,14 @@
 //!   it has answered a ping sent during the current term (after the arbiter first saw the
 //!   term): an older answer
 //!   may come from a process that has exited since, and the live holder would stop for nobody.
+//!   It is asked only once no candidate that can lead has registered for the settle time (at
+//!   most an ack window after the target registered): candidates started together are counted
+//!   while the holder works, so its release goes to the target at once.
 //!   After the release, the next holder must again have answered since the release was seen.
+//! - **Candidates started together** register a moment apart: a lease's first election waits
+//!   until none that can lead has registered for the settle time (at most an ack window from
+//!   the first registration), so the oldest version leads from term 1. After a term ended the
+//!   election does not wait, unless the whole pool registered since (a pool started again).
 //! - A **withdrawn** candidate (its agent stopped its work and left) is never elected.
 //! - A **planned switchover** (`arbiter handover`) asks the live holder to hand over to a named
 //!   candidate, or to the best other one, through the same handover request; it is refused
@@ -302,8 +309,10 @@ pub enum Action {
     Ping { candidates: Vec<String> },
     /// Pings are outstanding; decide again when they are answered or the window ends.
     WaitForAcks,
-    /// An election with no live holder, and a candidate registered less than the settle time
-    /// ago: decide again after `remaining`, so candidates started together are all counted.
+    /// A candidate registered less than the settle time ago, and the election waits for the
+    /// pool to settle ([`gather`]: a first election, or a pool started again; or a better
+    /// candidate the live holder is to hand over to, before it is asked): decide again after
+    /// `remaining`, so candidates started together are all counted.
     Settle { remaining: Duration },
     /// The Lease no longer names `holder` but nothing proves its term over (a hand edit): wait
     /// `remaining`, when its lease would have expired, before electing anyone.
@@ -632,11 +641,19 @@ pub fn decide(
             // ahead of this clock, from a skewed replica or a hand edit, is not waited for).
             Some(best) => {
                 let began = l.term_seen.filter(|a| *a <= now);
+                let target = candidates.iter().find(|c| c.name == best);
                 match liveness_of(&best).map(|lv| answered_since(&best, lv, began)) {
                     Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&best) => {
                         Action::WaitForRelease { to: best }
                     }
-                    Some(Liveness::Acked) => Action::RequestHandover { to: best },
+                    // Asked for only once the pool has settled: the holder works meanwhile,
+                    // and its release then goes to the target at once.
+                    Some(Liveness::Acked) => {
+                        match target.and_then(|t| settle_before_asking(candidates, t, now, rules)) {
+                            Some(remaining) => Action::Settle { remaining },
+                            None => Action::RequestHandover { to: best },
+                        }
+                    }
                     Some(Liveness::Pending) => Action::WaitForAcks,
                     _ => Action::Ping {
                         candidates: vec![best],
@@ -647,32 +664,8 @@ pub fn decide(
         return decision(action);
     }
 
-    // Candidates started together register within moments of each other: the first one's
-    // registration alone must not elect it (the older versions a moment behind could then get
-    // the lease only by a handover, a newer version leading meanwhile).
-    // It waits at most an ack window from when the lease could be elected (someone who
-    // keeps re-registering, or recreating candidates, must not hold it up for ever).
-    let registered = candidates
-        .iter()
-        .filter(|c| c.present())
-        .filter_map(|c| c.registered);
-    let age = |at: Timestamp| Duration::try_from(now.duration_since(at)).unwrap_or(Duration::ZERO);
-    let electable_for = match lease {
-        // Its term expired: since then; released, stopped or never held: since the record.
-        Some(l) if l.expired() && l.holder.is_some() => {
-            Some(l.unchanged_for.saturating_sub(l.duration))
-        }
-        Some(l) => Some(l.unchanged_for),
-        // A first election: since its first candidate registered.
-        None => registered.clone().min().map(age),
-    };
-    if let (Some(newest), Some(since)) = (registered.max().map(age), electable_for)
-        && newest < rules.settle
-        && since < rules.ack_window
-    {
-        return decision(Action::Settle {
-            remaining: (rules.settle - newest).min(rules.ack_window - since),
-        });
+    if let Some(remaining) = gather(candidates, lease, now, rules) {
+        return decision(Action::Settle { remaining });
     }
 
     // An election: learn who is alive, then elect the best of those that answered. A holder
@@ -801,6 +794,83 @@ pub fn decide(
         },
     };
     decision(action)
+}
+
+/// The registrations (as the arbiter saw them, on its own clock) of the candidates that can
+/// lead.
+fn registrations(candidates: &[Candidate]) -> impl Iterator<Item = Option<Timestamp>> + '_ {
+    candidates
+        .iter()
+        .filter(|c| c.present())
+        .map(|c| c.registered)
+}
+
+fn age(at: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(at)).unwrap_or(Duration::ZERO)
+}
+
+/// How much longer the pool must settle (no candidate that can lead registered for
+/// `rules.settle`), counting at most an ack window from `since`: someone who keeps
+/// registering, or recreating candidates, cannot hold it up for ever. `None`: settled.
+fn settling(
+    candidates: &[Candidate],
+    since: Duration,
+    now: Timestamp,
+    rules: &Rules,
+) -> Option<Duration> {
+    let newest = registrations(candidates)
+        .flatten()
+        .max()
+        .map(|r| age(r, now))?;
+    (newest < rules.settle && since < rules.ack_window)
+        .then(|| (rules.settle - newest).min(rules.ack_window - since))
+}
+
+/// The gather: an election with no live holder waits, so that candidates started together
+/// register a moment apart and the oldest version among them leads from its first term,
+/// instead of the first to register (a newer version leading until it hands over). It applies
+/// to a lease's first election (no term ever assigned on it by the arbiter), and after a term
+/// ended only when every candidate that can lead registered since the lease became electable
+/// (the whole pool started again): a candidate that was there before has had a term's time to
+/// be counted, so a release, an expiry or a stopped pod is followed by the election at once.
+/// It waits at most an ack window from when the lease became electable.
+fn gather(
+    candidates: &[Candidate],
+    lease: Option<&Lease>,
+    now: Timestamp,
+    rules: &Rules,
+) -> Option<Duration> {
+    let first = lease.is_none_or(|l| l.term == 0 || l.foreign);
+    let electable_for = match lease {
+        // Its term expired: since then; released, stopped or never held: since the record.
+        Some(l) if l.expired() && l.holder.is_some() => l.unchanged_for.saturating_sub(l.duration),
+        Some(l) => l.unchanged_for,
+        // A first election: since its first candidate registered.
+        None => registrations(candidates)
+            .flatten()
+            .min()
+            .map(|r| age(r, now))?,
+    };
+    let all_new =
+        || registrations(candidates).all(|r| r.is_some_and(|r| age(r, now) <= electable_for));
+    if !first && !all_new() {
+        return None;
+    }
+    settling(candidates, electable_for, now, rules)
+}
+
+/// Before a live holder is asked to hand over to `target`, a better candidate: the pool must
+/// have settled (candidates started together counted, so the holder hands over once, to the
+/// oldest of them), at most an ack window after the target registered. The holder works
+/// meanwhile; its release then goes to the target at once.
+fn settle_before_asking(
+    candidates: &[Candidate],
+    target: &Candidate,
+    now: Timestamp,
+    rules: &Rules,
+) -> Option<Duration> {
+    let since = age(target.registered?, now);
+    settling(candidates, since, now, rules)
 }
 
 /// The candidate a planned switchover goes to, or why it cannot be done: the named one (`to`),

@@ -673,24 +673,45 @@ fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
         registered("old", "1.30.0", 2000),
     ];
     assert_eq!(act(&settled, None, now), create("old"));
-    // The same after a holder's term ended (its restarted process just registered again).
+    // After a term ended, a pool started again all over (every candidate registered since
+    // the lease became electable, here a release 1 s ago) is gathered as a first election is.
+    let released = Lease {
+        holder: None,
+        released_by: Some("gone".into()),
+        ..lease(None, 1)
+    };
+    let restarted = [
+        registered("new", "1.31.0", 900),
+        registered("old", "1.30.0", 300),
+    ];
+    assert_eq!(
+        act(&restarted, Some(&released), now),
+        Action::Settle {
+            remaining: Duration::from_millis(1700)
+        }
+    );
+    // But a candidate that was there before the term ended has had its time to be counted:
+    // the election is at once (here its restarted holder registered again 0.5 s ago).
     let after = [
         registered("old", "1.30.0", 500),
         acked("new", "1.31.0", now),
     ];
-    assert!(matches!(
+    assert_eq!(
         act(&after, Some(&lease(Some("old"), 15)), now),
-        Action::Settle { .. }
-    ));
-    // Not while a holder is live: a better newcomer goes through a handover as before.
-    let live = [
-        acked("new", "1.31.0", now),
-        registered("old", "1.30.0", 100),
-    ];
-    assert!(matches!(
-        act(&live, Some(&lease(Some("new"), 1)), now),
-        Action::RequestHandover { .. } | Action::Ping { .. }
-    ));
+        assign_after_lapse("new", "old")
+    );
+    assert_eq!(
+        act(
+            &[
+                registered("new", "1.31.0", 100),
+                acked("old", "1.30.0", now)
+            ],
+            Some(&released),
+            now
+        ),
+        assign("old"),
+        "a release goes to the candidate that was there at once"
+    );
     // A registration of a candidate that cannot lead (its pod not running) holds nothing up.
     let gone = Candidate {
         pod: PodState::Stopped,
@@ -735,6 +756,112 @@ fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
             candidates: vec!["old".into()]
         },
         "the restarted old holder registered 0.5 s ago, but the lease has been electable for 25 s: no settling (its renewal does not count after a lapse: it is pinged)"
+    );
+}
+
+/// A better candidate that registers while a live holder leads is asked for only once the
+/// pool has settled: the holder works meanwhile (candidates started together are counted, and
+/// it hands over once, to the oldest of them), and its release then goes to the target at once.
+#[test]
+fn a_handover_is_asked_for_once_the_pool_has_settled() {
+    let now = t0() + secs(60);
+    let live = Lease {
+        term_seen: Some(t0()),
+        ..lease(Some("new"), 1)
+    };
+    let registered = |name: &str, version: &str, ago_ms: i64| Candidate {
+        registered: Some(now - SignedDuration::from_millis(ago_ms)),
+        ..acked(name, version, now)
+    };
+    // The target answered a ping of this term, but registered 0.3 s ago: the holder keeps
+    // working 1.7 s more.
+    let cands = [
+        acked("new", "1.31.0", now),
+        registered("old", "1.30.0", 300),
+    ];
+    assert_eq!(
+        act(&cands, Some(&live), now),
+        Action::Settle {
+            remaining: Duration::from_millis(1700)
+        }
+    );
+    // It is pinged meanwhile (its answer is ready when the pool has settled).
+    let unknown = [
+        acked("new", "1.31.0", now),
+        Candidate {
+            ping: None,
+            renewed_lately: true,
+            ..registered("old", "1.30.0", 300)
+        },
+    ];
+    assert_eq!(
+        act(&unknown, Some(&live), now),
+        Action::Ping {
+            candidates: vec!["old".into()]
+        }
+    );
+    // Any candidate that can lead registering holds it: an even older one may follow.
+    let another = [
+        acked("new", "1.31.0", now),
+        registered("old", "1.30.0", 2500),
+        registered("other", "1.31.0", 500),
+    ];
+    assert_eq!(
+        act(&another, Some(&live), now),
+        Action::Settle {
+            remaining: Duration::from_millis(1500)
+        }
+    );
+    // At most an ack window after the target registered.
+    let flapping = [
+        acked("new", "1.31.0", now),
+        registered("old", "1.30.0", 4800),
+        registered("other", "1.31.0", 100),
+    ];
+    assert_eq!(
+        act(&flapping, Some(&live), now),
+        Action::Settle {
+            remaining: Duration::from_millis(200)
+        }
+    );
+    // Settled: asked.
+    let settled = [
+        acked("new", "1.31.0", now),
+        registered("old", "1.30.0", 2000),
+    ];
+    assert_eq!(
+        act(&settled, Some(&live), now),
+        Action::RequestHandover { to: "old".into() }
+    );
+    // Once asked, it is waited for, whoever registers.
+    let asked = Lease {
+        preferred_holder: Some("old".into()),
+        ..live.clone()
+    };
+    assert_eq!(
+        act(&another, Some(&asked), now),
+        Action::WaitForRelease { to: "old".into() }
+    );
+    // The release goes to the target at once: it registered before the lease was released.
+    let released = Lease {
+        holder: None,
+        released_by: Some("new".into()),
+        preferred_holder: Some("old".into()),
+        ..lease(None, 0)
+    };
+    let after = [
+        registered("new", "1.31.0", 50),
+        registered("old", "1.30.0", 2100),
+    ];
+    assert_eq!(act(&after, Some(&released), now), assign("old"));
+    // --settle 0s: asked at once.
+    let rules = Rules {
+        settle: Duration::ZERO,
+        ..Rules::default()
+    };
+    assert_eq!(
+        decide(&cands, Some(&live), None, now, &rules).action,
+        Action::RequestHandover { to: "old".into() }
     );
 }
 
@@ -1291,9 +1418,21 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
         pods,
         prop::bool::weighted(0.15),
         prop::bool::weighted(0.3),
+        prop::option::of(0i64..8000),
     )
         .prop_map(
-            |(binary, emulation, strategy, created, ping, renew, pod, withdrawn, lately)| {
+            |(
+                binary,
+                emulation,
+                strategy,
+                created,
+                ping,
+                renew,
+                pod,
+                withdrawn,
+                lately,
+                registered,
+            )| {
                 Candidate {
                     name: String::new(),
                     binary_version: binary.into(),
@@ -1309,7 +1448,8 @@ fn candidate_strategy() -> impl Strategy<Value = Candidate> {
                     renewed_lately: lately,
                     pod,
                     withdrawn,
-                    registered: None,
+                    // Seen registering `registered` ms ago, or before this process started.
+                    registered: registered.map(|ms| now() - SignedDuration::from_millis(ms)),
                 }
             },
         )
@@ -1371,6 +1511,50 @@ fn elected(action: &Action) -> Option<&str> {
 }
 
 proptest! {
+    #[test]
+    fn the_settle_only_ever_postpones(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let without = Rules { settle: Duration::ZERO, ..rules.clone() };
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
+        let at_once = decide(&cands, lease.as_ref(), None, now(), &without);
+        prop_assert_eq!(&d.standings, &at_once.standings);
+        if !matches!(d.action, Action::Settle { .. }) {
+            prop_assert_eq!(&d.action, &at_once.action);
+        }
+    }
+
+    /// After a term ended (released, expired, its pod stopped), an election waits for no
+    /// registration while a candidate that can lead was there before: only a pool started
+    /// again all over is gathered. A live holder is asked to hand over only once the pool has
+    /// settled.
+    #[test]
+    fn the_settle_applies_to_first_elections_pools_started_again_and_before_asking(
+        cands in candidates_strategy(),
+        lease in lease_strategy(),
+        rules in rules_strategy(),
+    ) {
+        let d = decide(&cands, lease.as_ref(), None, now(), &rules);
+        let Some(l) = &lease else { return Ok(()) };
+        let live = l.holder.is_some() && !l.expired() && !l.holder_pod_stopped;
+        let survivor = cands.iter().any(|c| c.present() && c.registered.is_none());
+        if !live && !l.foreign && survivor {
+            prop_assert!(!matches!(d.action, Action::Settle { .. }), "{:?}", d.action);
+        }
+        if let Action::RequestHandover { .. } = d.action {
+            let newest = cands.iter().filter(|c| c.present()).filter_map(|c| c.registered).max();
+            let target_registered = cands.iter().find(|c| Some(&c.name) == elected(&d.action).map(str::to_string).as_ref()).and_then(|c| c.registered);
+            let age = |t: Timestamp| Duration::try_from(now().duration_since(t)).unwrap();
+            prop_assert!(
+                newest.is_none_or(|n| age(n) >= rules.settle)
+                    || target_registered.is_none_or(|t| age(t) >= rules.ack_window),
+                "asked before the pool settled: {:?}", d.action
+            );
+        }
+    }
+
     #[test]
     fn permuting_candidates_never_changes_the_decision(
         cands in candidates_strategy(),
