@@ -331,6 +331,9 @@ pub struct Sample {
     pub gap: f64,
     /// From the fault (kill, SIGTERM, the better candidate's start) to the new workload's start.
     pub to_new: f64,
+    /// A better candidate joining: from when its candidate object was first seen (polled every
+    /// 20 ms, so at most that after it registered) to the new workload's start.
+    pub from_registration: Option<f64>,
 }
 
 /// One sample, or why there is none.
@@ -401,6 +404,7 @@ async fn measure(
         None
     };
     let fault = clock();
+    let mut registered = None;
     match scenario {
         Scenario::Graceful => {
             let _ = kill(Pid::from_raw(procs[&holder].pid()), Signal::SIGTERM);
@@ -408,7 +412,8 @@ async fn measure(
         Scenario::Preempt => {
             let id = format!("{lease}-c3");
             let p = spawn(env, system, scenario, lease, &id, "1.30.0", log).await;
-            procs.insert(id, p);
+            procs.insert(id.clone(), p);
+            registered = Some(registration(env, system, &id, clock).await?);
         }
         Scenario::Crash => kill_container(procs[&holder].pid()),
         Scenario::CrashPodGone => {
@@ -442,7 +447,34 @@ async fn measure(
     Ok(Sample {
         gap: next.2 - old_end,
         to_new: next.2 - fault,
+        from_registration: registered.map(|r| next.2 - r),
     })
+}
+
+/// When candidate `id`'s candidate object (arbiter's, or upstream's v1beta1 one) was first
+/// seen, on `clock`, polled every 20 ms.
+async fn registration(
+    env: &Env,
+    system: System,
+    id: &str,
+    clock: fn() -> f64,
+) -> Result<f64, String> {
+    let ns = system.namespace();
+    let ours: Api<arbiter::api::LeaseCandidate> = Api::namespaced(env.client.clone(), ns);
+    let upstream: Api<k8s_openapi::api::coordination::v1beta1::LeaseCandidate> =
+        Api::namespaced(env.client.clone(), ns);
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < until {
+        let exists = match system {
+            System::Arbiter => ours.get_opt(id).await.ok().flatten().is_some(),
+            _ => upstream.get_opt(id).await.ok().flatten().is_some(),
+        };
+        if exists {
+            return Ok(clock());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(format!("{id} did not register within 60 s"))
 }
 
 /// Deletes the lease and its candidates so that finished samples leave no work behind.

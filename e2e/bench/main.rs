@@ -193,29 +193,36 @@ async fn failover_bench(cluster: &Cluster, runs: usize) {
     report(
         &gaps,
         "leaderless gap: old workload's end to new workload's start",
-        |s| s.gap,
+        |s| Some(s.gap),
     );
     report(
         &gaps,
         "time to a new leader: fault to new workload's start",
-        |s| s.to_new,
+        |s| Some(s.to_new),
+    );
+    report(
+        &gaps,
+        "better candidate joins: its registration (its candidate first seen) to its workload's start",
+        |s| s.from_registration,
     );
 }
 
 type Samples = BTreeMap<(Scenario, System), Vec<failover::Sample>>;
 
-/// One table: per scenario and system, n, p50, p95, max, and arbiter ÷ each baseline.
-fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> f64) {
+/// One table: per scenario and system, n, p50, p95, p99, max, and arbiter ÷ each baseline.
+/// `metric` is `None` for a sample that does not have it (a scenario's row is left out when
+/// none has).
+fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> Option<f64>) {
     println!("\n{title} (seconds)\n");
     println!(
-        "| scenario | system | n | overlaps | p50 | p95 | max | arbiter ÷ this, p50 | arbiter ÷ this, p95 |"
+        "| scenario | system | n | overlaps | p50 | p95 | p99 | max | arbiter ÷ this, p50 | arbiter ÷ this, p95 |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     // Overlaps: samples where the new workload started before the old one ended.
     let summary = |scenario, system| {
         let s = samples.get(&(scenario, system))?;
-        let v: Vec<f64> = s.iter().map(metric).collect();
-        Some((stats::summary(&v), s.iter().filter(|x| x.gap < 0.0).count()))
+        let v: Vec<f64> = s.iter().filter_map(metric).collect();
+        (!v.is_empty()).then(|| (stats::summary(&v), s.iter().filter(|x| x.gap < 0.0).count()))
     };
     for scenario in [
         Scenario::Graceful,
@@ -228,12 +235,13 @@ fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> f64) 
             continue;
         };
         println!(
-            "| {} | {} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | | |",
+            "| {} | {} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {:.2} | | |",
             scenario.label(),
             System::Arbiter.label(),
             ours.n,
             ours.p50,
             ours.p95,
+            ours.p99,
             ours.max
         );
         // Pod-gone has no baseline of its own: the baselines can only wait for expiry.
@@ -262,10 +270,11 @@ fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> f64) 
                 format!("{} ({})", system.label(), base.label())
             };
             println!(
-                "| | {name} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {} | {} |",
+                "| | {name} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
                 s.n,
                 s.p50,
                 s.p95,
+                s.p99,
                 s.max,
                 ratio(ours.p50, s.p50),
                 ratio(ours.p95, s.p95)

@@ -302,8 +302,12 @@ async fn network_cut_stops_the_workload_before_the_next_holder_starts(env: Arc<T
     eprintln!("network cut: cut-off workload stopped, next started after gaps of {gaps:.3?} s");
 }
 
+/// A rollback: an older version joins while a newer one leads. The holder works on until the
+/// pool has settled (the operator decides `Settle` before it asks), then stops its workload and
+/// releases; the older version is assigned at once (no settle after the release), at term 2,
+/// and its workload starts only after the old one stopped.
 async fn graceful_handover_stops_the_old_workload_before_the_new_starts(env: Arc<TestEnv>) {
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let mut old = Agent::spawn(&env.kubeconfig, &env.ns, "old", "hand", "1.31.0", &log);
@@ -327,10 +331,55 @@ async fn graceful_handover_stops_the_old_workload_before_the_new_starts(env: Arc
         "overlap: new started {:.3}s before old stopped",
         -gap
     );
+    let held = wait_for_holder(&env, "hand", "new", DEADLINE).await;
+    assert_eq!(
+        arbiter::lease::term(&held),
+        2,
+        "one handover, no term between"
+    );
+    // The operator's decisions for this lease, in order: it settled while the holder led,
+    // asked once, and decided no settle after the release.
+    let decisions = decisions(&op.logs(), &format!("{}/hand", env.ns));
+    let asked = decisions
+        .iter()
+        .position(|d| d.starts_with("RequestHandover"))
+        .unwrap_or_else(|| panic!("no handover requested: {decisions:?}"));
+    assert!(
+        decisions[..asked].iter().any(|d| d.starts_with("Settle")),
+        "asked before the pool settled: {decisions:?}"
+    );
+    assert!(
+        !decisions[asked..].iter().any(|d| d.starts_with("Settle")),
+        "waited after the release: {decisions:?}"
+    );
     // A handed-over agent stays, standing by as a new process incarnation.
     stands_by_again(&env, &mut old, "hand").await;
     // How long the gap is, is measured by `make bench`, not asserted here.
     eprintln!("graceful handover: gap {:.0} ms", gap * 1000.0);
+}
+
+/// The actions the operator's debug log says it decided for `lease` (`NAMESPACE/NAME`), in
+/// order, consecutive repeats dropped.
+fn decisions(logs: &str, lease: &str) -> Vec<String> {
+    let logs = crate::support::operator::strip_ansi(logs);
+    let mut out: Vec<String> = Vec::new();
+    for line in logs.lines().filter(|l| l.contains("decided")) {
+        if !line.contains(&format!("lease={lease} ")) {
+            continue;
+        }
+        let Some(action) = line.split("action=").nth(1) else {
+            continue;
+        };
+        let action = action
+            .split(" standings=")
+            .next()
+            .unwrap_or(action)
+            .to_string();
+        if out.last() != Some(&action) {
+            out.push(action);
+        }
+    }
+    out
 }
 
 async fn sigterm_stops_the_workload_releases_and_deregisters(env: Arc<TestEnv>) {

@@ -384,10 +384,11 @@ async fn a_lease_arbiter_did_not_make_is_waited_out_then_adopted(env: Arc<TestEn
     drop(op);
 }
 
-/// Trust-boundary item 10: candidates of three versions registered 0.2 s apart, newest first
-/// (as agents started together do), each answering pings. The oldest leads from term 1: the
-/// first election waits until no candidate has registered for the settle time (2 s).
-/// (Before: the first to register got term 1, then was asked to hand over.)
+/// Trust-boundary item 10: candidates of three versions registered 0.2 s apart (as agents
+/// started together do), each answering pings, in three orders on three leases: newest first,
+/// oldest in the middle, oldest first. The oldest leads from term 1 on each: the first election
+/// waits until no candidate has registered for the settle time (2 s). (Before: the first to
+/// register got term 1, then was asked to hand over.)
 async fn candidates_started_together_elect_the_oldest_from_the_first_term(env: Arc<TestEnv>) {
     use crate::support::operator::create_candidate;
     let op = Operator::start(&env, &[]);
@@ -397,17 +398,34 @@ async fn candidates_started_together_elect_the_oldest_from_the_first_term(env: A
         op.logs().contains("acting as the arbiter").then_some(())
     })
     .await;
-    let _r = Responder::start(env.client.clone(), &env.ns, &["c32", "c31", "c30"]);
-    for (name, version) in [("c32", "1.32.0"), ("c31", "1.31.0"), ("c30", "1.30.0")] {
-        create_candidate(&env, name, "together", version, Some(version), OEV, None).await;
+    let orders: [(&str, [u32; 3]); 3] = [
+        ("newest-first", [32, 31, 30]),
+        ("oldest-between", [31, 30, 32]),
+        ("oldest-first", [30, 32, 31]),
+    ];
+    let names: Vec<String> = orders
+        .iter()
+        .flat_map(|(name, minors)| minors.map(|m| format!("{name}-{m}")))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let _r = Responder::start(env.client.clone(), &env.ns, &names);
+    // The three leases' candidates registered together, one of each lease every 0.2 s.
+    for k in 0..3 {
+        for (lease_name, minors) in &orders {
+            let version = format!("1.{}.0", minors[k]);
+            let name = format!("{lease_name}-{}", minors[k]);
+            create_candidate(&env, &name, lease_name, &version, Some(&version), OEV, None).await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let held = wait_for_holder(&env, "together", "c30", DEADLINE).await;
-    assert_eq!(
-        lease::term(&held),
-        1,
-        "the oldest version from the first term, no handover"
-    );
+    for (lease_name, _) in &orders {
+        let held = wait_for_holder(&env, lease_name, &format!("{lease_name}-30"), DEADLINE).await;
+        assert_eq!(
+            lease::term(&held),
+            1,
+            "{lease_name}: the oldest version from the first term, no handover"
+        );
+    }
     drop(op);
 }
 
