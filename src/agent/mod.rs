@@ -210,8 +210,8 @@ enum Served {
 }
 
 /// Waits (at most a lease duration) until the lease names another holder (not only nobody:
-/// right after this agent's own release it names nobody, and a registration then would hold
-/// up the election of the one it handed over to, see `--settle`), or is gone.
+/// right after this agent's own release it names nobody, and its new incarnation stays out of
+/// the election it stepped down from), or is gone.
 async fn moved_on(store: &crate::lease::LeaseStore, settings: &Settings) {
     let give_up = tokio::time::Instant::now() + settings.lease_duration;
     while tokio::time::Instant::now() < give_up {

@@ -82,10 +82,12 @@ pub struct Settings {
     /// died within it: its lease then expires, as a dead holder's does.
     #[arg(long, value_parser = crate::flags::positive_duration)]
     pub ack_valid_for: Option<Duration>,
-    /// An election with no live holder (a lease's first, or after its holder's term ended)
-    /// waits until no candidate has registered for this long (0s: never; at most --ack-window),
-    /// so candidates started together elect the oldest version from the first term instead of
-    /// the first to register (which would then be asked to hand over).
+    /// A lease's first election, and a live holder's handover to a better candidate, wait until
+    /// no candidate has registered for this long (0s: never; at most --ack-window, and never
+    /// more than --ack-window after the first registration, or the better candidate's), so
+    /// candidates started together elect the oldest version from the first term instead of the
+    /// first to register, and a holder hands over once, to the oldest (it works meanwhile).
+    /// After a term ends the election does not wait, unless every candidate registered since.
     #[arg(long, default_value = "2s", value_parser = crate::flags::duration)]
     pub settle: Duration,
     /// Report candidates whose binaryVersion is more than this many minor versions from the
