@@ -74,8 +74,8 @@ pub enum Mutation {
     /// A lapsed holder's forced exit targets the pod its candidate names now, not the pod its
     /// term was assigned in (with the same containers).
     OwnerPod,
-    /// A replica that finds no Lease, remembers no holder and sees no `Leader` condition elects
-    /// at once, though the term mark says a term was handed out before it became active.
+    /// A replica that finds no Lease and remembers no holder elects at once, though the term
+    /// mark says a term was handed out before it became active.
     NoUnknownTerm,
     /// The agent counts its renew deadline from a renew's answer instead of its send, and so
     /// waits for a slow answer to its take as long as it comes (the real agent cuts every
@@ -230,8 +230,6 @@ pub struct CandObj {
     pub renew: u8,
     /// The resourceVersion the operator's last ping wrote.
     pub pinged_at_rv: Option<u64>,
-    /// Its `Leader` condition, as the operator last wrote it: the term it was elected for.
-    pub leader_term: Option<i32>,
     /// How many times a process registered it (a new process is a new registration).
     pub registrations: u8,
     /// The pod it names as its owner (the one its latest process runs in).
@@ -360,9 +358,6 @@ pub struct Op {
     pub block: Option<Block>,
     /// A mark write still to make (only under [`Mutation::MarkAfterLease`]: after the Lease).
     pub pending_mark: Option<i32>,
-    /// The status write that reports an assignment (the holder's `Leader` condition, with its
-    /// term), still to make: the reconcile writes it after the Lease.
-    pub pending_status: Option<(u8, i32)>,
     /// The tick it last operated at (renewed or tried the HA lease, and reconciled): once a
     /// second, while it runs.
     pub operated: Option<u8>,
@@ -481,8 +476,6 @@ pub enum Step {
     Register(u8),
     /// A replica's mark write, after the Lease (only under [`Mutation::MarkAfterLease`]).
     WriteMark(u8),
-    /// A replica's status write reporting its assignment, after the Lease.
-    WriteStatus(u8),
     /// A replica's second: renew (or try to take) the HA lease, and reconcile while its write
     /// gate is open.
     Operate(u8),
@@ -651,9 +644,6 @@ impl System {
             if o.pending_mark.is_some() {
                 out.push(Step::WriteMark(r));
                 all_operated = false;
-            } else if o.pending_status.is_some() {
-                out.push(Step::WriteStatus(r));
-                all_operated = false;
             } else if o.operated != Some(s.t) {
                 out.push(Step::Operate(r));
                 all_operated = false;
@@ -762,17 +752,6 @@ impl System {
             Step::Register(i) => register(&mut n, i),
             Step::WriteMark(r) => {
                 n.mark = n.mark.max(n.ops[r as usize].pending_mark.take().unwrap());
-                true
-            }
-            Step::WriteStatus(r) => {
-                let op = &mut n.ops[r as usize];
-                let (holder, term) = op.pending_status.take().unwrap();
-                // Refused at a closed gate.
-                if n.t < op.gate
-                    && let Some(o) = n.cand_objs[holder as usize].as_mut()
-                {
-                    o.leader_term = Some(term);
-                }
                 true
             }
             Step::Operate(r) => self.operate(&mut n, r),
@@ -1192,17 +1171,10 @@ impl System {
 
     /// What the replica remembers of the holder, learned as its reconcile looks at the lease
     /// (`operator/term/held.rs`): from the Lease record (since it was first delivered); on a
-    /// first look with no record naming a holder that did not release it, from the candidate
-    /// whose `Leader` condition names the highest term, or, with none, an unknown holder when
-    /// the term mark says a term was handed out; each waited out a full duration from now.
+    /// first look with no record naming a holder that did not release it, an unknown holder
+    /// when the term mark says a term was handed out, waited out a full duration from now.
     fn learn(&self, n: &mut State, r: u8) {
         let now = n.t;
-        let leader = n
-            .cand_objs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, o)| Some((i as u8, o.as_ref()?.leader_term?)))
-            .max_by_key(|(_, term)| *term);
         let handed_out = n.mark > 0 && self.mutation != Some(Mutation::NoUnknownTerm);
         let op = &mut n.ops[r as usize];
         let known = op.held.is_some();
@@ -1217,14 +1189,6 @@ impl System {
         match record {
             Some((l, since)) if l.holder.is_some() => {
                 let h = l.holder.unwrap();
-                // First look, and the Lease names someone other than the reported leader: the
-                // reported leader's term first.
-                if let (false, Some((c, term))) = (known, leader)
-                    && c != h
-                {
-                    op.held = Some(Held::new(c, term, now, None));
-                    return;
-                }
                 match op.held.as_mut() {
                     // The same holder at a later term: that term, from its record, waited out
                     // at least as long (`held.rs`).
@@ -1251,11 +1215,7 @@ impl System {
             ref record
                 if !known && record.as_ref().is_none_or(|(l, _)| l.released_by.is_none()) =>
             {
-                op.held = match leader {
-                    Some((c, term)) => Some(Held::new(c, term, now, None)),
-                    None if handed_out => Some(Held::new(UNKNOWN, 0, now, None)),
-                    None => None,
-                };
+                op.held = handed_out.then(|| Held::new(UNKNOWN, 0, now, None));
             }
             _ => {}
         }
@@ -1322,7 +1282,6 @@ impl System {
             op.pods[holder as usize].map(|(p, _)| p),
         ));
         op.term_seen = Some((term, n.t));
-        op.pending_status = Some((holder, term));
         true
     }
 
@@ -1357,7 +1316,6 @@ impl Op {
             term_seen: None,
             block: None,
             pending_mark: None,
-            pending_status: None,
             operated: None,
             active: false,
             gate: 0,
@@ -1469,12 +1427,10 @@ fn register(n: &mut State, i: u8) -> bool {
     let registrations = n.cand_objs[i as usize]
         .as_ref()
         .map_or(0, |o| o.registrations);
-    let leader_term = n.cand_objs[i as usize].as_ref().and_then(|o| o.leader_term);
     n.cand_objs[i as usize] = Some(CandObj {
         rv: n.cand_rv[i as usize],
         renew: c.wall(n.t),
         pinged_at_rv: None,
-        leader_term,
         registrations: registrations + 1,
         owner_pod: c.pod,
     });
@@ -1573,7 +1529,6 @@ fn ghost(n: &mut State, i: u8) {
         rv: n.cand_rv[i as usize],
         renew: n.t + GHOST_AHEAD,
         pinged_at_rv: None,
-        leader_term: old.and_then(|o| o.leader_term),
         registrations: old.map_or(0, |o| o.registrations) + 1,
         owner_pod: c.pod,
     });

@@ -149,22 +149,22 @@ async fn candidates_of(
         .collect())
 }
 
-/// Whether the operator reports the candidate eligible, and if not, why.
+/// Whether the operator reports the candidate eligible (it reports only a candidate that is
+/// not: `Eligible=False`), and if not, why.
 fn eligibility(c: &LeaseCandidate) -> Result<(), String> {
     let condition = c
         .status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|x| x.type_ == "Eligible"));
     match condition {
-        Some(x) if x.status == "True" => Ok(()),
-        Some(x) => Err(format!("{}: {}", x.reason, x.message)),
-        None => Err("the operator has not judged it yet".into()),
+        Some(x) if x.status == "False" => Err(format!("{}: {}", x.reason, x.message)),
+        _ => Ok(()),
     }
 }
 
 /// The command's own check, from what the operator reported (the operator checks again when it
 /// acts, with the same rule, [`decide::switchover_target`]): the target is a candidate the
-/// operator reports eligible, not the holder, and at the versions the rules elect.
+/// operator does not report ineligible, not the holder, and at the versions the rules elect.
 pub fn check(candidates: &[LeaseCandidate], holder: &str, to: Option<&str>) -> Result<(), String> {
     if let Some(to) = to.filter(|to| *to != holder) {
         let Some(c) = candidates.iter().find(|c| c.name_any() == to) else {
@@ -296,12 +296,16 @@ mod tests {
             candidate("fresh", "1.30.0", None),
         ];
         assert_eq!(check(&cands, "h", Some("twin")), Ok(()));
+        assert_eq!(
+            check(&cands, "h", Some("fresh")),
+            Ok(()),
+            "nothing reported: no problem"
+        );
         assert_eq!(check(&cands, "h", None), Ok(()));
         for (to, expected) in [
             ("h", "already holds"),
             ("ghost", "not a candidate"),
             ("silent", "not eligible (Unresponsive: why)"),
-            ("fresh", "not judged it yet"),
             ("newer", "never a newer version"),
         ] {
             let why = check(&cands, "h", Some(to)).unwrap_err();

@@ -47,7 +47,9 @@ pub struct CandidateStatus {
     pub name: String,
     pub binary_version: String,
     pub emulation_version: Option<String>,
-    /// `True`/`False` as the operator last reported (`Unknown` before it did).
+    /// `False` when the operator reports that it cannot be elected (`Eligible=False`), else
+    /// `True` (the operator writes a candidate's conditions only when it has a problem to
+    /// report, or had one).
     pub eligible: String,
     /// Why it is or is not eligible: the condition's reason and message.
     pub reason: String,
@@ -240,9 +242,9 @@ fn candidate_status(c: &LeaseCandidate) -> CandidateStatus {
         name: c.name_any(),
         binary_version: c.spec.binary_version.clone(),
         emulation_version: c.spec.emulation_version.clone(),
-        eligible: eligible.map_or("Unknown".into(), |e| e.status.clone()),
-        reason: eligible.map_or("NotYetJudged".into(), |e| e.reason.clone()),
-        message: eligible.map_or(String::new(), |e| e.message.clone()),
+        eligible: eligible.map_or("True".into(), |e| e.status.clone()),
+        reason: eligible.map_or("NothingReported".into(), |e| e.reason.clone()),
+        message: eligible.map_or("no problem reported".into(), |e| e.message.clone()),
     }
 }
 

@@ -1,9 +1,11 @@
-//! The condition types a LeaseCandidate's status carries: written by the operator, read by
-//! `arbiter status` and by users (`kubectl wait --for=condition=Leader`).
+//! The condition types a LeaseCandidate's status carries: written by the operator when a
+//! candidate has something to report, read by `arbiter status`, `arbiter handover` and users.
+//! (Who holds a lease is the Lease's: `holderIdentity`, `leaseTransitions`.)
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-/// True on the candidate that holds its lease, with the term in the message.
+/// Written by earlier versions on every candidate (True on the holder): removed from a
+/// candidate's status when it is next written.
 pub const LEADER: &str = "Leader";
 /// Whether the candidate may take part in its lease's election (version, skew, pod, answers).
 pub const ELIGIBLE: &str = "Eligible";

@@ -37,9 +37,14 @@ const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-
     ),
     printcolumn(name = "Strategy", type_ = "string", json_path = ".spec.strategy"),
     printcolumn(
-        name = "Leader",
+        name = "Eligible",
         type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Leader\")].status"
+        json_path = ".status.conditions[?(@.type==\"Eligible\")].status"
+    ),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Eligible\")].reason"
     ),
     printcolumn(
         name = "Age",

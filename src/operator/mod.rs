@@ -398,7 +398,6 @@ fn start_caches(
         queue::QueueMetrics {
             wait: metrics.queue_wait.clone(),
             depth: metrics.queue_depth.clone(),
-            idle: metrics.queue_idle.clone(),
         },
     );
     let (caches, mut watch_errors) = cache::watch_all(

@@ -88,8 +88,6 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     /// Leases due for a reconcile in the workers' queues (deduplicated), not yet picked up.
     pub queue_depth: Gauge,
-    /// Leases whose candidates' first statuses wait until their worker has nothing due.
-    pub queue_idle: Gauge,
     pub candidates_per_lease: Family<LeaseLabels, Gauge>,
     /// Pods labelled `arbiter.dev/role=active` per single-active lease, as observed.
     pub active_pods: Family<LeaseLabels, Gauge>,
@@ -200,7 +198,6 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             queue_wait: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
             queue_depth: Gauge::default(),
-            queue_idle: Gauge::default(),
             candidates_per_lease: Family::default(),
             active_pods: Family::default(),
             double_holders: Counter::default(),
@@ -296,11 +293,6 @@ impl Metrics {
             "queue_depth",
             "Leases due for a reconcile in the workers' queues (deduplicated), not yet picked up",
             m.queue_depth.clone(),
-        );
-        registry.register(
-            "queue_idle_depth",
-            "Leases whose candidates' first statuses (standing by, at the lease's first term) wait until their worker has no lease due",
-            m.queue_idle.clone(),
         );
         registry.register(
             "handover_seconds",

@@ -13,15 +13,10 @@
 //! expiries, a lease's wait is the backlog ahead of it when it expired. (Taken lowest key
 //! first, as they once were, elections finished too, but a lease whose name sorts late waited
 //! behind every lease that expired after it: a burst's p99 was ten times its median.)
-//!
-//! Besides the due keys, a queue keeps keys whose reconcile can wait until the worker has
-//! nothing due ([`Queue::when_idle`]): a candidate's first status when it only says the
-//! candidate stands by. Under a burst of elections those writes would take the API server's
-//! time from the elections; they are made once the worker's due keys run out.
 
 pub mod turns;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
@@ -64,8 +59,6 @@ pub fn worker_of(key: &LeaseKey, workers: usize) -> usize {
 pub struct QueueMetrics {
     pub wait: Histogram,
     pub depth: Gauge,
-    /// Keys waiting for their worker to have nothing due.
-    pub idle: Gauge,
 }
 
 impl QueueMetrics {
@@ -75,7 +68,6 @@ impl QueueMetrics {
         QueueMetrics {
             wait: Histogram::new([1.0]),
             depth: Gauge::default(),
-            idle: Gauge::default(),
         }
     }
 }
@@ -94,8 +86,6 @@ pub struct Queue {
     current: Option<(LeaseKey, tokio::time::Instant)>,
     delayed: DelayQueue<LeaseKey>,
     delay_keys: HashMap<LeaseKey, delay_queue::Key>,
-    /// Keys to reconcile once nothing is due, lowest first.
-    idle: BTreeSet<LeaseKey>,
     metrics: QueueMetrics,
     /// When the worker first asked for a key: a replica that stood by before it led does not
     /// count its standby in the waits.
@@ -122,7 +112,6 @@ pub fn queues(workers: usize, fairness: Fairness, metrics: QueueMetrics) -> (Enq
                 current: None,
                 delayed: DelayQueue::new(),
                 delay_keys: HashMap::new(),
-                idle: BTreeSet::new(),
                 metrics: metrics.clone(),
                 working_since: None,
             };
@@ -168,14 +157,6 @@ impl Queue {
                 self.current = Some((key.clone(), since));
                 return Some(key);
             }
-            if let Some(key) = self.idle.pop_first() {
-                self.metrics.idle.dec();
-                if let Some(k) = self.delay_keys.remove(&key) {
-                    self.delayed.remove(&k);
-                }
-                self.current = Some((key.clone(), tokio::time::Instant::now()));
-                return Some(key);
-            }
             tokio::select! {
                 key = self.rx.recv() => {
                     let (key, sent) = key?;
@@ -198,10 +179,6 @@ impl Queue {
 
     /// `key` is due since `since` (or since the worker started, if that is later).
     fn make_ready(&mut self, key: LeaseKey, since: tokio::time::Instant) {
-        // Its reconcile, now due, does what the idle one would have.
-        if self.idle.remove(&key) {
-            self.metrics.idle.dec();
-        }
         let since = self.working_since.map_or(since, |w| w.max(since));
         let rank = self
             .elections
@@ -245,23 +222,6 @@ impl Queue {
         let began = *self.elections.entry(key.clone()).or_insert(began);
         // Due again already (the watch's echo of its own writes): it moves up.
         self.move_up(key, began);
-    }
-
-    /// Whether a key other than `current` is due (sent keys taken in first): the worker has
-    /// other work now. (The watch's echoes of `current`'s own writes are not other work.)
-    pub fn busy_besides(&mut self, current: &LeaseKey) -> bool {
-        while let Ok((key, sent)) = self.rx.try_recv() {
-            self.make_ready(key, sent);
-        }
-        self.ready.any_besides(current)
-    }
-
-    /// Reconcile `key` again once no key is due (unless it becomes due before). Nothing
-    /// guarantees when: while keys keep becoming due, it waits.
-    pub fn when_idle(&mut self, key: LeaseKey) {
-        if !self.due.contains_key(&key) && self.idle.insert(key) {
-            self.metrics.idle.inc();
-        }
     }
 
     /// Reconcile `key` again after `after`, unless it is already due sooner.
@@ -315,47 +275,6 @@ mod tests {
         q.requeue(key("d"), Duration::from_secs(5));
         tx.key(key("d"));
         assert_eq!(q.next().await, Some(key("d")));
-        drop(tx);
-        assert_eq!(q.next().await, None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_key_for_when_idle_waits_until_nothing_is_due() {
-        let (tx, mut q) = queue();
-        assert!(!q.busy_besides(&key("x")));
-        q.when_idle(key("a"));
-        tx.key(key("c"));
-        assert!(q.busy_besides(&key("x")), "a key sent and not taken yet");
-        tx.key(key("b"));
-        assert_eq!(q.next().await, Some(key("b")));
-        assert!(q.busy_besides(&key("b")), "c is due");
-        assert_eq!(q.next().await, Some(key("c")));
-        assert_eq!(q.metrics.idle.get(), 1, "a waits");
-        tx.key(key("c"));
-        assert!(
-            !q.busy_besides(&key("c")),
-            "only the current key again (its own writes' echoes)"
-        );
-        assert_eq!(q.next().await, Some(key("c")));
-        assert_eq!(q.next().await, Some(key("a")), "nothing else due");
-        assert_eq!(q.metrics.idle.get(), 0);
-        // A key that becomes due leaves the idle keys: reconciled once, as due.
-        q.when_idle(key("d"));
-        q.when_idle(key("e"));
-        tx.key(key("d"));
-        assert_eq!(q.next().await, Some(key("d")));
-        assert_eq!(q.metrics.idle.get(), 1, "d left the idle keys");
-        assert_eq!(q.next().await, Some(key("e")));
-        q.when_idle(key("e")); // idle keys collapse too
-        q.when_idle(key("e"));
-        assert_eq!(q.metrics.idle.get(), 1);
-        assert_eq!(q.next().await, Some(key("e")));
-        // A timer that fires is due before any idle key.
-        q.requeue(key("t"), Duration::from_secs(1));
-        q.when_idle(key("f"));
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(q.next().await, Some(key("t")));
-        assert_eq!(q.next().await, Some(key("f")));
         drop(tx);
         assert_eq!(q.next().await, None);
     }
@@ -444,7 +363,6 @@ mod tests {
         tx.key(key("c"));
         tokio::time::advance(Duration::from_secs(1)).await;
         tx.key(key("y"));
-        assert!(q.busy_besides(&key("y")), "c is due");
         q.electing(&key("y"), true);
         assert_eq!(q.next().await, Some(key("y")));
         q.electing(&key("y"), false);
@@ -469,7 +387,6 @@ mod tests {
         let metrics = QueueMetrics {
             wait: Histogram::new([0.5, 2.5, 5.0]),
             depth: Gauge::default(),
-            idle: Gauge::default(),
         };
         let (tx, mut qs) = queues(1, Fairness::Namespaces, metrics.clone());
         let q = &mut qs[0];
@@ -502,7 +419,6 @@ mod tests {
         let metrics = QueueMetrics {
             wait: Histogram::new([1.0]),
             depth: Gauge::default(),
-            idle: Gauge::default(),
         };
         let (tx, mut qs) = queues(1, Fairness::Namespaces, metrics.clone());
         // The watches fill the queue while the replica stands by for an hour.

@@ -80,14 +80,6 @@ impl Turns {
         }
         Some(key)
     }
-
-    /// Whether a key other than `current` is due.
-    pub fn any_besides(&self, current: &LeaseKey) -> bool {
-        self.lines
-            .values()
-            .flat_map(|keys| keys.iter())
-            .any(|(_, k)| k != current)
-    }
 }
 
 #[cfg(test)]
@@ -163,7 +155,6 @@ mod tests {
         t.insert(at(3), key("a", "early"));
         // a's only other key ranks first now; a is still first in turn.
         t.rerank(&key("a", "late"), at(5), at(1));
-        assert!(t.any_besides(&key("a", "late")));
         assert_eq!(
             drain(&mut t),
             [key("a", "late"), key("b", "1"), key("a", "early")]
@@ -171,7 +162,5 @@ mod tests {
         // A key not due is not moved in.
         t.rerank(&key("a", "gone"), at(5), at(1));
         assert_eq!(t.pop(), None);
-        t.insert(at(1), key("a", "only"));
-        assert!(!t.any_besides(&key("a", "only")));
     }
 }

@@ -33,7 +33,7 @@ pub(in crate::operator) struct Pass {
     /// When the next candidate without a pod expires.
     pub next_expiry: Option<Duration>,
     /// Nothing says who may hold the lease (no Lease naming a holder that did not release it,
-    /// no memory, no candidate reported `Leader`), yet its term mark says a term may have
+    /// no memory), yet its term mark says a term may have
     /// been handed out before this replica became active: an unknown holder's term may run
     /// (a predecessor died between the Lease and its status, and the Lease was deleted).
     pub unknown_term: bool,
@@ -167,11 +167,7 @@ impl Worker {
     ) -> bool {
         let holderless =
             lease.is_none_or(|l| lease::holder(l).is_none() && lease::released_by(l).is_none());
-        if candidates.is_empty()
-            || !holderless
-            || self.caches.held.knows(key)
-            || super::view::last_reported_leader(candidates).is_some()
-        {
+        if candidates.is_empty() || !holderless || self.caches.held.knows(key) {
             return false;
         }
         self.terms

@@ -53,7 +53,6 @@ use crate::operator::force::targets::Deposer;
 use crate::operator::key::LeaseKey;
 use crate::operator::metrics::Metrics;
 use crate::operator::metrics::lease_timers::Timers;
-use crate::operator::queue::Queue;
 use crate::operator::term::ledger::TermLedger;
 
 /// When a lease whose report (a candidate's status, the pending forced exits) could not be
@@ -121,9 +120,8 @@ impl Worker {
     /// One pass over `key`'s lease, in phases: gather what the caches hold of it, build the
     /// election's inputs, decide (pure), confirm the elected candidate's pod still runs, write
     /// (a single-active holder pod hands over through the operator), report, force out what
-    /// was deposed, and say when to look again. `queue` (this worker's) says whether other
-    /// leases are due, and takes `key` back for when none is if statuses were left to wait.
-    async fn reconcile(&mut self, key: &LeaseKey, queue: &mut Queue) -> anyhow::Result<Reconciled> {
+    /// was deposed, and say when to look again.
+    async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Reconciled> {
         let pass = match self.gather(key).await? {
             Gathered::Pass(pass) => pass,
             Gathered::Done(done) => return Ok(done),
@@ -150,7 +148,7 @@ impl Worker {
         }
         let written = self.write(&pass, &inputs, &decision).await?;
         let reported = self
-            .report_pass(&pass, &inputs, &decision, written.as_ref(), queue)
+            .report_pass(&pass, &inputs, &decision, written.as_ref())
             .await;
         // A labelling or renewal that failed fails the reconcile (retried), after the forced
         // exits below: a pod the write deposed is forced out even while labels cannot be written.

@@ -14,8 +14,7 @@ use crate::election::decide::{self, Action, Decision};
 use crate::lease;
 use crate::operator::key::LeaseKey;
 use crate::operator::metrics::LeaseLabels;
-use crate::operator::queue::Queue;
-use crate::operator::report::{LeaseReport, MayWait, conditions, report};
+use crate::operator::report::{LeaseReport, report};
 
 /// What the report said of the lease.
 pub(in crate::operator) struct Reported {
@@ -36,7 +35,6 @@ impl Worker {
         inputs: &Inputs,
         decision: &Decision,
         written: Option<&Lease>,
-        queue: &mut Queue,
     ) -> Reported {
         let (key, candidates, lease) = (&pass.key, &pass.candidates, pass.lease.as_deref());
         if candidates.is_empty() && inputs.lease.is_none() && written.is_none() {
@@ -52,7 +50,7 @@ impl Worker {
             );
         }
         // While a hand-edited-out holder's term may still run, it is still reported as the
-        // leader (its Leader condition is also what a replica taking over remembers it by).
+        // leader (for the metrics and a single-active workload's labels).
         let waiting_for = match &decision.action {
             Action::WaitForTerm { holder, .. }
                 if holder != crate::operator::term::held::UNKNOWN_HOLDER =>
@@ -68,17 +66,6 @@ impl Worker {
             .or(lease.filter(|l| lease::managed(l)).and_then(lease::holder));
         let term = written.or(lease).map(lease::term).unwrap_or(0);
         let overruns = overruns(candidates, term);
-        // Statuses that can wait are left for when this worker has no other lease due.
-        let now_lease = written.or(lease);
-        let (first, deposed) = (
-            conditions::may_wait(now_lease),
-            conditions::deposed_may_wait(now_lease),
-        );
-        let busy = (first || deposed) && queue.busy_besides(key);
-        let may_wait = MayWait {
-            first: first && busy,
-            deposed: deposed && busy,
-        };
         // A status that could not be written is tried again soon (a holder's renewals no
         // longer bring the lease back every few seconds).
         let r = LeaseReport {
@@ -90,7 +77,6 @@ impl Worker {
             term,
             duplicates: &inputs.duplicates,
             overruns: &overruns,
-            may_wait,
         };
         let reported = report(
             &self.client,
@@ -100,9 +86,6 @@ impl Worker {
             &mut self.statuses,
         )
         .await;
-        if reported.waiting {
-            queue.when_idle(key.clone());
-        }
         Reported {
             holder: holder.map(str::to_string),
             term,

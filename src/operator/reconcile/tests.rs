@@ -19,7 +19,6 @@ use crate::fake_api::{Answer, FakeApi, Request};
 use crate::operator::cache::feed::Feed;
 use crate::operator::key::LeaseKey;
 use crate::operator::metrics::Metrics;
-use crate::operator::queue::{self, Queue};
 
 /// A candidate `name` for lease `l` in namespace `ns` at `version`, as its agent registered it.
 fn candidate(name: &str, version: &str, rv: u64) -> LeaseCandidate {
@@ -179,8 +178,8 @@ fn key() -> LeaseKey {
     }
 }
 
-/// A worker on `feed`'s caches, talking to `client`, with `args` as its flags; and its queue.
-fn worker(client: kube::Client, feed: &Feed, args: &[&str]) -> (Worker, Queue) {
+/// A worker on `feed`'s caches, talking to `client`, with `args` as its flags.
+fn worker(client: kube::Client, feed: &Feed, args: &[&str]) -> Worker {
     let settings = crate::operator::validated(args).expect("valid flags");
     let metrics = Arc::new(Metrics::default());
     let recorder = Recorder::new(
@@ -190,13 +189,7 @@ fn worker(client: kube::Client, feed: &Feed, args: &[&str]) -> (Worker, Queue) {
             instance: None,
         },
     );
-    let (_, mut queues) = queue::queues(
-        1,
-        queue::Fairness::Namespaces,
-        queue::QueueMetrics::unregistered(),
-    );
-    let worker = Worker::new(client, feed.caches.clone(), recorder, settings, metrics);
-    (worker, queues.remove(0))
+    Worker::new(client, feed.caches.clone(), recorder, settings, metrics)
 }
 
 /// An agent answers the arbiter's ping: it writes its candidate again (a new `renewTime`), and
@@ -224,7 +217,7 @@ fn created(server: &Server) -> Lease {
 
 /// `old` (1.30.0) and `new` (1.31.0), both seen registering, `first` before the other; a
 /// worker on them with `args` as its flags.
-fn registered(first: &str, args: &[&str]) -> (Feed, Server, Worker, Queue) {
+fn registered(first: &str, args: &[&str]) -> (Feed, Server, Worker) {
     let (old, new) = (candidate("old", "1.30.0", 1), candidate("new", "1.31.0", 2));
     let mut feed = Feed::new();
     let order = if first == "old" {
@@ -236,19 +229,19 @@ fn registered(first: &str, args: &[&str]) -> (Feed, Server, Worker, Queue) {
         feed.candidate(c);
     }
     let (client, server) = Server::start(&[&old, &new]);
-    let (worker, queue) = worker(client, &feed, args);
-    (feed, server, worker, queue)
+    let worker = worker(client, &feed, args);
+    (feed, server, worker)
 }
 
 #[tokio::test]
 async fn candidates_seen_registering_elect_the_oldest_at_once_its_term_reserved_first() {
-    let (_, server, mut worker, mut queue) = registered("new", &["--settle=0s"]);
+    let (_, server, mut worker) = registered("new", &["--settle=0s"]);
 
-    let done = worker.reconcile(&key(), &mut queue).await.unwrap();
+    let done = worker.reconcile(&key()).await.unwrap();
     assert!(!done.electing, "elected");
     assert!(
-        server.requests("PATCH", "/leasecandidates/").len() == 2,
-        "no pings, the two statuses: {:?}",
+        server.requests("PATCH", "/leasecandidates/").is_empty(),
+        "no pings, no statuses (the Lease says who holds it): {:?}",
         server.api.requests()
     );
     let lease = created(&server);
@@ -268,6 +261,29 @@ async fn candidates_seen_registering_elect_the_oldest_at_once_its_term_reserved_
         mark.is_some() && mark < write,
         "the term is reserved before the Lease names it: {order:?}"
     );
+    // One Event for the election, on the new holder (sent in the background).
+    let events = events_sent(&server, 1).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(
+        events[0].contains("\"reason\":\"Elected\"")
+            && events[0].contains("elected holder of lease l at term 1")
+            && events[0].contains("\"name\":\"old\""),
+        "{events:?}"
+    );
+}
+
+/// The Events the worker sent, once at least `n` were (or 5 s passed), and a moment more for
+/// any beyond them.
+async fn events_sent(server: &Server, n: usize) -> Vec<String> {
+    let sent = || server.requests("POST", "/events");
+    for _ in 0..500 {
+        if sent().len() >= n {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    sent().into_iter().map(|r| r.body).collect()
 }
 
 #[tokio::test]
@@ -276,11 +292,11 @@ async fn candidates_known_only_from_a_list_are_pinged_and_elected_once_they_answ
     let mut feed = Feed::new();
     feed.listed(&[&new, &old]);
     let (client, server) = Server::start(&[&old, &new]);
-    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    let mut worker = worker(client, &feed, &["--settle=0s"]);
 
     // Nothing heard from either: only the one that could win is pinged, and nothing else is
     // written (a first election's statuses wait for its outcome).
-    let first = worker.reconcile(&key(), &mut queue).await.unwrap();
+    let first = worker.reconcile(&key()).await.unwrap();
     assert!(first.electing, "the election is under way");
     let pinged: Vec<String> = server
         .requests("PATCH", "/leasecandidates/")
@@ -296,7 +312,7 @@ async fn candidates_known_only_from_a_list_are_pinged_and_elected_once_they_answ
     // `new` writes its candidate: that answers nothing, and it is not elected while `old`,
     // pinged, may still answer.
     answers(&mut feed, &server, "new");
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     assert!(
         server.requests("POST", "/leases").is_empty(),
         "waits for old"
@@ -304,7 +320,7 @@ async fn candidates_known_only_from_a_list_are_pinged_and_elected_once_they_answ
 
     // `old` answers: the oldest version gets the lease.
     answers(&mut feed, &server, "old");
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     assert_eq!(crate::lease::holder(&created(&server)), Some("old"));
 }
 
@@ -359,10 +375,10 @@ async fn an_older_version_registering_beside_a_live_holder_asks_it_to_hand_over(
     feed.candidate(&old);
     let (client, server) = Server::start(&[&old, &new]);
     // No settle before asking (its rule: election::decide's tests).
-    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    let mut worker = worker(client, &feed, &["--settle=0s"]);
 
     // A live holder is stopped only for a candidate that answered a ping of this term.
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     assert_eq!(pinged(&server), ["old"]);
     assert!(
         replaced(&server).is_empty(),
@@ -370,7 +386,7 @@ async fn an_older_version_registering_beside_a_live_holder_asks_it_to_hand_over(
     );
 
     answers(&mut feed, &server, "old");
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     let written = replaced(&server);
     assert_eq!(written.len(), 1, "{:?}", server.api.requests());
     assert_eq!(
@@ -395,9 +411,9 @@ async fn a_live_holder_of_the_oldest_version_is_left_alone() {
     feed.lease(&held_by("old", 3));
     feed.candidate(&new);
     let (client, server) = Server::start(&[&old, &new]);
-    let (mut worker, mut queue) = worker(client, &feed, &[]);
+    let mut worker = worker(client, &feed, &[]);
 
-    let done = worker.reconcile(&key(), &mut queue).await.unwrap();
+    let done = worker.reconcile(&key()).await.unwrap();
     assert!(!done.electing);
     assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
     assert!(server.requests("POST", "/leases").is_empty());
@@ -439,7 +455,7 @@ fn in_pod(mut c: LeaseCandidate, pod: &Pod) -> LeaseCandidate {
 
 /// `old` (1.30.0) registered from its pod `old-0`, running, and `new` (1.31.0) without one,
 /// both seen registering; a worker on them that settles for no time.
-fn old_in_a_pod_and_new() -> (Pod, Feed, Server, Worker, Queue) {
+fn old_in_a_pod_and_new() -> (Pod, Feed, Server, Worker) {
     let pod = agent_pod("old-0", "pod-old", "old", "Running");
     let old = in_pod(candidate("old", "1.30.0", 1), &pod);
     let new = candidate("new", "1.31.0", 2);
@@ -448,15 +464,15 @@ fn old_in_a_pod_and_new() -> (Pod, Feed, Server, Worker, Queue) {
     feed.candidate(&old);
     feed.candidate(&new);
     let (client, server) = Server::start(&[&old, &new]);
-    let (worker, queue) = worker(client, &feed, &["--settle=0s"]);
-    (pod, feed, server, worker, queue)
+    let worker = worker(client, &feed, &["--settle=0s"]);
+    (pod, feed, server, worker)
 }
 
 #[tokio::test]
 async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
-    let (_, mut feed, server, mut worker, mut queue) = old_in_a_pod_and_new();
+    let (_, mut feed, server, mut worker) = old_in_a_pod_and_new();
 
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     let lease = created(&server);
     assert_eq!(crate::lease::holder(&lease), Some("old"));
     assert_eq!(
@@ -467,12 +483,12 @@ async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
     feed.lease(&server.lease());
 
     // Its holder's term runs while its pod does.
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
 
     // The kubelet reports the pod failed: the term is over, the next candidate elected.
     feed.pod(&agent_pod("old-0", "pod-old", "old", "Failed"));
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     let written = replaced(&server);
     assert_eq!(written.len(), 1, "{:?}", server.api.requests());
     assert_eq!(crate::lease::holder(&written[0]), Some("new"));
@@ -481,15 +497,15 @@ async fn the_stop_of_the_pod_a_term_was_assigned_in_ends_it_at_once() {
 
 #[tokio::test]
 async fn a_lease_deleted_by_hand_is_not_given_away_while_its_term_may_run() {
-    let (mut feed, server, mut worker, mut queue) = registered("old", &["--settle=0s"]);
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let (mut feed, server, mut worker) = registered("old", &["--settle=0s"]);
+    worker.reconcile(&key()).await.unwrap();
     let lease = server.lease();
     feed.lease(&lease);
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
 
     // Someone deletes the Lease: the term remembered runs its course, nobody else is named.
     feed.lease_deleted(&lease);
-    let waiting = worker.reconcile(&key(), &mut queue).await.unwrap();
+    let waiting = worker.reconcile(&key()).await.unwrap();
     assert_eq!(
         server.requests("POST", "/leases").len(),
         1,
@@ -511,10 +527,10 @@ async fn a_lease_deleted_by_hand_is_not_given_away_while_its_term_may_run() {
 /// the first election is at once.
 #[tokio::test]
 async fn a_term_mark_with_no_lease_and_no_reported_leader_is_waited_out() {
-    let (_, server, mut worker, mut queue) = registered("old", &["--settle=0s"]);
+    let (_, server, mut worker) = registered("old", &["--settle=0s"]);
     server.set_marks(&[("l", 16)]);
     for _ in 0..2 {
-        let waiting = worker.reconcile(&key(), &mut queue).await.unwrap();
+        let waiting = worker.reconcile(&key()).await.unwrap();
         assert!(
             server.requests("POST", "/leases").is_empty(),
             "no Lease while an unknown holder's term may run"
@@ -553,10 +569,10 @@ async fn the_end_of_a_container_the_term_was_not_taken_in_proves_nothing() {
 /// `old` is elected in its pod, its agent takes the term in pod `taken_in`, then the recorded
 /// pod's container ends with that process's termination message: the Leases written after.
 async fn process_ends_after_taking_the_term_in(taken_in: &str) -> Vec<Lease> {
-    let (pod, mut feed, server, mut worker, mut queue) = old_in_a_pod_and_new();
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let (pod, mut feed, server, mut worker) = old_in_a_pod_and_new();
+    worker.reconcile(&key()).await.unwrap();
     feed.lease(&server.lease());
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
 
     // The agent renews, stamping its incarnation and the pod it took the term in (as
     // arbiter's field manager writes them).
@@ -574,7 +590,7 @@ async fn process_ends_after_taking_the_term_in(taken_in: &str) -> Vec<Lease> {
         }}},
     }]);
     feed.lease(&serde_json::from_value(renewed).unwrap());
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
 
     // Its container restarts; the kubelet reports the end with that process's message.
@@ -589,7 +605,7 @@ async fn process_ends_after_taking_the_term_in(taken_in: &str) -> Vec<Lease> {
         }},
     }]);
     feed.pod(&serde_json::from_value(restarted).unwrap());
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     replaced(&server)
 }
 
@@ -629,10 +645,10 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
     let mut feed = Feed::new();
     feed.deployment(&single_active_deployment());
     let (client, server) = Server::start(&[]);
-    let (mut worker, mut queue) = worker(client, &feed, &["--settle=0s"]);
+    let mut worker = worker(client, &feed, &["--settle=0s"]);
 
     // Nothing before the workload's pods are listed: a partial list could miss the active one.
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     assert!(
         server.api.requests().is_empty(),
         "{:?}",
@@ -642,7 +658,7 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
     // Listed: the operator makes each pod a candidate (it is their agent).
     feed.list_pods(&[a.clone(), b.clone()]);
     *server.pods.lock().unwrap() = vec![a.clone(), b.clone()];
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     let made: Vec<LeaseCandidate> = server
         .requests("POST", "/leasecandidates")
         .iter()
@@ -661,7 +677,7 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
         c.metadata.creation_timestamp = Some(Time(jiff::Timestamp::now()));
         feed.candidate(&c);
     }
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     let lease = created(&server);
     assert_eq!(crate::lease::holder(&lease), Some("kv-b"));
     assert_eq!(
@@ -693,15 +709,15 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
 #[tokio::test]
 async fn a_holder_that_stops_renewing_is_replaced_once_its_term_ran_out_on_the_arbiters_clock() {
     let args = ["--settle=0s", "--lease-duration=1s"];
-    let (mut feed, server, mut worker, mut queue) = registered("old", &args);
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    let (mut feed, server, mut worker) = registered("old", &args);
+    worker.reconcile(&key()).await.unwrap();
     let lease = server.lease();
     assert_eq!(crate::lease::holder(&lease), Some("old"));
     feed.lease(&lease);
 
     // The holder never renews. Its term runs, on the arbiter's clock, from the record's
     // delivery: the worker is told to look again when it ends.
-    let waiting = worker.reconcile(&key(), &mut queue).await.unwrap();
+    let waiting = worker.reconcile(&key()).await.unwrap();
     assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
     let again = waiting.after.expect("looked at again");
     assert!(
@@ -713,13 +729,13 @@ async fn a_holder_that_stops_renewing_is_replaced_once_its_term_ran_out_on_the_a
     // the monotonic clock the term is judged on.) No write before the successor proves it is
     // alive.
     tokio::time::sleep(again).await;
-    let electing = worker.reconcile(&key(), &mut queue).await.unwrap();
+    let electing = worker.reconcile(&key()).await.unwrap();
     assert!(electing.electing);
     assert!(replaced(&server).is_empty(), "{:?}", server.api.requests());
     assert_eq!(pinged(&server), ["new"]);
 
     answers(&mut feed, &server, "new");
-    worker.reconcile(&key(), &mut queue).await.unwrap();
+    worker.reconcile(&key()).await.unwrap();
     let written = replaced(&server);
     assert_eq!(written.len(), 1, "{:?}", server.api.requests());
     assert_eq!(crate::lease::holder(&written[0]), Some("new"));

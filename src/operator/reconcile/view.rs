@@ -103,38 +103,26 @@ impl Worker {
         let seen = observed.map(|(l, unchanged_for)| {
             self.record_seen(l, now - unchanged_for, declared_duration(holder_candidate))
         });
-        // Its candidate's pod is only a claim: the term remembered this way runs its full
-        // duration. With no reported leader either, but a term mark that says a term may have
-        // been handed out before this replica became active, an unknown holder's.
-        let leader = last_reported_leader(candidates)
-            .map(|c| held::Leader {
-                name: c.name_any(),
-                pod_uid: None,
-                declared: declared_duration(Some(c)),
-            })
-            .or_else(|| {
-                // As long as any of the lease's candidates says its terms last.
-                let declared = candidates
-                    .iter()
-                    .map(|c| declared_duration(Some(c)))
-                    .max()
-                    .unwrap_or_default();
-                unknown_term.then(|| held::Leader {
-                    name: held::UNKNOWN_HOLDER.into(),
-                    pod_uid: None,
-                    declared,
-                })
-            });
+        // On a first look (after a start or a failover), whatever the Lease says may have been
+        // edited before this process saw it (its holder replaced, its duration lowered): the
+        // term first seen runs as long as any of the lease's candidates says its terms last,
+        // and never less than the arbiter's own lease duration. With nothing that names a
+        // holder, but a term mark that says a term may have been handed out before this
+        // replica became active, an unknown holder's term, as long.
+        let longest = candidates
+            .iter()
+            .map(|c| declared_duration(Some(c)))
+            .max()
+            .unwrap_or_default()
+            .max(self.settings.lease_duration);
+        let leader = unknown_term.then(|| held::Leader {
+            name: held::UNKNOWN_HOLDER.into(),
+            pod_uid: None,
+            declared: longest,
+        });
         let stopped = |uid: &str| self.caches.stopped_pods.contains(&key.namespace, uid);
         let held = &self.caches.held;
-        held.learn(
-            key,
-            seen.as_ref(),
-            leader.as_ref(),
-            self.settings.lease_duration,
-            now,
-            stopped,
-        );
+        held.learn(key, seen.as_ref(), leader.as_ref(), longest, now, stopped);
         let previous = held.previous(key, now, stopped);
         let ended = self.ended_process(key, observed.map(|(l, _)| l), holder_candidate);
         // Its candidate is not elected again until a new process of it registers (the last
@@ -288,26 +276,6 @@ fn term_ended(by_lease: Option<&'static str>, previous: &Option<decide::Previous
         .unwrap_or("new")
 }
 
-/// The candidate the arbiter last reported `Leader=True`: of several (a deposed holder's
-/// `Leader=False` may wait while the worker is busy, see `status::deposed_can_wait`), the one
-/// whose condition names the highest term; of equal terms, the first.
-pub(in crate::operator) fn last_reported_leader(
-    candidates: &[Arc<LeaseCandidate>],
-) -> Option<&Arc<LeaseCandidate>> {
-    candidates
-        .iter()
-        .rev()
-        .filter_map(|c| {
-            let conditions = c.status.as_ref().map(|s| s.conditions.as_slice())?;
-            Some((
-                crate::operator::report::conditions::leader_term(conditions)?,
-                c,
-            ))
-        })
-        .max_by_key(|(term, _)| *term)
-        .map(|(_, c)| c)
-}
-
 /// When to look at a lease again even if nothing changes, after `action` on `lease`: just
 /// after the holder's expiry, or after a wait. A holder whose lease has expired and whom
 /// nothing replaced (nobody can be elected, or the lease is another strategy's) is looked at
@@ -338,52 +306,6 @@ pub(in crate::operator) fn look_again(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn of_several_reported_leaders_the_highest_terms_is_remembered() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-        let candidate = |name: &str, leader: Option<&str>| {
-            let mut c = crate::api::test_candidate(name, "l");
-            c.status = Some(crate::api::LeaseCandidateStatus {
-                conditions: leader
-                    .map(|message| {
-                        vec![Condition {
-                            type_: "Leader".into(),
-                            status: "True".into(),
-                            reason: "Holder".into(),
-                            message: message.into(),
-                            observed_generation: None,
-                            last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
-                        }]
-                    })
-                    .unwrap_or_default(),
-                ..Default::default()
-            });
-            Arc::new(c)
-        };
-        let name = |cs: &[Arc<LeaseCandidate>]| last_reported_leader(cs).map(|c| c.name_any());
-        let deposed = candidate("a", Some("holds lease l at term 7"));
-        let holder = candidate("b", Some("holds lease l at term 8"));
-        let standby = candidate("c", None);
-        assert_eq!(
-            name(&[deposed.clone(), holder.clone(), standby.clone()]),
-            Some("b".into())
-        );
-        assert_eq!(
-            name(&[holder.clone(), deposed.clone()]),
-            Some("b".into()),
-            "whatever the order"
-        );
-        assert_eq!(name(&[deposed.clone(), standby.clone()]), Some("a".into()));
-        assert_eq!(name(std::slice::from_ref(&standby)), None);
-        let unknown = candidate("d", Some("holds lease l"));
-        assert_eq!(
-            name(&[unknown.clone(), candidate("e", Some("holds lease l"))]),
-            Some("d".into()),
-            "of equal terms the first"
-        );
-        assert_eq!(name(&[unknown, holder]), Some("b".into()));
-    }
 
     fn held_for(unchanged_for: Duration) -> decide::Lease {
         decide::Lease {

@@ -85,7 +85,7 @@ async fn work(index: usize, mut worker: Worker, mut queue: Queue) {
     while let Some(key) = queue.next().await {
         let start = Instant::now();
         worker.metrics.progress.begin(index);
-        let result = worker.reconcile(&key, &mut queue).await;
+        let result = worker.reconcile(&key).await;
         worker.metrics.progress.end(index);
         let requeue = match result {
             Ok(Reconciled { after, electing }) => {

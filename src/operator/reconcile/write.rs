@@ -75,13 +75,25 @@ impl Worker {
             self.caches
                 .held
                 .assigned(key, h, lease::term(w), duration, pod_uid, Instant::now());
-            // Counted as soon as the Lease is written, not after the statuses and Events.
+            // Counted as soon as the Lease is written, not after the Events.
             self.metrics
                 .leader_changes
                 .get_or_create(&ReasonLabels {
                     reason: inputs.term_ended.to_string(),
                 })
                 .inc();
+            let before = lease
+                .and_then(lease::holder)
+                .or(inputs.previous.as_ref().map(|p| p.holder.as_str()));
+            elected(
+                &self.recorder,
+                key,
+                candidates,
+                w,
+                h,
+                before,
+                inputs.term_ended,
+            );
         }
         self.demote_deposed(pass, decision, written.as_ref()).await;
         Ok(written)
@@ -456,6 +468,48 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
     if lease::strategy(l).is_some_and(|s| s != oev) {
         lease::set_strategy(l, oev);
     }
+}
+
+/// The one Event of an election, on the new holder's candidate: who holds the lease at which
+/// term, and whose term ended before it, and how (`Elected`; `kubectl describe` the candidate,
+/// or `kubectl get events`). The holder's status is not written: the Lease says who holds it.
+fn elected(
+    recorder: &kube::runtime::events::Recorder,
+    key: &LeaseKey,
+    candidates: &[Arc<LeaseCandidate>],
+    written: &Lease,
+    holder: &str,
+    before: Option<&str>,
+    term_ended: &str,
+) {
+    let Some(c) = candidates.iter().find(|c| c.name_any() == holder) else {
+        return;
+    };
+    let how = match term_ended {
+        "released" => "released the lease",
+        "pod_stopped" => "its pod stopped",
+        "container_restarted" => "its process's container ended",
+        _ => "its term lapsed",
+    };
+    let after = match before {
+        Some(b) if b == holder => format!(" again ({how})"),
+        Some(b) if b != crate::operator::term::held::UNKNOWN_HOLDER => {
+            format!(", after {b} ({how})")
+        }
+        _ => String::new(),
+    };
+    let note = format!(
+        "elected holder of lease {} at term {}{after}",
+        key.name,
+        lease::term(written)
+    );
+    publish(
+        recorder,
+        &c.object_ref(&()),
+        kube::runtime::events::EventType::Normal,
+        "Elected",
+        note,
+    );
 }
 
 #[cfg(test)]

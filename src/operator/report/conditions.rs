@@ -1,19 +1,25 @@
 //! Status conditions on LeaseCandidates, derived from a decision.
+//!
+//! A candidate's conditions report its own standing, and only what is worth a write: a
+//! problem it has now (not eligible, a strategy conflict, a skew violation, a duplicate
+//! identity, a workload that outlived its term), and, once a condition is on the candidate,
+//! its current value (a problem that cleared flips to its good value, so the transition stays
+//! visible). A candidate with nothing to report carries no conditions and costs no write. Who
+//! holds the lease is the Lease's (`holderIdentity`, `leaseTransitions`): it is not repeated
+//! on every candidate, so an election writes no candidate's status (an earlier version's
+//! `Leader` condition is removed the next time the candidate's status is written, or at its
+//! first report).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use k8s_openapi::api::coordination::v1::Lease;
-
-use crate::api::OLDEST_EMULATION_VERSION;
-use crate::election::decide::{Action, Decision, PodState, Reason, Standing};
+use crate::election::decide::{Decision, PodState, Reason, Standing};
 use crate::election::strategy::Resolution;
 
 pub use crate::api::conditions::*;
 
 /// What the conditions are computed from, besides the decision.
 pub struct LeaseFacts<'a> {
-    pub lease: &'a str,
-    pub holder: Option<&'a str>,
+    /// The lease's term (the Lease's `leaseTransitions`).
     pub term: i32,
     /// Candidates whose identity two live processes are using, with their incarnations.
     pub duplicates: &'a [(String, Vec<String>)],
@@ -24,9 +30,8 @@ pub struct LeaseFacts<'a> {
 /// A condition. Without `observedGeneration`: `pingTime` and `renewTime` are in the spec (as
 /// upstream's LeaseCandidate has them), so every ping, every answer and every refresh (5 min)
 /// bumps the generation while changing no condition. Carrying it, the status would have to be
-/// rewritten at each (up to three status writes per candidate per election, and one per
-/// candidate every refresh in steady state), or else fall behind and make `kubectl wait
-/// --for=condition` and kstatus-based health checks wait forever.
+/// rewritten at each, or else fall behind and make `kubectl wait --for=condition` and
+/// kstatus-based health checks wait forever.
 fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
     Condition {
         type_: type_.into(),
@@ -38,45 +43,29 @@ fn cond(type_: &str, ok: bool, reason: &str, message: String) -> Condition {
     }
 }
 
-/// The conditions `candidate` should carry.
-pub fn conditions(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> Vec<Condition> {
-    vec![
-        leader(candidate, decision, facts),
-        eligible(candidate, decision),
-        conflict(candidate, decision),
-        skew(candidate, decision),
-        duplicate(candidate, facts),
-        double_holder(candidate, facts),
+/// The conditions `candidate` should carry, given those it carries (`current`): each one that
+/// reports a problem now, and each one it already carries, at its current value. (No
+/// `Leader`: the Lease says who holds it.)
+pub fn conditions(
+    candidate: &str,
+    decision: &Decision,
+    facts: &LeaseFacts,
+    current: &[Condition],
+) -> Vec<Condition> {
+    let carried = |type_: &str| current.iter().any(|c| c.type_ == type_);
+    [
+        (eligible(candidate, decision), false),
+        (conflict(candidate, decision), true),
+        (skew(candidate, decision), true),
+        (duplicate(candidate, facts), true),
+        (double_holder(candidate, facts), true),
     ]
-}
-
-/// The `Leader` condition.
-fn leader(candidate: &str, decision: &Decision, facts: &LeaseFacts) -> Condition {
-    match (facts.holder, &decision.action) {
-        (Some(h), _) if h == candidate => cond(
-            LEADER,
-            true,
-            "Holder",
-            format!("holds lease {} at term {}", facts.lease, facts.term),
-        ),
-        (_, Action::WaitForForeign { holder, .. }) => cond(
-            LEADER,
-            false,
-            "ForeignLease",
-            format!(
-                "lease {} exists but arbiter did not make it (no label arbiter.dev/managed): {holder}'s term there is waited out, then arbiter takes it over",
-                facts.lease
-            ),
-        ),
-        // Not who holds it, nor whether anyone does: every candidate's status would be
-        // rewritten at every election, when only the old and the new holder's changed.
-        _ => cond(
-            LEADER,
-            false,
-            "NotHolder",
-            format!("does not hold lease {}", facts.lease),
-        ),
-    }
+    .into_iter()
+    .filter(|(c, problem_when_true)| {
+        (c.status == "True") == *problem_when_true || carried(&c.type_)
+    })
+    .map(|(c, _)| c)
+    .collect()
 }
 
 /// The `Eligible` condition: the candidate's standing, not its liveness.
@@ -235,222 +224,111 @@ pub fn merge(current: &[Condition], mut desired: Vec<Condition>) -> Option<Vec<C
     changed.then_some(desired)
 }
 
-/// Whether writing `desired` over `current` can wait until the worker has nothing else due: a
-/// candidate's first status that only says it stands by (eligible, not the holder, nothing
-/// wrong). Its absence tells no reader otherwise: only a `Leader=True` is remembered (by a
-/// replica taking over), and a candidate without conditions is not the holder. (The caller
-/// makes sure no `Leader=True` of an earlier term can be on the server unseen: it lets
-/// statuses wait only at a lease's first term.) Every other status is written at once: the
-/// holder's, a transition, anything a user must be told.
-pub fn can_wait(current: &[Condition], desired: &[Condition]) -> bool {
-    current.is_empty()
-        && desired
-            .iter()
-            .all(|c| (c.type_ == ELIGIBLE) == (c.status == "True"))
-}
-
-/// Whether writing `desired` over `current` can wait until the worker has nothing else due, for
-/// a candidate that no longer holds the lease: only its `Leader` goes from True to False,
-/// nothing else changes. The caller lets it wait only while the new holder's `Leader=True`, at
-/// a higher term of an arbiter-elected lease, is on the server or being written with it: a
-/// replica taking over that finds both remembers the one of the highest term
-/// ([`leader_term`]), so the stale one misleads no one but a human reader of `kubectl get`
-/// (the Lease, and `arbiter status`, say who holds it). Its `Deposed` Event waits with it.
-pub fn deposed_can_wait(current: &[Condition], desired: &[Condition]) -> bool {
-    let rest = |conditions: &[Condition]| -> Vec<(String, String, String, String)> {
-        conditions
-            .iter()
-            .filter(|c| c.type_ != LEADER)
-            .map(|c| {
-                (
-                    c.type_.clone(),
-                    c.status.clone(),
-                    c.reason.clone(),
-                    c.message.clone(),
-                )
-            })
-            .collect()
-    };
-    is_true(current, LEADER) && !is_true(desired, LEADER) && rest(current) == rest(desired)
-}
-
-/// The term a `Leader=True` says the candidate holds ("holds lease L at term N"), if
-/// `Leader` is True (0 when the message names no term).
-pub fn leader_term(conditions: &[Condition]) -> Option<i32> {
-    let leader = conditions
-        .iter()
-        .find(|c| c.type_ == LEADER && c.status == "True")?;
-    Some(
-        leader
-            .message
-            .rsplit_once(" at term ")
-            .and_then(|(_, t)| t.trim().parse().ok())
-            .unwrap_or(0),
-    )
-}
-
-/// Whether statuses of the lease whose Lease is `lease` may wait at all ([`can_wait`]): only
-/// while the Lease is at its first term, under the arbiter's own strategy. The arbiter's terms
-/// never repeat, so no candidate but the holder has ever held it, and no `Leader=True` the
-/// cache does not show yet (a lagging watch) is left standing by a `Leader=False` that waits.
-/// Not while the Lease is gone (the term it had is not known), nor under a third-party
-/// strategy (whose holders change without a term).
-pub fn may_wait(lease: Option<&Lease>) -> bool {
-    lease.is_some_and(|l| {
-        crate::lease::term(l) <= 1 && crate::lease::strategy(l) == Some(OLDEST_EMULATION_VERSION)
-    })
-}
-
-/// Whether a deposed holder's status may wait at all ([`deposed_can_wait`]): under the
-/// arbiter's own strategy, whose every assignment takes a higher term than any before it. Not
-/// while the Lease is gone (the term it had is not known), nor under a third-party strategy
-/// (whose holders change without a term: the stale `Leader=True` would tie with the holder's).
-pub fn deposed_may_wait(lease: Option<&Lease>) -> bool {
-    lease.is_some_and(|l| crate::lease::strategy(l) == Some(OLDEST_EMULATION_VERSION))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::election::decide::{Action, Liveness, SkewViolation};
 
-    fn leader(holds: bool) -> Vec<Condition> {
-        let (reason, message) = if holds {
-            ("Holder", "holds lease l at term 1")
-        } else {
-            ("NotHolder", "does not hold lease l")
-        };
-        vec![cond(LEADER, holds, reason, message.into())]
-    }
-
-    #[test]
-    fn conditions_carry_no_generation_and_the_same_ones_write_nothing() {
-        // A ping, its answer, a refresh: each bumps the generation and changes no condition.
-        assert_eq!(leader(false)[0].observed_generation, None);
-        assert_eq!(merge(&leader(false), leader(false)), None);
-        assert!(merge(&leader(false), leader(true)).is_some());
-    }
-
-    /// The conditions of `candidate` when `a` holds the lease and `b` and `c` are eligible
-    /// (`c` breaking the skew rule).
-    fn judged(candidate: &str) -> Vec<Condition> {
-        judged_at(candidate, "a", 1)
-    }
-
-    /// The same, with `holder` holding the lease at `term`.
-    fn judged_at(candidate: &str, holder: &str, term: i32) -> Vec<Condition> {
-        use crate::election::decide::{Action, Liveness, SkewViolation};
+    /// The decision when `a` and `b` are eligible, `c` breaks the skew rule and `d` ignored a
+    /// ping.
+    fn decision() -> Decision {
         let version = |v: &str| crate::election::Version::parse(v).unwrap();
-        let decision = Decision {
+        let mut standings: std::collections::BTreeMap<String, Standing> = ["a", "b", "c"]
+            .into_iter()
+            .map(|n| (n.to_string(), Standing::Eligible(Liveness::Acked)))
+            .collect();
+        standings.insert("d".into(), Standing::Ineligible(Reason::Unresponsive));
+        Decision {
             action: Action::Nothing,
             strategy: Resolution::Strategy("OldestEmulationVersion".into()),
-            standings: ["a", "b", "c"]
-                .into_iter()
-                .map(|n| (n.to_string(), Standing::Eligible(Liveness::Acked)))
-                .collect(),
+            standings,
             skew_violations: vec![SkewViolation {
                 candidate: "c".into(),
                 version: version("1.33.0"),
                 oldest: version("1.30.0"),
             }],
-        };
+        }
+    }
+
+    fn judged(candidate: &str, current: &[Condition]) -> Vec<Condition> {
         let facts = LeaseFacts {
-            lease: "l",
-            holder: Some(holder),
-            term,
+            term: 1,
             duplicates: &[],
             overruns: &[],
         };
-        conditions(candidate, &decision, &facts)
+        conditions(candidate, &decision(), &facts, current)
+    }
+
+    fn types(conditions: &[Condition]) -> Vec<(&str, &str)> {
+        conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect()
     }
 
     #[test]
-    fn only_a_deposed_holders_leader_false_can_wait_and_the_term_is_read_back() {
-        let was = judged_at("a", "a", 7);
-        assert_eq!(leader_term(&was), Some(7));
-        let now = merge(&was, judged_at("a", "b", 8)).expect("a no longer holds it");
-        assert_eq!(leader_term(&now), None);
-        assert!(deposed_can_wait(&was, &now), "only Leader changes");
-        assert!(
-            !deposed_can_wait(&judged_at("b", "a", 7), &judged_at("b", "b", 8)),
-            "the new holder's status"
-        );
-        assert!(
-            !deposed_can_wait(&judged_at("c", "a", 7), &judged_at("c", "b", 8)),
-            "a standby's (unchanged)"
-        );
-        let mut also_ineligible = now.clone();
-        let eligible = also_ineligible
-            .iter_mut()
-            .find(|c| c.type_ == ELIGIBLE)
-            .unwrap();
-        eligible.status = "False".into();
-        eligible.reason = "Unresponsive".into();
-        assert!(
-            !deposed_can_wait(&was, &also_ineligible),
-            "a reason it cannot be elected is reported at once"
-        );
-        let mut no_term = was.clone();
-        no_term[0].message = "holds lease l".into();
-        assert_eq!(leader_term(&no_term), Some(0), "True, at no known term");
+    fn a_candidate_with_nothing_to_report_carries_no_conditions() {
+        assert!(judged("a", &[]).is_empty());
+        assert_eq!(merge(&[], judged("a", &[])), None, "no write");
+        assert_eq!(types(&judged("c", &[])), [("SkewViolation", "True")]);
+        assert_eq!(types(&judged("d", &[])), [("Eligible", "False")]);
+        assert_eq!(judged("d", &[])[0].reason, "Unresponsive");
     }
 
     #[test]
-    fn statuses_may_wait_only_at_the_first_term_of_an_arbiter_elected_lease() {
-        let lease = |term: Option<i32>, strategy: &str| Lease {
-            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-                holder_identity: Some("a".into()),
-                lease_transitions: term,
-                strategy: Some(strategy.into()),
-                ..Default::default()
-            }),
-            ..Default::default()
+    fn a_problem_that_clears_flips_to_its_good_value_and_stays() {
+        let unresponsive = judged("d", &[]);
+        // d answers again: judged as a is.
+        let facts = LeaseFacts {
+            term: 1,
+            duplicates: &[],
+            overruns: &[],
         };
-        assert!(may_wait(Some(&lease(Some(1), OLDEST_EMULATION_VERSION))));
+        let back = conditions("a", &decision(), &facts, &unresponsive);
+        assert_eq!(types(&back), [("Eligible", "True")]);
         assert!(
-            may_wait(Some(&lease(None, OLDEST_EMULATION_VERSION))),
-            "no holder yet"
+            merge(&unresponsive, back.clone()).is_some(),
+            "a transition: written"
         );
-        assert!(
-            !may_wait(Some(&lease(Some(2), OLDEST_EMULATION_VERSION))),
-            "another candidate may have held it"
+        assert_eq!(
+            merge(&back, conditions("a", &decision(), &facts, &back)),
+            None
         );
-        assert!(
-            !may_wait(Some(&lease(Some(1), "example.com/mine"))),
-            "a third-party strategy's holders change without a term"
-        );
-        assert!(!may_wait(None), "the Lease is gone: its term is not known");
     }
 
     #[test]
-    fn only_a_first_status_that_says_the_candidate_stands_by_can_wait() {
-        assert!(can_wait(&[], &judged("b")), "b stands by");
-        assert!(
-            !can_wait(&leader(false), &judged("b")),
-            "a candidate with a status gets its changes at once"
-        );
-        assert!(!can_wait(&[], &judged("a")), "the holder's status");
-        assert!(!can_wait(&[], &judged("c")), "a problem to report");
-        let mut ineligible = judged("b");
-        let eligible = ineligible.iter_mut().find(|c| c.type_ == ELIGIBLE).unwrap();
-        eligible.status = "False".into();
-        assert!(!can_wait(&[], &ineligible), "a reason it cannot be elected");
+    fn an_earlier_versions_leader_condition_is_dropped() {
+        let old = vec![
+            cond("Leader", true, "Holder", "holds lease l at term 3".into()),
+            cond(ELIGIBLE, true, "Eligible", "can be elected".into()),
+        ];
+        let now = judged("a", &old);
+        assert_eq!(types(&now), [("Eligible", "True")]);
+        assert!(merge(&old, now).is_some(), "rewritten without it");
+    }
+
+    #[test]
+    fn conditions_carry_no_generation_and_the_same_ones_write_nothing() {
+        let c = judged("c", &[]);
+        assert_eq!(c[0].observed_generation, None);
+        assert_eq!(merge(&c, judged("c", &c)), None);
     }
 
     #[test]
     fn a_generation_an_earlier_version_wrote_is_dropped_once() {
-        let mut old = leader(false);
+        let mut old = judged("c", &[]);
         old[0].observed_generation = Some(3);
-        let merged = merge(&old, leader(false)).expect("rewritten without it");
+        let merged = merge(&old, judged("c", &old)).expect("rewritten without it");
         assert_eq!(merged[0].observed_generation, None);
-        assert_eq!(merge(&merged, leader(false)), None);
+        assert_eq!(merge(&merged, judged("c", &merged)), None);
     }
 
     #[test]
     fn an_unchanged_status_keeps_its_transition_time() {
-        let mut current = leader(false);
+        let mut current = judged("c", &[]);
         current[0].last_transition_time = Time(jiff::Timestamp::UNIX_EPOCH);
-        let mut desired = leader(false);
-        desired[0].message = "does not hold lease l2".into();
+        let mut desired = judged("c", &current);
+        desired[0].message = "another message".into();
         let merged = merge(&current, desired).expect("the message changed");
         assert_eq!(
             merged[0].last_transition_time,

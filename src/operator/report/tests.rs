@@ -7,21 +7,15 @@ use crate::fake_api::{Answer, FakeApi};
 
 /// The candidates' status writes a report makes, by candidate name, against a stand-in
 /// API server that accepts every write.
-async fn status_writes(
-    candidates: &[Arc<LeaseCandidate>],
-    holder: &str,
-    term: i32,
-    may_wait: MayWait,
-) -> (Vec<String>, bool) {
-    status_writes_failing(candidates, holder, term, may_wait, None).await
+async fn status_writes(candidates: &[Arc<LeaseCandidate>], decision: &Decision) -> Vec<String> {
+    status_writes_failing(candidates, decision, None).await.0
 }
 
-/// The same; the stand-in refuses `failing`'s status writes (they are still listed).
+/// The same; the stand-in refuses `failing`'s status writes (they are still listed); and
+/// whether every write went through.
 async fn status_writes_failing(
     candidates: &[Arc<LeaseCandidate>],
-    holder: &str,
-    term: i32,
-    may_wait: MayWait,
+    decision: &Decision,
     failing: Option<&'static str>,
 ) -> (Vec<String>, bool) {
     let (client, api) = FakeApi::new(move |r| {
@@ -58,13 +52,12 @@ async fn status_writes_failing(
     let r = LeaseReport {
         key: &key,
         candidates,
-        decision: &decision(),
+        decision,
         lease_exists: true,
-        holder: Some(holder),
-        term,
+        holder: Some("a"),
+        term: 1,
         duplicates: &[],
         overruns: &[],
-        may_wait,
     };
     let reported = report(
         &client,
@@ -81,7 +74,7 @@ async fn status_writes_failing(
         .map(|rest| rest.trim_end_matches("/status").to_string())
         .collect();
     patched.sort();
-    (patched, reported.waiting)
+    (patched, reported.complete)
 }
 
 /// Every candidate eligible, nothing to do.
@@ -100,102 +93,64 @@ fn decision() -> Decision {
     }
 }
 
-/// `name`, with the status the arbiter wrote when `holder` held lease l at `term`.
-fn reported_as(name: &str, holder: &str, term: i32) -> Arc<LeaseCandidate> {
+/// `name`, with `conditions` as its status.
+fn with_status(name: &str, conditions: Vec<Condition>) -> Arc<LeaseCandidate> {
     let mut c = crate::api::test_candidate(name, "l");
     c.metadata.namespace = Some("ns".into());
     c.metadata.uid = Some(format!("uid-{name}"));
-    let facts = conditions::LeaseFacts {
-        lease: "l",
-        holder: Some(holder),
-        term,
-        duplicates: &[],
-        overruns: &[],
-    };
     c.status = Some(crate::api::LeaseCandidateStatus {
-        conditions: conditions::conditions(name, &decision(), &facts),
+        conditions,
         ..Default::default()
     });
     Arc::new(c)
 }
 
-/// A deposed holder's `Leader=False` waits while the worker is busy, and only behind the
-/// new holder's `Leader=True` at a higher term; the new holder's never waits.
+/// An election writes no candidate's status: who holds the lease is the Lease's, and a
+/// candidate with nothing to report carries no conditions. A problem is written on its
+/// candidate only, once; an earlier version's `Leader` condition is dropped once.
 #[tokio::test]
-async fn a_deposed_holders_status_waits_only_behind_the_new_holders() {
-    let busy = MayWait {
-        first: true,
-        deposed: true,
-    };
-    let (a, c) = (reported_as("a", "a", 7), reported_as("c", "a", 7));
-    // b was elected at term 8: its status changes, and a's.
-    let b = reported_as("b", "a", 7);
-    let all = [a.clone(), b.clone(), c.clone()];
-    assert_eq!(
-        status_writes(&all, "b", 8, busy).await,
-        (vec!["b".to_string()], true),
-        "a's waits"
-    );
-    assert_eq!(
-        status_writes(&all, "b", 8, MayWait::default()).await,
-        (vec!["a".to_string(), "b".to_string()], false),
-        "nothing else due: both at once"
-    );
-    // b's write fails: a's is written too, not left for a replica taking over to find as
-    // the only Leader=True.
-    assert_eq!(
-        status_writes_failing(&all, "b", 8, busy, Some("b")).await,
-        (vec!["a".to_string(), "b".to_string()], false)
-    );
-    // b's Leader=True is on the server already: a's still waits.
-    let b_reported = reported_as("b", "b", 8);
-    assert_eq!(
-        status_writes(&[a.clone(), b_reported.clone(), c.clone()], "b", 8, busy).await,
-        (vec![], true)
-    );
-    // The holder's candidate is gone: no Leader=True at its term can be written, so a's
-    // is written at once (else a replica taking over would remember a).
-    assert_eq!(
-        status_writes(&[a.clone(), c.clone()], "b", 8, busy).await,
-        (vec!["a".to_string()], false)
-    );
-    // A Leader=True that names the term the Lease is at (a hand edit): not stale.
-    assert_eq!(
-        status_writes(
-            &[reported_as("a", "a", 8), b_reported.clone(), c.clone()],
-            "b",
-            8,
-            busy
-        )
-        .await,
-        (vec!["a".to_string()], false)
-    );
-    // The Lease's term went down (deleted: 0; or lowered by hand): b is still reported at
-    // its term, so a's waits behind it, and nothing is rewritten.
-    assert_eq!(
-        status_writes(&[a.clone(), b_reported, c], "b", 0, busy).await,
-        (vec![], true)
-    );
-    // Deposed and unresponsive: a reason it cannot be elected is reported at once.
+async fn only_a_candidate_whose_conditions_change_is_written() {
+    let fresh = |n: &str| with_status(n, vec![]);
+    let all = [fresh("a"), fresh("b"), fresh("c")];
+    assert!(status_writes(&all, &decision()).await.is_empty());
+    // b ignored a ping.
     let mut unresponsive = decision();
     unresponsive.standings.insert(
-        "a".into(),
+        "b".into(),
         crate::election::decide::Standing::Ineligible(
             crate::election::decide::Reason::Unresponsive,
         ),
     );
-    let desired = conditions::conditions(
-        "a",
-        &unresponsive,
-        &conditions::LeaseFacts {
-            lease: "l",
-            holder: Some("b"),
-            term: 8,
-            duplicates: &[],
-            overruns: &[],
-        },
+    assert_eq!(status_writes(&all, &unresponsive).await, ["b"]);
+    let facts = conditions::LeaseFacts {
+        term: 1,
+        duplicates: &[],
+        overruns: &[],
+    };
+    let b = with_status("b", conditions::conditions("b", &unresponsive, &facts, &[]));
+    let reported = [fresh("a"), b.clone(), fresh("c")];
+    assert!(
+        status_writes(&reported, &unresponsive).await.is_empty(),
+        "once"
     );
-    let current = a.status.as_ref().unwrap().conditions.clone();
-    let merged = conditions::merge(&current, desired).unwrap();
-    assert!(!conditions::deposed_can_wait(&current, &merged));
+    // It answers again: its Eligible flips back, and stays.
+    assert_eq!(status_writes(&reported, &decision()).await, ["b"]);
+    // An earlier version's Leader condition.
+    let old = Condition {
+        type_: "Leader".into(),
+        status: "True".into(),
+        reason: "Holder".into(),
+        message: "holds lease l at term 3".into(),
+        observed_generation: None,
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::UNIX_EPOCH,
+        ),
+    };
+    let upgraded = [with_status("a", vec![old]), fresh("b"), fresh("c")];
+    assert_eq!(status_writes(&upgraded, &decision()).await, ["a"]);
+    // A write that fails is reported as such (retried by the caller).
+    assert_eq!(
+        status_writes_failing(&all, &unresponsive, Some("b")).await,
+        (vec!["b".to_string()], false)
+    );
 }
