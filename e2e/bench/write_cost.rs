@@ -74,7 +74,7 @@ impl Kind {
             Kind::CandidateCreate => "create leasecandidates (a registration)",
             Kind::CandidatePatch => "patch leasecandidates (a ping, or its answer)",
             Kind::CandidateStatusPatch => {
-                "patch leasecandidates/status (a candidate's six conditions, as written today)"
+                "patch leasecandidates/status (a candidate's six conditions, as earlier versions wrote them)"
             }
             Kind::CandidateStatusPatchTwo => {
                 "patch leasecandidates/status (two conditions: Leader and Eligible only)"

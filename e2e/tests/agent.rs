@@ -63,7 +63,7 @@ fn operator(env: &TestEnv) -> Operator {
 }
 
 async fn oldest_agent_leads_and_only_its_workload_runs(env: Arc<TestEnv>) {
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let kubeconfig = env.kubeconfig.to_str().unwrap().to_string();
@@ -110,18 +110,14 @@ async fn oldest_agent_leads_and_only_its_workload_runs(env: Arc<TestEnv>) {
             ("Pod", si.uid.as_str())
         );
     }
-    // Still only one workload once the others have certainly registered and been considered.
-    eventually("the others to report Leader=False", DEADLINE, || async {
-        let mut all = true;
-        for name in ["v131", "v132"] {
-            let c = candidates.get(name).await.ok()?;
-            all &= c.status.is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Leader" && c.status == "False")
-            });
-        }
-        all.then_some(())
+    // Still only one workload once the others have certainly registered and been considered
+    // (a decision on the lease after both registered that judges them).
+    let trio = format!("{}/trio", env.ns);
+    eventually("the others judged", DEADLINE, || async {
+        op.decided(&trio)
+            .iter()
+            .any(|d| d.contains("\"v131\"") && d.contains("\"v132\""))
+            .then_some(())
     })
     .await;
     assert_eq!(running(&read_log(&log)), ["v130"]);
@@ -339,7 +335,7 @@ async fn graceful_handover_stops_the_old_workload_before_the_new_starts(env: Arc
     );
     // The operator's decisions for this lease, in order: it settled while the holder led,
     // asked once, and decided no settle after the release.
-    let decisions = decisions(&op.logs(), &format!("{}/hand", env.ns));
+    let decisions = op.decisions(&format!("{}/hand", env.ns));
     let asked = decisions
         .iter()
         .position(|d| d.starts_with("RequestHandover"))
@@ -356,30 +352,6 @@ async fn graceful_handover_stops_the_old_workload_before_the_new_starts(env: Arc
     stands_by_again(&env, &mut old, "hand").await;
     // How long the gap is, is measured by `make bench`, not asserted here.
     eprintln!("graceful handover: gap {:.0} ms", gap * 1000.0);
-}
-
-/// The actions the operator's debug log says it decided for `lease` (`NAMESPACE/NAME`), in
-/// order, consecutive repeats dropped.
-fn decisions(logs: &str, lease: &str) -> Vec<String> {
-    let logs = crate::support::operator::strip_ansi(logs);
-    let mut out: Vec<String> = Vec::new();
-    for line in logs.lines().filter(|l| l.contains("decided")) {
-        if !line.contains(&format!("lease={lease} ")) {
-            continue;
-        }
-        let Some(action) = line.split("action=").nth(1) else {
-            continue;
-        };
-        let action = action
-            .split(" standings=")
-            .next()
-            .unwrap_or(action)
-            .to_string();
-        if out.last() != Some(&action) {
-            out.push(action);
-        }
-    }
-    out
 }
 
 async fn sigterm_stops_the_workload_releases_and_deregisters(env: Arc<TestEnv>) {

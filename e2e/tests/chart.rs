@@ -382,17 +382,8 @@ async fn operator_works_with_the_charts_service_account(env: Arc<TestEnv>) {
     let _r = Responder::start(env.client.clone(), &env.ns, &["c1", "c2"]);
     create_candidate(&env, "c1", "core", "1.31.0", Some("1.31.0"), OEV, None).await;
     wait_for_holder(&env, "core", "c1", DEADLINE).await;
-    // Conditions and Events were written with the ServiceAccount's rights.
-    let api: Api<arbiter::api::LeaseCandidate> = env.api();
-    eventually("c1's Leader condition", DEADLINE, || async {
-        let c = api.get("c1").await.ok()?;
-        c.status?
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Leader" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    // Events were written with the ServiceAccount's rights.
+    crate::support::wait_for_event(&env, "c1", "Elected", DEADLINE).await;
     // Handover request, then (nobody renews) expiry and a new term: writes on an existing lease.
     create_candidate(&env, "c2", "core", "1.30.0", Some("1.30.0"), OEV, None).await;
     let l = wait_for_holder(&env, "core", "c2", DEADLINE).await;

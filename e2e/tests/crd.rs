@@ -311,7 +311,8 @@ async fn printer_columns(env: Arc<TestEnv>) {
             "BINARY",
             "EMULATION",
             "STRATEGY",
-            "LEADER",
+            "ELIGIBLE",
+            "REASON",
             "AGE"
         ],
         "{text}"

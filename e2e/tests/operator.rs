@@ -61,8 +61,7 @@ crate::tests![operator:
     operator_without_rbac_exits_with_a_clear_error,
     status_shows_holder_term_and_candidates,
     stale_candidates_without_a_pod_are_deleted,
-    standby_statuses_wait_for_the_elections_and_are_then_written,
-    deposed_statuses_wait_for_the_elections_and_are_then_written,
+    elections_write_no_status_and_one_event_each,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -91,23 +90,26 @@ async fn single_candidate_is_elected(env: Arc<TestEnv>) {
     );
     assert_eq!(lease::strategy(&l), Some(OEV));
     assert_eq!(lease::duration(&l), Some(Duration::from_secs(15)));
-    let leader = eventually("c1's Leader condition to be True", DEADLINE, || async {
-        condition(&env, "c1", "Leader")
-            .await
-            .filter(|c| c.0 == "True")
-    })
-    .await;
-    assert_eq!(leader, ("True".into(), "Holder".into()));
-    let eligible = condition(&env, "c1", "Eligible").await.unwrap();
-    assert_eq!(eligible.0, "True");
     let events = eventually("an Elected event", DEADLINE, || async {
         let ev = events_for(&env, "c1").await;
         ev.iter().any(|(r, _)| r == "Elected").then_some(ev)
     })
     .await;
+    assert_eq!(
+        events,
+        [(
+            "Elected".to_string(),
+            "elected holder of lease demo at term 1".to_string()
+        )]
+    );
+    // Nothing to report on c1: the Lease says it holds it; its status is not written.
+    let c: Api<LeaseCandidate> = env.api();
     assert!(
-        events.iter().any(|(_, m)| m.contains("term 1")),
-        "{events:?}"
+        c.get("c1")
+            .await
+            .unwrap()
+            .status
+            .is_none_or(|s| s.conditions.is_empty())
     );
 }
 
@@ -128,15 +130,11 @@ async fn oldest_emulation_version_wins(env: Arc<TestEnv>) {
     ] {
         create_candidate(&env, name, "multi", bin, Some(emu), OEV, None).await;
     }
-    wait_for_holder(&env, "multi", "baz3", DEADLINE).await;
+    let l = wait_for_holder(&env, "multi", "baz3", DEADLINE).await;
+    assert_eq!(lease::term(&l), 1, "from the first term");
+    wait_for_event(&env, "baz3", "Elected", DEADLINE).await;
     for other in ["baz1", "baz2", "baz4"] {
-        let leader = eventually("Leader=False/NotHolder on the others", DEADLINE, || async {
-            condition(&env, other, "Leader")
-                .await
-                .filter(|c| c.1 == "NotHolder")
-        })
-        .await;
-        assert_eq!(leader.0, "False");
+        assert!(events_for(&env, other).await.is_empty(), "{other}");
     }
 }
 
@@ -646,7 +644,7 @@ async fn only_the_pods_it_follows_are_kept(env: Arc<TestEnv>) {
 }
 
 async fn third_party_strategy_gets_a_holderless_lease(env: Arc<TestEnv>) {
-    let _op = Operator::start(&env, &[]);
+    let op = Operator::start(&env, &[]);
     let _r = Responder::start(env.client.clone(), &env.ns, &["foo1"]);
     create_candidate(&env, "foo1", "tp", "1.20.0", None, "foo.com/bar", None).await;
     let api: Api<Lease> = env.api();
@@ -656,12 +654,15 @@ async fn third_party_strategy_gets_a_holderless_lease(env: Arc<TestEnv>) {
     .await;
     assert_eq!(lease::strategy(&l), Some("foo.com/bar"));
     assert_eq!(lease::holder(&l), None);
-    // Left alone: still no holder a while later, though a candidate is alive.
-    let later = eventually("Eligible condition on foo1", DEADLINE, || {
-        condition(&env, "foo1", "Leader")
+    // Left alone: still no holder once the operator decided again on the Lease it made,
+    // though a candidate is alive.
+    let tp = format!("{}/tp", env.ns);
+    eventually("a decision on the Lease as made", DEADLINE, || async {
+        op.decisions(&tp)
+            .contains(&"Nothing".to_string())
+            .then_some(())
     })
     .await;
-    assert_eq!(later.0, "False");
     assert_eq!(lease::holder(&api.get("tp").await.unwrap()), None);
 }
 
@@ -691,11 +692,18 @@ async fn a_registration_proves_life_for_ack_valid_for(env: Arc<TestEnv>) {
     .await;
     create_candidate(&env, "x", "mig", "1.30.0", Some("1.30.0"), OEV, None).await;
     let registered = Instant::now();
-    let reported = eventually("x reported, not leading", DEADLINE, || {
-        condition(&env, "x", "Leader")
-    })
+    let mig = format!("{}/mig", env.ns);
+    eventually(
+        "x judged, under the third-party strategy",
+        DEADLINE,
+        || async {
+            op.decided(&mig)
+                .iter()
+                .any(|d| d.starts_with("Nothing") && d.contains("\"x\""))
+                .then_some(())
+        },
+    )
     .await;
-    assert_eq!(reported.0, "False");
     let first = wait_for_holder(&env, "alone", "z", DEADLINE).await;
     // The premise, not a condition to wait for: more than the default validity (twice the
     // 5 s ack window) passes between x's registration and its election.
@@ -1956,23 +1964,6 @@ async fn register_old_and_new(
     leases
 }
 
-/// `lease`'s Lease names `holder`, whose status says so (`Leader=True`), and `other`'s status
-/// says it does not hold it.
-async fn assert_held(env: &TestEnv, lease: &str, holder: &str, other: &str) {
-    let l: Lease = env.api().get(lease).await.unwrap();
-    assert_eq!(lease::holder(&l), Some(holder), "{lease}");
-    assert_eq!(
-        condition(env, holder, "Leader").await,
-        Some(("True".into(), "Holder".into())),
-        "{holder}"
-    );
-    assert_eq!(
-        condition(env, other, "Leader").await,
-        Some(("False".into(), "NotHolder".into())),
-        "{other}"
-    );
-}
-
 /// Both candidates' names of every lease `register_old_and_new` made.
 fn both_names(leases: &[(String, String, String)]) -> Vec<&str> {
     leases
@@ -1981,69 +1972,11 @@ fn both_names(leases: &[(String, String, String)]) -> Vec<&str> {
         .collect()
 }
 
-/// Under a burst of first elections, a standby's first status (it only says the candidate
-/// stands by) waits until the worker has no lease due, and is written then: many of them arrive
-/// after the last Lease is created, and in the end every candidate has its conditions.
-async fn standby_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
-    const LEASES: usize = 30;
-    // Registered before the operator starts: every lease is due at once.
-    let leases = register_old_and_new(&env, "burst", LEASES).await;
-    let alive = both_names(&leases);
-    let _r = Responder::start(env.client.clone(), &env.ns, &alive);
-    // When each burst Lease, and each candidate's first status, was first seen.
-    let (created, watch_leases) =
-        first_seen(env.api::<Lease>(), |l| l.name_any().starts_with("burst-"));
-    let (reported, watch_candidates) = first_seen(env.api::<LeaseCandidate>(), |c| {
-        c.status.as_ref().is_some_and(|s| !s.conditions.is_empty())
-    });
-    // One worker, and leases long enough not to lapse (nobody renews them).
-    let op = Operator::start(&env, &["--concurrency", "1", "--lease-duration", "300s"]);
-    eventually(
-        "every lease held and every candidate's status written",
-        Duration::from_secs(90),
-        || async {
-            let done = created.lock().unwrap().len() == LEASES
-                && reported.lock().unwrap().len() == 2 * LEASES;
-            done.then_some(())
-        },
-    )
-    .await;
-    watch_leases.abort();
-    watch_candidates.abort();
-    for (lease, old, new) in &leases {
-        assert_held(&env, lease, old, new).await;
-        assert_eq!(
-            condition(&env, new, "Eligible").await,
-            Some(("True".into(), "Eligible".into()))
-        );
-    }
-    let last_lease = *created.lock().unwrap().values().max().unwrap();
-    let reported = reported.lock().unwrap().clone();
-    let after: Vec<&String> = leases
-        .iter()
-        .map(|(_, _, new)| new)
-        .filter(|new| reported[*new] > last_lease)
-        .collect();
-    // Not all: the worker may run out of due leases (every remaining one waiting for its ping's
-    // answer) and write the waiting statuses before the last Leases. (f3e4bbd's operator,
-    // which wrote them with each election: 1 of 30.)
-    assert!(
-        after.len() >= LEASES / 3,
-        "only {} of {LEASES} standbys' statuses arrived after the last Lease: {after:?}",
-        after.len()
-    );
-    let metrics = op.http_get("/metrics").await;
-    assert!(
-        metrics.contains("arbiter_queue_idle_depth 0"),
-        "no status still waits:\n{metrics}"
-    );
-}
-
-/// Under a burst of re-elections (holders that stop renewing together), a deposed holder's
-/// `Leader=False` waits until the worker has no lease due, behind the new holder's
-/// `Leader=True` at a higher term, and is written then, with its `Deposed` Event: many arrive
-/// after the last Lease changed hands, and in the end every status says who holds the lease.
-async fn deposed_statuses_wait_for_the_elections_and_are_then_written(env: Arc<TestEnv>) {
+/// A burst of first elections, then a burst of re-elections (holders that stop renewing
+/// together): an election writes no candidate's status (every candidate here is eligible
+/// throughout: nothing to report; the Lease says who holds it), and one Event, `Elected` on
+/// the new holder, which names whose term ended and how. No `Deposed`.
+async fn elections_write_no_status_and_one_event_each(env: Arc<TestEnv>) {
     const LEASES: usize = 30;
     let leases = register_old_and_new(&env, "lapse", LEASES).await;
     let names = both_names(&leases);
@@ -2073,118 +2006,92 @@ async fn deposed_statuses_wait_for_the_elections_and_are_then_written(env: Arc<T
             }
         })
     };
-    let op = Operator::start(&env, &["--concurrency", "1", "--lease-duration", "5s"]);
+    let held_by = |which: fn(&(String, String, String)) -> &String| {
+        let env = env.clone();
+        let leases = leases.clone();
+        async move {
+            let api: Api<Lease> = env.api();
+            let mut held = 0;
+            for l in &leases {
+                let lease = api.get_opt(&l.0).await.ok()??;
+                held += usize::from(lease::holder(&lease) == Some(which(l).as_str()));
+            }
+            (held == LEASES).then_some(())
+        }
+    };
+    let _op = Operator::start(&env, &["--concurrency", "1", "--lease-duration", "5s"]);
     eventually(
         "every lease held by its oldest candidate",
         Duration::from_secs(90),
-        || async {
-            let api: Api<Lease> = env.api();
-            let mut held = 0;
-            for (lease, old, _) in &leases {
-                let l = api.get_opt(lease).await.ok()??;
-                held += usize::from(lease::holder(&l) == Some(old.as_str()));
-            }
-            (held == LEASES).then_some(())
-        },
+        || held_by(|l| &l.1),
     )
     .await;
-    // When each Lease first named its new holder, and each old holder was first reported not
-    // to hold it.
-    let (moved, watch_leases) = first_seen(env.api::<Lease>(), |l| {
-        lease::holder(l).is_some_and(|h| h.starts_with("lapse-") && h.ends_with("-new"))
-    });
-    let (deposed, watch_candidates) = first_seen(env.api::<LeaseCandidate>(), |c| {
-        c.name_any().ends_with("-old")
-            && c.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|x| x.type_ == "Leader" && x.status == "False")
-            })
-    });
     // The old holders stop renewing at once: their terms lapse together.
     for (_, old, _) in &leases {
         renewing.lock().unwrap().remove(old);
     }
     eventually(
-        "every lease moved and every old holder reported deposed",
+        "every lease moved to its newer candidate",
         Duration::from_secs(90),
-        || async {
-            let done =
-                moved.lock().unwrap().len() == LEASES && deposed.lock().unwrap().len() == LEASES;
-            done.then_some(())
-        },
+        || held_by(|l| &l.2),
     )
     .await;
-    watch_leases.abort();
-    watch_candidates.abort();
-    // (The renewer goes on: a new holder whose term lapsed would be deposed in turn.)
-    for (lease, old, new) in &leases {
-        assert_held(&env, lease, new, old).await;
-    }
-    // A status written with its election (as before) is on the server a round trip after its
-    // Lease, before the worker's next reconcile: no other Lease moves in between. One that
-    // waited comes after other leases' elections.
-    let moved = moved.lock().unwrap().clone();
-    let deposed = deposed.lock().unwrap().clone();
-    let waited: Vec<&String> = leases
-        .iter()
-        .filter(|(lease, old, _)| {
-            let (own, reported) = (moved[lease], deposed[old]);
-            moved
-                .values()
-                .filter(|m| **m > own && **m < reported)
-                .count()
-                >= 3
-        })
-        .map(|(_, old, _)| old)
-        .collect();
-    // Not all: the worker may run out of due leases (the rest waiting for their pings'
-    // answers) and write the waiting statuses in between.
-    assert!(
-        waited.len() >= 3,
-        "only {} of {LEASES} deposed holders' statuses came after three other leases moved: {waited:?}",
-        waited.len()
-    );
-    // The Deposed Event goes with the status that waited.
-    wait_for_event(&env, waited[0], "Deposed", DEADLINE).await;
-    let metrics = op.http_get("/metrics").await;
-    assert!(
-        metrics.contains("arbiter_queue_idle_depth 0"),
-        "no status still waits:\n{metrics}"
-    );
     renewer.abort();
+    // Every election's Event is there (they are sent in the background).
+    let events = eventually("an Elected Event for each election", DEADLINE, || async {
+        let events: Vec<_> = events_in(&env)
+            .await
+            .into_iter()
+            .filter(|(_, reason, _)| reason == "Elected" || reason == "Deposed")
+            .collect();
+        (events.len() >= 2 * LEASES).then_some(events)
+    })
+    .await;
+    let candidates: Api<LeaseCandidate> = env.api();
+    for (lease, old, new) in &leases {
+        for name in [old, new] {
+            let c = candidates.get(name).await.unwrap();
+            let conditions = c.status.map(|s| s.conditions).unwrap_or_default();
+            assert!(conditions.is_empty(), "{name}'s status: {conditions:?}");
+        }
+        let on = |name: &str| -> Vec<&String> {
+            events
+                .iter()
+                .filter(|(n, _, _)| n == name)
+                .map(|(_, _, m)| m)
+                .collect()
+        };
+        assert_eq!(
+            on(old),
+            [&format!("elected holder of lease {lease} at term 1")],
+            "{old}"
+        );
+        let moved = on(new);
+        assert_eq!(moved.len(), 1, "{new}: {moved:?}");
+        assert!(
+            moved[0].starts_with(&format!("elected holder of lease {lease} at term "))
+                && moved[0].ends_with(&format!(", after {old} (its term lapsed)")),
+            "{new}: {moved:?}"
+        );
+    }
 }
 
-/// When a watch first saw each object (by name) for which `counts` holds.
-fn first_seen<K>(
-    api: Api<K>,
-    counts: impl Fn(&K) -> bool + Send + 'static,
-) -> (
-    Arc<std::sync::Mutex<BTreeMap<String, Instant>>>,
-    tokio::task::JoinHandle<()>,
-)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    K::DynamicType: Default,
-{
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let seen: Arc<std::sync::Mutex<BTreeMap<String, Instant>>> = Default::default();
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut events = watcher(api, watcher::Config::default())
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(o)) = events.next().await {
-            if counts(&o) {
-                out.lock()
-                    .unwrap()
-                    .entry(o.name_any())
-                    .or_insert_with(Instant::now);
-            }
-        }
-    });
-    (seen, task)
+/// Every Event in `env`'s namespace: the object it is on, its reason, its message.
+async fn events_in(env: &TestEnv) -> Vec<(String, String, String)> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = env.api();
+    api.list(&Default::default())
+        .await
+        .expect("listing events")
+        .items
+        .into_iter()
+        .map(|e| {
+            (
+                e.involved_object.name.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect()
 }
 
 /// A candidate without a pod whose renewal is older than `--candidate-expiry` is deleted; one

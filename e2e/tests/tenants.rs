@@ -136,13 +136,10 @@ async fn an_operator_watching_two_namespaces_ignores_a_third(env: Arc<TestEnv>) 
     create_candidate(&b, "b1", "work", "1.30.0", Some("1.30.0"), OEV, None).await;
     wait_for_holder(&env, "work", "a1", DEADLINE).await;
     wait_for_holder(&b, "work", "b1", DEADLINE).await;
-    // Both were elected, and their statuses written; c's candidate has neither a Lease nor a
+    // Both were elected, and reported (Events); c's candidate has neither a Lease nor a
     // status, and was never pinged.
-    eventually("a1's and b1's statuses", DEADLINE, || async {
-        condition(&env, "a1", "Leader").await?;
-        condition(&b, "b1", "Leader").await
-    })
-    .await;
+    wait_for_event(&env, "a1", "Elected", DEADLINE).await;
+    wait_for_event(&b, "b1", "Elected", DEADLINE).await;
     untouched(&c, "c1", "work").await;
     drop_namespace(b).await;
     drop_namespace(c).await;
@@ -450,7 +447,7 @@ async fn a_namespace_selector_arbitrates_only_matching_namespaces_as_their_label
         ],
     );
     wait_for_holder(&b, "work", "b1", DEADLINE).await;
-    eventually("b1's status", DEADLINE, || condition(&b, "b1", "Leader")).await;
+    wait_for_event(&b, "b1", "Elected", DEADLINE).await;
     // c does not match: its candidate, there first, is left alone.
     untouched(&c, "c1", "work").await;
 

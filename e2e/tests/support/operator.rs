@@ -101,6 +101,32 @@ impl Operator {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// What its debug log says it decided for `lease` (`NAMESPACE/NAME`), in order: each
+    /// decision's action and the candidates' standings (`Action { .. } standings={..}`).
+    #[allow(dead_code)] // not used by every test binary
+    pub fn decided(&self, lease: &str) -> Vec<String> {
+        let logs = strip_ansi(&self.logs());
+        logs.lines()
+            .filter(|l| l.contains("decided") && l.contains(&format!("lease={lease} ")))
+            .filter_map(|l| l.split("action=").nth(1))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The actions it decided for `lease` (`NAMESPACE/NAME`), in order, consecutive repeats
+    /// dropped.
+    #[allow(dead_code)] // not used by every test binary
+    pub fn decisions(&self, lease: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for d in self.decided(lease) {
+            let action = d.split(" standings=").next().unwrap_or(&d).to_string();
+            if out.last() != Some(&action) {
+                out.push(action);
+            }
+        }
+        out
+    }
+
     /// Whether the process has exited.
     #[allow(dead_code)] // used by the chaos suite
     pub fn exited(&mut self) -> bool {
