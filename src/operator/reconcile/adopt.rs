@@ -14,8 +14,8 @@
 //!   `leaseDurationSeconds` (and never less than the arbiter's own) on the arbiter's clock
 //!   ([`crate::election::decide::Action::WaitForForeign`]), then assigns it by compare-and-swap
 //!   with a fresh term above its `leaseTransitions` and labels it in the same write. Events
-//!   `ForeignLease` (Warning, when found) and `LeaseAdopted`; the candidates' `Leader`
-//!   condition says `ForeignLease` meanwhile. No agent runs its workload on such a Lease: it
+//!   `ForeignLease` (Warning, when found) and `LeaseAdopted`. No agent runs its workload on
+//!   such a Lease: it
 //!   takes a term only from the arbiter's assignment mark
 //!   ([`crate::lease::assigned_by_arbiter`]).
 

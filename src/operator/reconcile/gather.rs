@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::OwnedMutexGuard;
 
 use super::view::View;
@@ -18,7 +17,6 @@ use crate::election::decide::{self, Rules};
 use crate::lease;
 use crate::operator::cache::pod_facts;
 use crate::operator::key::LeaseKey;
-use crate::operator::report::publish;
 use crate::operator::single_active::{self, Plan, Prepared};
 
 /// One lease as the caches held it when the pass began.
@@ -181,7 +179,7 @@ impl Worker {
 
     /// The election's inputs for `pass`: each candidate as heard and with its pod, the Lease
     /// as seen against the memory of its holder, and the rules (a workload may set its own
-    /// skew). Publishes `Released` when the holder just released.
+    /// skew).
     pub(in crate::operator) fn inputs(&mut self, pass: &Pass) -> Inputs {
         let Pass {
             key,
@@ -219,7 +217,6 @@ impl Worker {
             lease: mut lease_view,
             previous,
             term_ended,
-            released,
         } = self.view(
             key,
             lease.as_deref(),
@@ -227,16 +224,6 @@ impl Worker {
             *unknown_term,
             &mut inputs,
         );
-        if let Some(h) = released.and_then(|h| candidates.iter().find(|c| c.name_any() == h)) {
-            let note = format!("released lease {}", key.name);
-            publish(
-                &self.recorder,
-                &h.object_ref(&()),
-                EventType::Normal,
-                "Released",
-                note,
-            );
-        }
         let duplicates: Vec<(String, Vec<String>)> = candidates
             .iter()
             .filter_map(|c| {

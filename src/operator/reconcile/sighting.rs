@@ -1,6 +1,5 @@
 //! When this process first saw each lease's record, and its term: the age of a record on the
-//! arbiter's own clock (from its delivery, never from a timestamp someone wrote), and a release
-//! (a record naming nobody after one naming a holder).
+//! arbiter's own clock (from its delivery, never from a timestamp someone wrote).
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +8,6 @@ use std::time::{Duration, Instant};
 pub(in crate::operator) struct Sighting {
     fingerprint: String,
     since: Instant,
-    holder: Option<String>,
     /// When this process first saw the lease (since it led): no record is older than that.
     first: Instant,
     /// The holder and term of the current record, and when this process first saw a record
@@ -25,7 +23,6 @@ impl Sighting {
         Sighting {
             fingerprint: String::new(),
             since: now,
-            holder: None,
             first: now,
             term: (None, 0),
             term_since: now,
@@ -33,8 +30,8 @@ impl Sighting {
     }
 
     /// The record with `fingerprint` naming `holder` at `term`, first delivered at `delivered`
-    /// (if the watch stamped it): how long it has been unchanged, and the holder it had before
-    /// if it just released. [`Sighting::term_since`] then says since when its term is known.
+    /// (if the watch stamped it): how long it has been unchanged. [`Sighting::term_since`] then
+    /// says since when its term is known.
     pub(in crate::operator) fn sighted(
         &mut self,
         fingerprint: String,
@@ -42,9 +39,8 @@ impl Sighting {
         term: i32,
         delivered: Option<Instant>,
         now: Instant,
-    ) -> (Duration, Option<String>) {
-        let key = (holder.clone(), term);
-        let mut released = None;
+    ) -> Duration {
+        let key = (holder, term);
         if self.fingerprint.is_empty() {
             // First sight since this process led (after a start, or taking over from another
             // replica: its caches may be warm, but nobody renewed single-active leases
@@ -52,15 +48,11 @@ impl Sighting {
             *self = Sighting {
                 fingerprint,
                 since: now,
-                holder,
                 first: now,
                 term: key,
                 term_since: now,
             };
         } else if self.fingerprint != fingerprint {
-            if holder.is_none() {
-                released = self.holder.clone();
-            }
             // A record the watch has not stamped yet (the cache is a step ahead of it, or the
             // worker's own write) is as old as this sight of it. Never older than the first
             // sight: the view may go back from the worker's own write to a record the cache
@@ -74,7 +66,6 @@ impl Sighting {
             *self = Sighting {
                 fingerprint,
                 since,
-                holder,
                 first: self.first,
                 term,
                 term_since,
@@ -85,7 +76,7 @@ impl Sighting {
             // its last delivery, never older.
             self.since = self.since.max(d);
         }
-        (now.saturating_duration_since(self.since), released)
+        now.saturating_duration_since(self.since)
     }
 }
 
@@ -101,13 +92,13 @@ mod tests {
         let mut seen = Sighting::first();
         let a = Some("a".to_string());
         // Delivered long before this process led (a warm standby): a full duration from now.
-        let (age, _) = seen.sighted("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
+        let age = seen.sighted("s1".into(), a.clone(), 1, t0.checked_sub(60 * S), t0);
         assert_eq!(age, Duration::ZERO);
         // A renewal, delivered at t0 + 5 s, looked at 3 s later: as old as its delivery.
-        let (age, _) = seen.sighted("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 8 * S);
+        let age = seen.sighted("s2".into(), a.clone(), 1, Some(t0 + 5 * S), t0 + 8 * S);
         assert_eq!(age, 3 * S);
         // Not yet stamped (the cache ahead of the watch's handler): from this sight.
-        let (age, _) = seen.sighted("s3".into(), a.clone(), 1, None, t0 + 9 * S);
+        let age = seen.sighted("s3".into(), a.clone(), 1, None, t0 + 9 * S);
         assert_eq!(age, Duration::ZERO);
     }
 
@@ -118,10 +109,10 @@ mod tests {
         let a = Some("a".to_string());
         seen.sighted("s1".into(), a.clone(), 1, Some(t0), t0);
         // s2 (a renewal) was delivered and never looked at; s1 restored by hand at t0 + 20 s.
-        let (age, _) = seen.sighted("s1".into(), a.clone(), 1, Some(t0 + 20 * S), t0 + 25 * S);
+        let age = seen.sighted("s1".into(), a.clone(), 1, Some(t0 + 20 * S), t0 + 25 * S);
         assert_eq!(age, 5 * S, "not 25 s: the restored record is new");
         // Delivered again with an older stamp (never happens): never older.
-        let (age, _) = seen.sighted("s1".into(), a, 1, Some(t0), t0 + 26 * S);
+        let age = seen.sighted("s1".into(), a, 1, Some(t0), t0 + 26 * S);
         assert_eq!(age, 6 * S);
     }
 
@@ -136,7 +127,7 @@ mod tests {
         // The worker renews at t0 + 5 s and looks at its own write (not delivered yet) ...
         seen.sighted("s2".into(), a.clone(), 1, None, t0 + 5 * S);
         // ... then its memory is dropped while the cache still shows s1.
-        let (age, _) = seen.sighted("s1".into(), a, 1, delivered, t0 + 8 * S);
+        let age = seen.sighted("s1".into(), a, 1, delivered, t0 + 8 * S);
         assert_eq!(age, 8 * S, "not 38 s: s1 was first seen at t0");
     }
 
@@ -158,14 +149,5 @@ mod tests {
         assert_eq!(seen.term_since, t0 + 7 * S);
         seen.sighted("s4".into(), Some("b".into()), 2, None, t0 + 10 * S);
         assert_eq!(seen.term_since, t0 + 10 * S, "another holder: another term");
-    }
-
-    #[test]
-    fn a_record_without_a_holder_after_one_with_a_holder_is_a_release() {
-        let t0 = Instant::now();
-        let mut seen = Sighting::first();
-        seen.sighted("s1".into(), Some("a".into()), 1, Some(t0), t0);
-        let (_, released) = seen.sighted("s2".into(), None, 1, Some(t0 + S), t0 + S);
-        assert_eq!(released.as_deref(), Some("a"));
     }
 }

@@ -26,32 +26,25 @@ pub(in crate::operator) struct View {
     /// Why the holder's term ended, for the leader-change metric if a new one is assigned:
     /// `released`, `pod_stopped`, `container_restarted`, `expired`, or `new`.
     pub term_ended: &'static str,
-    /// The holder that just released, if it did.
-    pub released: Option<String>,
 }
 
 impl Worker {
     /// How long the Lease record has been unchanged, on this process's monotonic clock (since
-    /// the watch delivered it: [`crate::operator::cache::lease_records`]), and the holder it had before if it just
-    /// released.
+    /// the watch delivered it: [`crate::operator::cache::lease_records`]).
     /// Also how long this process has known the Lease's current term (its holder and
     /// `leaseTransitions`): a lower bound of the term's age, on this process's clock.
     fn record_age(
         &mut self,
         key: &LeaseKey,
         lease: &Lease,
-    ) -> (Duration, Option<String>, Duration) {
+    ) -> (Duration, Duration) {
         let fingerprint = lease_records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
         let delivered = self.caches.records.since(key, &fingerprint);
         let seen = self.seen.entry(key.clone()).or_insert_with(Sighting::first);
         let now = Instant::now();
-        let (age, released) = seen.sighted(fingerprint, holder, lease::term(lease), delivered, now);
-        (
-            age,
-            released,
-            now.saturating_duration_since(seen.term_since),
-        )
+        let age = seen.sighted(fingerprint, holder, lease::term(lease), delivered, now);
+        (age, now.saturating_duration_since(seen.term_since))
     }
 
     /// Whether the pod the lease's holder ran in (recorded at assignment, by arbiter: a uid
@@ -83,13 +76,11 @@ impl Worker {
         unknown_term: bool,
         inputs: &mut [decide::Candidate],
     ) -> View {
-        let mut released = None;
         let now = Instant::now();
         let wall = jiff::Timestamp::now();
         let mut term_known_for = Duration::ZERO;
         let observed = lease.map(|l| {
-            let (unchanged_for, r, term_age) = self.record_age(key, l);
-            released = r;
+            let (unchanged_for, term_age) = self.record_age(key, l);
             term_known_for = term_age;
             (l, unchanged_for)
         });
@@ -146,7 +137,6 @@ impl Worker {
             lease: observed_view.map(|(view, _)| view),
             previous,
             term_ended,
-            released,
         }
     }
 

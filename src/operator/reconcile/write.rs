@@ -85,15 +85,18 @@ impl Worker {
             let before = lease
                 .and_then(lease::holder)
                 .or(inputs.previous.as_ref().map(|p| p.holder.as_str()));
-            elected(
-                &self.recorder,
-                key,
-                candidates,
-                w,
-                h,
-                before,
-                inputs.term_ended,
-            );
+            // (A single-active workload's election is reported on the workload: keep_roles.)
+            if pass.plan.is_none() {
+                elected(
+                    &self.recorder,
+                    key,
+                    candidates,
+                    w,
+                    h,
+                    before,
+                    inputs.term_ended,
+                );
+            }
         }
         self.demote_deposed(pass, decision, written.as_ref()).await;
         Ok(written)
