@@ -45,9 +45,9 @@ pub const OP_RENEW_DEADLINE: u8 = 2;
 /// second in which the last fault fell.
 pub const CALM: u8 = 10;
 /// Version order: with no fault, the holder is outranked by a live registered candidate for
-/// fewer than this many seconds (a registration is delivered within a second, the holder asked
-/// to hand over, releases in the next, the successor is assigned and takes the term in the one
-/// after).
+/// fewer than this many seconds (a registration is delivered at the end of its second, the pool
+/// settles for the next, the candidate is pinged and answers, the holder is asked to hand over
+/// and releases in the second after).
 pub const HANDOVER: u8 = 4;
 
 /// A seeded change of the protocol that the checker must catch.

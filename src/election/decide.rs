@@ -23,14 +23,16 @@
 //!   it has answered a ping sent during the current term (after the arbiter first saw the
 //!   term): an older answer
 //!   may come from a process that has exited since, and the live holder would stop for nobody.
-//!   It is asked only once no candidate that can lead has registered for the settle time (at
-//!   most an ack window after the target registered): candidates started together are counted
-//!   while the holder works, so its release goes to the target at once.
+//!   It is asked only once no eligible candidate has registered for the settle time (at most
+//!   an ack window after the target registered), and the target is pinged only then:
+//!   candidates started together are counted while the holder works, so it hands over once, and
+//!   its release goes to the target at once.
 //!   After the release, the next holder must again have answered since the release was seen.
 //! - **Candidates started together** register a moment apart: a lease's first election waits
-//!   until none that can lead has registered for the settle time (at most an ack window from
+//!   until no eligible candidate has registered for the settle time (at most an ack window from
 //!   the first registration), so the oldest version leads from term 1. After a term ended the
-//!   election does not wait, unless the whole pool registered since (a pool started again).
+//!   election waits only for a newcomer with better versions than every candidate there before
+//!   (or with nobody there before).
 //! - A **withdrawn** candidate (its agent stopped its work and left) is never elected.
 //! - A **planned switchover** (`arbiter handover`) asks the live holder to hand over to a named
 //!   candidate, or to the best other one, through the same handover request; it is refused
@@ -642,18 +644,19 @@ pub fn decide(
             Some(best) => {
                 let began = l.term_seen.filter(|a| *a <= now);
                 let target = candidates.iter().find(|c| c.name == best);
+                // Asked for only once the pool has settled, and pinged only then: the holder
+                // works meanwhile, and its release then goes to the target at once.
+                let settle = target
+                    .filter(|_| l.preferred_holder.as_deref() != Some(&best))
+                    .and_then(|t| {
+                        settle_before_asking(&joined(&ranked, candidates), t, now, rules)
+                    });
                 match liveness_of(&best).map(|lv| answered_since(&best, lv, began)) {
+                    _ if let Some(remaining) = settle => Action::Settle { remaining },
                     Some(Liveness::Acked) if l.preferred_holder.as_deref() == Some(&best) => {
                         Action::WaitForRelease { to: best }
                     }
-                    // Asked for only once the pool has settled: the holder works meanwhile,
-                    // and its release then goes to the target at once.
-                    Some(Liveness::Acked) => {
-                        match target.and_then(|t| settle_before_asking(candidates, t, now, rules)) {
-                            Some(remaining) => Action::Settle { remaining },
-                            None => Action::RequestHandover { to: best },
-                        }
-                    }
+                    Some(Liveness::Acked) => Action::RequestHandover { to: best },
                     Some(Liveness::Pending) => Action::WaitForAcks,
                     _ => Action::Ping {
                         candidates: vec![best],
@@ -662,10 +665,6 @@ pub fn decide(
             }
         };
         return decision(action);
-    }
-
-    if let Some(remaining) = gather(candidates, lease, now, rules) {
-        return decision(Action::Settle { remaining });
     }
 
     // An election: learn who is alive, then elect the best of those that answered. A holder
@@ -698,6 +697,10 @@ pub fn decide(
             .collect(),
         _ => ranked.clone(),
     };
+    // Candidates started together are counted before anyone from the pool is elected.
+    if let Some(remaining) = gather(&joined(&pool, candidates), lease, now, rules) {
+        return decision(Action::Settle { remaining });
+    }
     // After a release (a handover, or a holder stepping down) the next holder must have
     // answered since the arbiter saw the release: the target of a handover may have exited
     // while the holder was stopping.
@@ -796,13 +799,25 @@ pub fn decide(
     decision(action)
 }
 
-/// The registrations (as the arbiter saw them, on its own clock) of the candidates that can
-/// lead.
-fn registrations(candidates: &[Candidate]) -> impl Iterator<Item = Option<Timestamp>> + '_ {
-    candidates
+/// A candidate that can lead (eligible, its versions read), for the settle: its versions, and
+/// when the arbiter saw it register (on its own clock; `None`: before this process started).
+struct Joined<'a> {
+    versions: (&'a Version, &'a Version),
+    registered: Option<Timestamp>,
+}
+
+/// The candidates that can lead, as the settle sees them.
+fn joined<'a>(ranked: &'a [(Ranked<'a>, Liveness)], candidates: &[Candidate]) -> Vec<Joined<'a>> {
+    ranked
         .iter()
-        .filter(|c| c.present())
-        .map(|c| c.registered)
+        .map(|(r, _)| Joined {
+            versions: (r.emulation, r.binary),
+            registered: candidates
+                .iter()
+                .find(|c| c.name == r.name)
+                .and_then(|c| c.registered),
+        })
+        .collect()
 }
 
 fn age(at: Timestamp, now: Timestamp) -> Duration {
@@ -812,14 +827,10 @@ fn age(at: Timestamp, now: Timestamp) -> Duration {
 /// How much longer the pool must settle (no candidate that can lead registered for
 /// `rules.settle`), counting at most an ack window from `since`: someone who keeps
 /// registering, or recreating candidates, cannot hold it up for ever. `None`: settled.
-fn settling(
-    candidates: &[Candidate],
-    since: Duration,
-    now: Timestamp,
-    rules: &Rules,
-) -> Option<Duration> {
-    let newest = registrations(candidates)
-        .flatten()
+fn settling(pool: &[Joined], since: Duration, now: Timestamp, rules: &Rules) -> Option<Duration> {
+    let newest = pool
+        .iter()
+        .filter_map(|j| j.registered)
         .max()
         .map(|r| age(r, now))?;
     (newest < rules.settle && since < rules.ack_window)
@@ -828,14 +839,21 @@ fn settling(
 
 /// The gather: an election with no live holder waits, so that candidates started together
 /// register a moment apart and the oldest version among them leads from its first term,
-/// instead of the first to register (a newer version leading until it hands over). It applies
-/// to a lease's first election (no term ever assigned on it by the arbiter), and after a term
-/// ended only when every candidate that can lead registered since the lease became electable
-/// (the whole pool started again): a candidate that was there before has had a term's time to
-/// be counted, so a release, an expiry or a stopped pod is followed by the election at once.
-/// It waits at most an ack window from when the lease became electable.
+/// instead of the first to register (a newer version leading until it hands over).
+///
+/// - A lease's **first election** (no term ever assigned on it by the arbiter, or a Lease it
+///   is about to adopt) waits until no candidate that can lead has registered for the settle.
+/// - **After a term ended** (a release, an expiry, a stopped pod) it waits only while the
+///   candidates that registered within the settle would change the outcome: one of them has
+///   better versions than every candidate registered before (a rollback's pods arriving while
+///   the holder stopped), or there is no candidate from before (the whole pool started
+///   again). `pool` is who the election picks from (not the holder that just stepped down or
+///   lapsed, while anyone else can lead). Otherwise the candidates that were there had their time to be counted, and a
+///   release, an expiry or a stopped pod is followed by the election at once.
+///
+/// Either waits at most an ack window from when the lease became electable.
 fn gather(
-    candidates: &[Candidate],
+    pool: &[Joined],
     lease: Option<&Lease>,
     now: Timestamp,
     rules: &Rules,
@@ -846,31 +864,40 @@ fn gather(
         Some(l) if l.expired() && l.holder.is_some() => l.unchanged_for.saturating_sub(l.duration),
         Some(l) => l.unchanged_for,
         // A first election: since its first candidate registered.
-        None => registrations(candidates)
-            .flatten()
+        None => pool
+            .iter()
+            .filter_map(|j| j.registered)
             .min()
             .map(|r| age(r, now))?,
     };
-    let all_new =
-        || registrations(candidates).all(|r| r.is_some_and(|r| age(r, now) <= electable_for));
-    if !first && !all_new() {
-        return None;
+    if !first {
+        let fresh = |j: &&Joined| j.registered.is_some_and(|r| age(r, now) < rules.settle);
+        let before = pool.iter().filter(|j| !fresh(j)).map(|j| j.versions).min();
+        let changes_outcome = pool
+            .iter()
+            .filter(fresh)
+            .any(|j| before.is_none_or(|b| j.versions < b));
+        if !changes_outcome {
+            return None;
+        }
     }
-    settling(candidates, electable_for, now, rules)
+    settling(pool, electable_for, now, rules)
 }
 
 /// Before a live holder is asked to hand over to `target`, a better candidate: the pool must
 /// have settled (candidates started together counted, so the holder hands over once, to the
-/// oldest of them), at most an ack window after the target registered. The holder works
-/// meanwhile; its release then goes to the target at once.
+/// oldest of them), at most an ack window after the target registered (its latest
+/// registration: a new process of it is a new registration). The holder works meanwhile; the
+/// target is pinged only then (its answer is fresh when the holder is asked), and the
+/// holder's release then goes to it at once.
 fn settle_before_asking(
-    candidates: &[Candidate],
+    pool: &[Joined],
     target: &Candidate,
     now: Timestamp,
     rules: &Rules,
 ) -> Option<Duration> {
     let since = age(target.registered?, now);
-    settling(candidates, since, now, rules)
+    settling(pool, since, now, rules)
 }
 
 /// The candidate a planned switchover goes to, or why it cannot be done: the named one (`to`),

@@ -83,11 +83,12 @@ pub struct Settings {
     #[arg(long, value_parser = crate::flags::positive_duration)]
     pub ack_valid_for: Option<Duration>,
     /// A lease's first election, and a live holder's handover to a better candidate, wait until
-    /// no candidate has registered for this long (0s: never; at most --ack-window, and never
-    /// more than --ack-window after the first registration, or the better candidate's), so
-    /// candidates started together elect the oldest version from the first term instead of the
-    /// first to register, and a holder hands over once, to the oldest (it works meanwhile).
-    /// After a term ends the election does not wait, unless every candidate registered since.
+    /// no eligible candidate has registered for this long (0s: never; at most --ack-window, and
+    /// never more than --ack-window after the first registration, or the better candidate's),
+    /// so candidates started together elect the oldest version from the first term instead of
+    /// the first to register, and a holder hands over once, to the oldest (it works meanwhile).
+    /// After a term ends the election waits only for a newcomer with better versions than every
+    /// candidate there before.
     #[arg(long, default_value = "2s", value_parser = crate::flags::duration)]
     pub settle: Duration,
     /// Report candidates whose binaryVersion is more than this many minor versions from the
@@ -218,7 +219,7 @@ impl Settings {
         }
         if self.settle > self.ack_window {
             crate::usage!(
-                "--settle ({:?}) must be at most --ack-window ({:?}): every first election and every election after a registration would wait that long",
+                "--settle ({:?}) must be at most --ack-window ({:?}): the settle waits at most an ack window",
                 self.settle,
                 self.ack_window
             );

@@ -33,11 +33,7 @@ impl Worker {
     /// the watch delivered it: [`crate::operator::cache::lease_records`]).
     /// Also how long this process has known the Lease's current term (its holder and
     /// `leaseTransitions`): a lower bound of the term's age, on this process's clock.
-    fn record_age(
-        &mut self,
-        key: &LeaseKey,
-        lease: &Lease,
-    ) -> (Duration, Duration) {
+    fn record_age(&mut self, key: &LeaseKey, lease: &Lease) -> (Duration, Duration) {
         let fingerprint = lease_records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
         let delivered = self.caches.records.since(key, &fingerprint);
