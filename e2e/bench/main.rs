@@ -26,7 +26,9 @@
 //! `cargo test --release --test bench -- [--only failover|scale|pods|neighbours|write-cost]
 //! [--runs N] [--burst N] [--neighbour-rounds N]
 //! [--leases N,N] [--unrelated-pods N] [--window SECONDS] [--pods N] [--concurrency N]
-//! [--ack-valid-for DURATION]`;
+//! [--ack-valid-for DURATION] [--before BIN]`;
+//! `--before BIN` runs the scale bench with that build of the operator first, then with this
+//! one (or `ARBITER_OPERATOR_BIN`), and prints the two side by side;
 //! `ARBITER_OPERATOR_BIN` runs another build of the operator, and `ARBITER_BENCH_CRD` (a CRD
 //! YAML file, e.g. that build's `crds/` file) has the scale bench install that CRD instead of
 //! this build's; `--concurrency` and `--ack-valid-for` are passed to the scale bench's
@@ -124,8 +126,23 @@ fn main() {
                     window,
                     concurrency: concurrency.clone(),
                     ack_valid_for: ack_valid_for.clone(),
+                    operator: None,
                 };
-                scale::run(&cluster.kubeconfig, &audit, &setup).await;
+                // `--before BIN`: that build first, then this one, and the two side by side.
+                let before = match arg("--before") {
+                    Some(bin) => {
+                        let setup = scale::Setup {
+                            operator: Some(bin.into()),
+                            ..setup.clone()
+                        };
+                        scale::run(&cluster.kubeconfig, &audit, &setup).await
+                    }
+                    None => None,
+                };
+                let after = scale::run(&cluster.kubeconfig, &audit, &setup).await;
+                if let (Some(b), Some(a)) = (before, after) {
+                    scale::compare(*n, &b, &a);
+                }
             }
         }
     });

@@ -57,12 +57,20 @@ impl Operator {
 
     /// Starts `arbiter operator ARGS...` with `kubeconfig`.
     pub fn start_args(kubeconfig: &Path, args: &[&str]) -> Operator {
+        Self::start_bin(None, kubeconfig, args)
+    }
+
+    /// The same, with the operator binary `bin` (default: `ARBITER_OPERATOR_BIN`, another
+    /// build of the operator the bench compares with, else this build's).
+    pub fn start_bin(bin: Option<&Path>, kubeconfig: &Path, args: &[&str]) -> Operator {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("operator.log");
         let file = std::fs::File::create(&log).unwrap();
-        // ARBITER_OPERATOR_BIN: another build of the operator (the bench compares commits).
-        let bin = std::env::var_os("ARBITER_OPERATOR_BIN")
-            .unwrap_or_else(|| env!("CARGO_BIN_EXE_arbiter").into());
+        let bin: std::ffi::OsString = match bin {
+            Some(b) => b.into(),
+            None => std::env::var_os("ARBITER_OPERATOR_BIN")
+                .unwrap_or_else(|| env!("CARGO_BIN_EXE_arbiter").into()),
+        };
         let child = Command::new(bin)
             .arg("operator")
             .args(args)
