@@ -85,7 +85,10 @@ pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds"
 
 /// Whether annotation `key` was last written by arbiter (field manager [`FIELD_MANAGER`]), not
 /// by a hand edit (`kubectl edit`, `kubectl annotate`, another tool). Without managed fields (an
-/// API server that does not keep them) nothing was.
+/// API server that does not keep them) nothing was. Reads the managed fields as the API server
+/// returns them, and as the operator's caches keep them: one entry of arbiter's whose `fieldsV1`
+/// lists the annotations it owns of those asked about (`operator::cache::slim::OWNERSHIP_READ`:
+/// a key asked about of a cached object must be there).
 pub fn written_by_arbiter(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,
@@ -96,10 +99,13 @@ pub fn written_by_arbiter(
         .unwrap_or_default()
         .iter()
         .find(|m| {
-            m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:metadata")?.get("f:annotations")?.get(&key))
-                .is_some()
+            m.fields_v1.as_ref().is_some_and(|f| match &f.0 {
+                serde_json::Value::Array(owned) => owned.iter().any(|k| k.as_str() == Some(&key)),
+                v => v
+                    .get("f:metadata")
+                    .and_then(|m| m.get("f:annotations")?.get(&key))
+                    .is_some(),
+            })
         })
         .is_some_and(|owner| owner.manager.as_deref() == Some(FIELD_MANAGER))
 }

@@ -437,7 +437,7 @@ fn candidate_events(
             );
             async move { limits_applied(ev, &tally, &client, ns.as_deref(), &selector).await }
         })
-        .modify(|c| crate::operator::cache::slim::keep_annotation_owners(&mut c.metadata))
+        .modify(|c| crate::operator::cache::slim::keep_arbiter_owned(&mut c.metadata))
         .reflect(writer)
         .map(move |ev| {
             let ev = ev?;
@@ -580,7 +580,7 @@ fn lease_events(
         watcher::Config::default().labels(&format!("{MANAGED_LABEL}=true,{instance_selector}"));
     crate::tolerant::watch::<Lease>(client.clone(), namespace, managed)
         .backoff(crate::client::reconnect_backoff())
-        .modify(|l| crate::operator::cache::slim::keep_annotation_owners(&mut l.metadata))
+        .modify(|l| crate::operator::cache::slim::keep_arbiter_owned(&mut l.metadata))
         .reflect(writer)
         .map(move |ev| {
             let ev = ev?;

@@ -11,34 +11,40 @@
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
 
-/// Keeps of `meta`'s managed fields only who owns which annotation: what
-/// [`crate::api::written_by_arbiter`] reads (a release, a withdrawal, an incarnation counts
-/// only as arbiter wrote it). Every other field's owner, the operation, the time and the API
-/// version are dropped: on a LeaseCandidate or a Lease they were most of the cached size.
-/// (Never sent back: [`crate::lease::LeaseStore::replace`] leaves managed fields out.)
-pub fn keep_annotation_owners(meta: &mut ObjectMeta) {
-    let Some(entries) = meta.managed_fields.take() else {
+/// The annotations whose writer the operator asks about ([`crate::api::written_by_arbiter`]) of a
+/// cached LeaseCandidate or Lease.
+pub const OWNERSHIP_READ: [&str; 7] = [
+    crate::lease::RELEASED_BY_ANNOTATION,
+    crate::lease::HOLDER_POD_ANNOTATION,
+    crate::lease::TAKEN_IN_POD_ANNOTATION,
+    crate::lease::PENDING_ANNOTATION,
+    crate::lease::ASSIGNED_ANNOTATION,
+    crate::api::INCARNATION_ANNOTATION,
+    crate::api::WITHDRAWN_ANNOTATION,
+];
+
+/// Keeps of `meta`'s managed fields only what [`crate::api::written_by_arbiter`] reads: which
+/// of the annotations it asks about ([`OWNERSHIP_READ`]) arbiter owns, as one
+/// entry of arbiter's listing them (nothing when it owns none). Every other owner, field,
+/// operation, time and API version is dropped: as the API server returns them (nested JSON
+/// maps, one per manager) they were most of a cached LeaseCandidate's or Lease's size. (Never
+/// sent back: [`crate::lease::LeaseStore::replace`] leaves managed fields out.)
+pub fn keep_arbiter_owned(meta: &mut ObjectMeta) {
+    if meta.managed_fields.is_none() {
         return;
-    };
-    let kept: Vec<ManagedFieldsEntry> = entries
-        .into_iter()
-        .filter_map(|e| {
-            let annotations = e
-                .fields_v1?
-                .0
-                .get_mut("f:metadata")?
-                .get_mut("f:annotations")?
-                .take();
-            Some(ManagedFieldsEntry {
-                manager: e.manager,
-                fields_v1: Some(FieldsV1(serde_json::json!({
-                    "f:metadata": { "f:annotations": annotations }
-                }))),
-                ..ManagedFieldsEntry::default()
-            })
-        })
+    }
+    let owned: Vec<serde_json::Value> = OWNERSHIP_READ
+        .iter()
+        .filter(|key| crate::api::written_by_arbiter(meta, key))
+        .map(|key| serde_json::Value::String(format!("f:{key}")))
         .collect();
-    meta.managed_fields = (!kept.is_empty()).then_some(kept);
+    meta.managed_fields = (!owned.is_empty()).then(|| {
+        vec![ManagedFieldsEntry {
+            manager: Some(crate::api::FIELD_MANAGER.into()),
+            fields_v1: Some(FieldsV1(serde_json::Value::Array(owned))),
+            ..ManagedFieldsEntry::default()
+        }]
+    });
 }
 
 /// Drops from `pod` everything the operator does not read. What its containers' command
@@ -180,9 +186,9 @@ mod tests {
     }
 
     #[test]
-    fn annotation_owners_are_all_that_is_kept_of_managed_fields() {
+    fn only_what_arbiter_owns_of_what_it_asks_about_is_kept_of_managed_fields() {
         use crate::api::written_by_arbiter;
-        use crate::lease::RELEASED_BY_ANNOTATION;
+        use crate::lease::{ASSIGNED_ANNOTATION, HOLDER_POD_ANNOTATION, RELEASED_BY_ANNOTATION};
         let mut meta: ObjectMeta = serde_json::from_value(serde_json::json!({
             "name": "l",
             "managedFields": [
@@ -192,18 +198,18 @@ mod tests {
                                              "f:labels": {"f:arbiter.dev/managed": {}}},
                               "f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}}},
                 {"manager": "kubectl-annotate", "operation": "Update", "fieldsType": "FieldsV1",
-                 "fieldsV1": {"f:metadata": {"f:annotations": {"f:example.com/note": {}}}}},
+                 "fieldsV1": {"f:metadata": {"f:annotations": {(format!("f:{HOLDER_POD_ANNOTATION}")): {}}}}},
                 {"manager": "kubectl-edit", "operation": "Update", "fieldsType": "FieldsV1",
                  "fieldsV1": {"f:spec": {"f:leaseDurationSeconds": {}}}},
             ],
         }))
         .unwrap();
         let before = meta.clone();
-        keep_annotation_owners(&mut meta);
+        keep_arbiter_owned(&mut meta);
         for key in [
             RELEASED_BY_ANNOTATION,
-            "example.com/note",
-            "example.com/other",
+            HOLDER_POD_ANNOTATION,
+            ASSIGNED_ANNOTATION,
         ] {
             assert_eq!(
                 written_by_arbiter(&meta, key),
@@ -212,18 +218,34 @@ mod tests {
             );
         }
         assert!(written_by_arbiter(&meta, RELEASED_BY_ANNOTATION));
+        assert!(!written_by_arbiter(&meta, HOLDER_POD_ANNOTATION), "kubectl's");
         let kept = meta.managed_fields.as_ref().unwrap();
-        assert_eq!(
-            kept.len(),
-            2,
-            "the entry that owns no annotation is dropped"
-        );
+        assert_eq!(kept.len(), 1, "one entry: arbiter's");
         let text = serde_json::to_string(kept).unwrap();
-        for gone in ["f:spec", "f:labels", "time", "operation", "apiVersion"] {
+        for gone in [
+            "f:spec",
+            "f:labels",
+            "time",
+            "operation",
+            "apiVersion",
+            "kubectl",
+        ] {
             assert!(!text.contains(gone), "{gone} kept: {text}");
         }
+        // Again: the compact form reads the same.
+        let once = meta.clone();
+        keep_arbiter_owned(&mut meta);
+        assert_eq!(meta, once);
         let mut none = ObjectMeta::default();
-        keep_annotation_owners(&mut none);
+        keep_arbiter_owned(&mut none);
         assert_eq!(none.managed_fields, None);
+        // Owning nothing asked about: nothing kept.
+        let mut other: ObjectMeta = serde_json::from_value(serde_json::json!({
+            "name": "l",
+            "managedFields": [{"manager": "arbiter", "fieldsV1": {"f:spec": {"f:holderIdentity": {}}}}],
+        }))
+        .unwrap();
+        keep_arbiter_owned(&mut other);
+        assert_eq!(other.managed_fields, None);
     }
 }

@@ -130,7 +130,7 @@ impl Worker {
     /// one, or already this write.)
     pub(in crate::operator) fn wrote_lease(&mut self, key: &LeaseKey, mut wrote: Lease) {
         // As the cache keeps it.
-        crate::operator::cache::slim::keep_annotation_owners(&mut wrote.metadata);
+        crate::operator::cache::slim::keep_arbiter_owned(&mut wrote.metadata);
         let cached = LeaseVersion::of(self.cached_lease(key));
         self.leases.record(
             &key.to_string(),
