@@ -10,7 +10,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ListParams};
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
+
+use crate::operator::report::Recorder;
 use kube::{Client, ResourceExt};
 
 use crate::api::LeaseCandidate;

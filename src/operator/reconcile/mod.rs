@@ -35,9 +35,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::operator::report::Recorder;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::runtime::events::Recorder;
 use kube::{Client, ResourceExt};
 
 use self::gather::{Gathered, Pass};

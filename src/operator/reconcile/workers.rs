@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::operator::report::Recorder;
 use kube::Client;
-use kube::runtime::events::Recorder;
 
 use super::{Reconciled, Worker};
 use crate::operator::Settings;

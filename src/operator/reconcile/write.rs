@@ -477,7 +477,7 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
 /// term, and whose term ended before it, and how (`Elected`; `kubectl describe` the candidate,
 /// or `kubectl get events`). The holder's status is not written: the Lease says who holds it.
 fn elected(
-    recorder: &kube::runtime::events::Recorder,
+    recorder: &crate::operator::report::Recorder,
     key: &LeaseKey,
     candidates: &[Arc<LeaseCandidate>],
     written: &Lease,

@@ -1,7 +1,9 @@
 //! Events, published in the background so that a worker never waits for them.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
+
+use super::Recorder;
 
 /// Events sent to the API server at once; the others wait their turn, first come first.
 const EVENTS_IN_FLIGHT: usize = 8;

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
+
+use crate::operator::report::Recorder;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource};
 use serde_json::json;

@@ -3,15 +3,17 @@
 pub mod conditions;
 pub(crate) mod events;
 pub(crate) mod limits;
+pub(crate) mod recorder;
 
 pub use events::publish;
+pub use recorder::Recorder;
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 

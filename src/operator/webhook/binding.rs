@@ -207,7 +207,7 @@ pub(crate) async fn keep(
     arbitrated: Arbitrated,
     reporter: kube::runtime::events::Reporter,
 ) {
-    let recorder = kube::runtime::events::Recorder::new(client.clone(), reporter);
+    let recorder = crate::operator::report::Recorder::new(client.clone(), reporter);
     let pods: Api<Pod> = match &namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
