@@ -10,7 +10,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -19,10 +19,17 @@ use prometheus_client::registry::Registry;
 
 use crate::operator::key::LeaseKey;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LeaseLabels {
-    pub namespace: String,
-    pub lease: String,
+/// A lease's labels (`namespace`, `lease`): one shared key per lease, however many of its
+/// series there are ([`Metrics::labels`]; at 10,000 leases, a copy of both names per series cost
+/// several MiB).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct LeaseLabels(Arc<LeaseKey>);
+
+impl EncodeLabelSet for LeaseLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        let LeaseKey { namespace, name } = &*self.0;
+        [("namespace", namespace.as_str()), ("lease", name.as_str())].encode(encoder)
+    }
 }
 
 /// Why the previous holder's term ended, for a leader change: `new` (no holder before),
@@ -44,29 +51,18 @@ pub struct ResultLabels {
     pub result: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// A lease's labels and its holder's (`holder`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct HolderLabels {
-    pub namespace: String,
-    pub lease: String,
-    pub holder: String,
+    lease: LeaseLabels,
+    holder: Arc<str>,
 }
 
-impl LeaseLabels {
-    pub fn of(key: &LeaseKey) -> LeaseLabels {
-        LeaseLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-        }
-    }
-}
-
-impl HolderLabels {
-    fn of(key: &LeaseKey, holder: &str) -> HolderLabels {
-        HolderLabels {
-            namespace: key.namespace.clone(),
-            lease: key.name.clone(),
-            holder: holder.to_string(),
-        }
+impl EncodeLabelSet for HolderLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        let LeaseKey { namespace, name } = &*self.lease.0;
+        let labels = [("namespace", namespace.as_str()), ("lease", name.as_str())];
+        (labels, [("holder", &*self.holder)]).encode(encoder)
     }
 }
 
@@ -108,8 +104,9 @@ pub struct Metrics {
     pub lease_term: Family<LeaseLabels, Gauge>,
     /// 1 for each lease's current holder (one series per lease).
     pub lease_holder: Family<HolderLabels, Gauge>,
-    /// The holder each lease's `lease_holder` series names, to drop it when the holder changes.
-    holders: std::sync::Mutex<std::collections::HashMap<LeaseKey, String>>,
+    /// Per lease: its labels, shared by its series, and the holder its `lease_holder` series
+    /// names (to drop that series when the holder changes).
+    leases: std::sync::Mutex<std::collections::HashMap<Arc<LeaseKey>, Option<Arc<str>>>>,
     /// Candidates deleted because they stopped renewing (and belong to no pod).
     pub candidates_expired: Counter,
     /// Elections that were needed when no candidate could be elected.
@@ -208,7 +205,7 @@ impl Metrics {
             forced_exits_pending: Family::default(),
             lease_term: Family::default(),
             lease_holder: Family::default(),
-            holders: Default::default(),
+            leases: Default::default(),
             candidates_expired: Counter::default(),
             elections_failed: Counter::default(),
             active: Gauge::default(),
@@ -357,8 +354,19 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// The labels of `key`'s series, shared by all of them.
+    pub fn labels(&self, key: &LeaseKey) -> LeaseLabels {
+        let mut leases = self.leases.lock().expect("not poisoned");
+        if let Some((shared, _)) = leases.get_key_value(key) {
+            return LeaseLabels(shared.clone());
+        }
+        let shared = Arc::new(key.clone());
+        leases.insert(shared.clone(), None);
+        LeaseLabels(shared)
+    }
+
     pub fn candidates(&self, key: &LeaseKey, n: usize) {
-        let labels = LeaseLabels::of(key);
+        let labels = self.labels(key);
         self.candidates_per_lease
             .get_or_create(&labels)
             .set(n as i64);
@@ -371,7 +379,7 @@ impl Metrics {
         leaderless_since: Option<f64>,
         duration: Option<u64>,
     ) {
-        let labels = LeaseLabels::of(key);
+        let labels = self.labels(key);
         self.leaderless_since
             .get_or_create(&labels)
             .set(leaderless_since.unwrap_or(0.0));
@@ -382,25 +390,39 @@ impl Metrics {
 
     /// The lease's holder (`None`: nobody) and term.
     pub fn lease_holder(&self, key: &LeaseKey, holder: Option<&str>, term: i32) {
-        let labels = LeaseLabels::of(key);
+        let labels = self.labels(key);
         self.lease_term.get_or_create(&labels).set(i64::from(term));
-        let series = |h: &str| HolderLabels::of(key, h);
-        let mut holders = self.holders.lock().expect("not poisoned");
-        if let Some(old) = holders.get(key)
-            && Some(old.as_str()) != holder
-        {
-            self.lease_holder.remove(&series(old));
-            holders.remove(key);
+        let mut leases = self.leases.lock().expect("not poisoned");
+        let Some(named) = leases.get_mut(key) else {
+            return; // forgotten meanwhile
+        };
+        if named.as_deref() == holder {
+            return;
+        }
+        if let Some(old) = named.take() {
+            let series = HolderLabels {
+                lease: labels.clone(),
+                holder: old,
+            };
+            self.lease_holder.remove(&series);
         }
         if let Some(h) = holder {
-            self.lease_holder.get_or_create(&series(h)).set(1);
-            holders.insert(key.clone(), h.to_string());
+            let series = HolderLabels {
+                lease: labels,
+                holder: h.into(),
+            };
+            self.lease_holder.get_or_create(&series).set(1);
+            *named = Some(series.holder);
         }
     }
 
     /// Drops every per-lease series of `key` (the lease and its candidates are gone).
     pub fn forget(&self, key: &LeaseKey) {
-        let labels = LeaseLabels::of(key);
+        let Some((shared, holder)) = self.leases.lock().expect("not poisoned").remove_entry(key)
+        else {
+            return;
+        };
+        let labels = LeaseLabels(shared);
         self.leaderless_seconds.remove(&labels);
         self.leaderless_since.remove(&labels);
         self.lease_duration.remove(&labels);
@@ -408,13 +430,14 @@ impl Metrics {
         self.forced_exits_pending.remove(&labels);
         self.candidates_per_lease.remove(&labels);
         self.active_pods.remove(&labels);
-        if let Some(old) = self.holders.lock().expect("not poisoned").remove(key) {
-            self.lease_holder.remove(&HolderLabels::of(key, &old));
+        if let Some(holder) = holder {
+            let lease = labels;
+            self.lease_holder.remove(&HolderLabels { lease, holder });
         }
     }
 
     pub fn forced_exits_pending(&self, key: &LeaseKey, n: usize) {
-        let labels = LeaseLabels::of(key);
+        let labels = self.labels(key);
         self.forced_exits_pending
             .get_or_create(&labels)
             .set(n as i64);
@@ -497,5 +520,36 @@ mod tests {
         assert!(err.contains("stuck"), "{err}");
         p.end(0);
         assert!(p.check(Instant::now() + Duration::from_secs(61)).is_ok());
+    }
+
+    /// A lease's series carry its namespace and name; its holder's series follows the holder;
+    /// a forgotten lease has no series left.
+    #[test]
+    fn a_lease_s_series_follow_its_holder_and_go_with_it() {
+        let m = Metrics::new();
+        let key = LeaseKey {
+            namespace: "ns".into(),
+            name: "l".into(),
+        };
+        m.candidates(&key, 3);
+        m.lease_holder(&key, Some("a"), 1);
+        m.lease_holder(&key, Some("b"), 2);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"arbiter_candidates{namespace="ns",lease="l"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"arbiter_lease_holder{namespace="ns",lease="l",holder="b"} 1"#),
+            "{text}"
+        );
+        assert!(!text.contains(r#"holder="a""#), "{text}");
+        assert!(
+            text.contains(r#"arbiter_lease_term{namespace="ns",lease="l"} 2"#),
+            "{text}"
+        );
+        m.forget(&key);
+        let text = m.encode();
+        assert!(!text.contains(r#"lease="l""#), "{text}");
     }
 }

@@ -13,7 +13,6 @@ use super::{RETRY_FAILED_WRITE, Reconciled, Worker};
 use crate::election::decide::{self, Action, Decision};
 use crate::lease;
 use crate::operator::key::LeaseKey;
-use crate::operator::metrics::LeaseLabels;
 use crate::operator::report::{LeaseReport, report};
 
 /// What the report said of the lease.
@@ -118,7 +117,7 @@ impl Worker {
                 .is_none_or(|s| s == crate::api::OLDEST_EMULATION_VERSION)
         });
         if let Some(d) = ended.leaderless.filter(|_| ours) {
-            let labels = LeaseLabels::of(key);
+            let labels = self.metrics.labels(key);
             self.metrics
                 .leaderless_seconds
                 .get_or_create(&labels)

@@ -24,7 +24,6 @@ use crate::api::LeaseCandidate;
 use crate::election::decide::{self, Action, Decision};
 use crate::lease;
 use crate::operator::key::LeaseKey;
-use crate::operator::metrics::LeaseLabels;
 use crate::operator::report::publish;
 use crate::operator::single_active::{self, Plan};
 
@@ -58,7 +57,7 @@ impl Worker {
             l.holder_pod_stopped = true;
         }
         let active = p.active_pods();
-        let labels = LeaseLabels::of(key);
+        let labels = self.metrics.labels(key);
         self.metrics
             .active_pods
             .get_or_create(&labels)
