@@ -87,8 +87,7 @@ pub const LEASE_DURATION_ANNOTATION: &str = "arbiter.dev/lease-duration-seconds"
 /// by a hand edit (`kubectl edit`, `kubectl annotate`, another tool). Without managed fields (an
 /// API server that does not keep them) nothing was. Reads the managed fields as the API server
 /// returns them, and as the operator's caches keep them: one entry of arbiter's whose `fieldsV1`
-/// lists the annotations it owns of those asked about (`operator::cache::slim::OWNERSHIP_READ`:
-/// a key asked about of a cached object must be there).
+/// lists every annotation it owns (`operator::cache::slim::keep_arbiter_owned`).
 pub fn written_by_arbiter(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     key: &str,

@@ -11,30 +11,38 @@
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
 
-/// The annotations whose writer the operator asks about ([`crate::api::written_by_arbiter`]) of a
-/// cached LeaseCandidate or Lease.
-pub const OWNERSHIP_READ: [&str; 7] = [
-    crate::lease::RELEASED_BY_ANNOTATION,
-    crate::lease::HOLDER_POD_ANNOTATION,
-    crate::lease::TAKEN_IN_POD_ANNOTATION,
-    crate::lease::PENDING_ANNOTATION,
-    crate::lease::ASSIGNED_ANNOTATION,
-    crate::api::INCARNATION_ANNOTATION,
-    crate::api::WITHDRAWN_ANNOTATION,
-];
-
 /// Keeps of `meta`'s managed fields only what [`crate::api::written_by_arbiter`] reads: which
-/// of the annotations it asks about ([`OWNERSHIP_READ`]) arbiter owns, as one
-/// entry of arbiter's listing them (nothing when it owns none). Every other owner, field,
-/// operation, time and API version is dropped: as the API server returns them (nested JSON
-/// maps, one per manager) they were most of a cached LeaseCandidate's or Lease's size. (Never
-/// sent back: [`crate::lease::LeaseStore::replace`] leaves managed fields out.)
+/// annotations arbiter owns, as one entry of arbiter's listing them (nothing when it owns none).
+/// Every other owner, field, operation, time and API version is dropped: as the API server
+/// returns them (nested JSON maps, one per manager) they were most of a cached LeaseCandidate's
+/// or Lease's size. Every annotation arbiter owns is kept, not only those some rule asks about
+/// today: a rule that asks about another one reads the truth, never a compaction that forgot it.
+/// (Never sent back: [`crate::lease::LeaseStore::replace`] leaves managed fields out.)
 pub fn keep_arbiter_owned(meta: &mut ObjectMeta) {
-    if meta.managed_fields.is_none() {
+    let Some(entries) = meta.managed_fields.as_deref() else {
         return;
-    }
-    let owned: Vec<serde_json::Value> = OWNERSHIP_READ
+    };
+    let mut keys: Vec<&str> = entries
         .iter()
+        .filter(|e| e.manager.as_deref() == Some(crate::api::FIELD_MANAGER))
+        .filter_map(|e| e.fields_v1.as_ref())
+        .flat_map(|f| -> Vec<&str> {
+            match &f.0 {
+                serde_json::Value::Array(owned) => {
+                    owned.iter().filter_map(|k| k.as_str()).collect()
+                }
+                v => (v.get("f:metadata"))
+                    .and_then(|m| m.get("f:annotations")?.as_object())
+                    .map(|a| a.keys().map(String::as_str).collect())
+                    .unwrap_or_default(),
+            }
+        })
+        .filter_map(|k| k.strip_prefix("f:"))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let owned: Vec<serde_json::Value> = keys
+        .into_iter()
         .filter(|key| crate::api::written_by_arbiter(meta, key))
         .map(|key| serde_json::Value::String(format!("f:{key}")))
         .collect();
@@ -186,15 +194,19 @@ mod tests {
     }
 
     #[test]
-    fn only_what_arbiter_owns_of_what_it_asks_about_is_kept_of_managed_fields() {
+    fn only_the_annotations_arbiter_owns_are_kept_of_managed_fields() {
         use crate::api::written_by_arbiter;
-        use crate::lease::{ASSIGNED_ANNOTATION, HOLDER_POD_ANNOTATION, RELEASED_BY_ANNOTATION};
+        use crate::lease::{
+            ASSIGNED_ANNOTATION, HOLDER_POD_ANNOTATION, RELEASED_BY_ANNOTATION, RESTARTS_ANNOTATION,
+        };
         let mut meta: ObjectMeta = serde_json::from_value(serde_json::json!({
             "name": "l",
             "managedFields": [
                 {"manager": "arbiter", "operation": "Update", "apiVersion": "coordination.k8s.io/v1",
                  "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
-                 "fieldsV1": {"f:metadata": {"f:annotations": {(format!("f:{RELEASED_BY_ANNOTATION}")): {}},
+                 "fieldsV1": {"f:metadata": {"f:annotations": {(format!("f:{RELEASED_BY_ANNOTATION}")): {},
+                                                               (format!("f:{RESTARTS_ANNOTATION}")): {},
+                                                               "f:arbiter.dev/some-future-mark": {}},
                                              "f:labels": {"f:arbiter.dev/managed": {}}},
                               "f:spec": {"f:holderIdentity": {}, "f:renewTime": {}}}},
                 {"manager": "kubectl-annotate", "operation": "Update", "fieldsType": "FieldsV1",
@@ -208,6 +220,8 @@ mod tests {
         keep_arbiter_owned(&mut meta);
         for key in [
             RELEASED_BY_ANNOTATION,
+            RESTARTS_ANNOTATION,
+            "arbiter.dev/some-future-mark",
             HOLDER_POD_ANNOTATION,
             ASSIGNED_ANNOTATION,
         ] {
@@ -218,6 +232,7 @@ mod tests {
             );
         }
         assert!(written_by_arbiter(&meta, RELEASED_BY_ANNOTATION));
+        assert!(written_by_arbiter(&meta, RESTARTS_ANNOTATION));
         assert!(
             !written_by_arbiter(&meta, HOLDER_POD_ANNOTATION),
             "kubectl's"
@@ -242,7 +257,7 @@ mod tests {
         let mut none = ObjectMeta::default();
         keep_arbiter_owned(&mut none);
         assert_eq!(none.managed_fields, None);
-        // Owning nothing asked about: nothing kept.
+        // Owning no annotation: nothing kept.
         let mut other: ObjectMeta = serde_json::from_value(serde_json::json!({
             "name": "l",
             "managedFields": [{"manager": "arbiter", "fieldsV1": {"f:spec": {"f:holderIdentity": {}}}}],

@@ -29,6 +29,12 @@ use tokio_util::time::{DelayQueue, delay_queue};
 pub use turns::Fairness;
 use turns::Turns;
 
+/// The longest a lease waits for its next look. A lease's duration comes from records others
+/// can write (a Lease's `leaseDurationSeconds`, a candidate's declared duration), up to 68
+/// years; a look earlier than needed only decides again (and the timer wheel refuses delays
+/// over about two years).
+pub const LOOK_AT_LEAST_EVERY: Duration = Duration::from_secs(3600);
+
 /// The sending side: anything that notices a change enqueues the affected lease.
 #[derive(Clone)]
 pub struct Enqueue(Vec<mpsc::UnboundedSender<(LeaseKey, tokio::time::Instant)>>);
@@ -224,8 +230,10 @@ impl Queue {
         self.move_up(key, began);
     }
 
-    /// Reconcile `key` again after `after`, unless it is already due sooner.
+    /// Reconcile `key` again after `after` (at most [`LOOK_AT_LEAST_EVERY`]), unless it is
+    /// already due sooner.
     pub fn requeue(&mut self, key: LeaseKey, after: Duration) {
+        let after = after.min(LOOK_AT_LEAST_EVERY);
         match self.delay_keys.get(&key) {
             Some(k) if self.delayed.deadline(k) <= tokio::time::Instant::now() + after => {}
             Some(k) => self.delayed.reset(k, after),
@@ -277,6 +285,19 @@ mod tests {
         assert_eq!(q.next().await, Some(key("d")));
         drop(tx);
         assert_eq!(q.next().await, None);
+    }
+
+    /// A delay from a record others wrote (a lease duration of 68 years, a declared one
+    /// longer still) is a look within the hour, not a panic of the timer wheel.
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_of_years_is_a_look_within_the_hour() {
+        let (_tx, mut q) = queue();
+        q.requeue(key("a"), Duration::from_secs(i32::MAX as u64));
+        q.requeue(key("b"), Duration::MAX);
+        let start = tokio::time::Instant::now();
+        assert_eq!(q.next().await, Some(key("a")));
+        assert_eq!(q.next().await, Some(key("b")));
+        assert_eq!(start.elapsed(), LOOK_AT_LEAST_EVERY);
     }
 
     #[tokio::test(start_paused = true)]

@@ -200,11 +200,13 @@ impl Worker {
     }
 }
 
-/// The lease duration a candidate's agent says it writes (zero if it does not say).
+/// The lease duration a candidate's agent says it writes (zero if it does not say; at most
+/// what a Lease's `leaseDurationSeconds` can hold, as the agent's flag allows: a longer claim
+/// is counted as that, so that no deadline computed from it overflows).
 pub(in crate::operator) fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
     candidate
         .and_then(|c| c.annotations().get(crate::api::LEASE_DURATION_ANNOTATION))
         .and_then(|d| d.parse::<u64>().ok())
-        .map(Duration::from_secs)
+        .map(|d| Duration::from_secs(d.min(i32::MAX as u64)))
         .unwrap_or_default()
 }

@@ -743,3 +743,22 @@ async fn a_holder_that_stops_renewing_is_replaced_once_its_term_ran_out_on_the_a
     assert_eq!(crate::lease::holder(&written[0]), Some("new"));
     assert_eq!(crate::lease::term(&written[0]), 2);
 }
+
+/// A declared lease duration is a claim: one longer than a Lease can hold counts as the longest
+/// a Lease can hold (what the agent's flag allows), so no deadline computed from it overflows.
+#[test]
+fn a_declared_duration_is_at_most_what_a_lease_holds() {
+    use std::time::Duration;
+    let declared = |d: &str| {
+        let mut c = candidate("a", "1.30.0", 1);
+        (c.metadata.annotations.get_or_insert_default())
+            .insert(crate::api::LEASE_DURATION_ANNOTATION.into(), d.into());
+        super::declared_duration(Some(&std::sync::Arc::new(c)))
+    };
+    assert_eq!(declared("40"), Duration::from_secs(40));
+    assert_eq!(declared("x"), Duration::ZERO);
+    let longest = Duration::from_secs(i32::MAX as u64);
+    assert_eq!(declared("100000000000"), longest);
+    assert_eq!(declared(&u64::MAX.to_string()), longest);
+    assert!(std::time::Instant::now().checked_add(longest).is_some());
+}

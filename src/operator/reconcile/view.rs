@@ -102,7 +102,7 @@ impl Worker {
             .max()
             .unwrap_or_default()
             .max(self.settings.lease_duration);
-        let leader = unknown_term.then(|| held::Leader {
+        let leader = unknown_term.then(|| held::Presumed {
             name: held::UNKNOWN_HOLDER.into(),
             pod_uid: None,
             declared: longest,

@@ -143,7 +143,7 @@ pub async fn report_refusals(
                 continue;
             }
             let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &namespace);
-            // Its other conditions (a Leader=True a replica taking over would remember) stay.
+            // Its other conditions stay.
             let current = cache
                 .get(&ObjectRef::new(&name).within(&namespace))
                 .and_then(|c| c.status.clone())

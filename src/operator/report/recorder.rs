@@ -98,13 +98,18 @@ impl Recorder {
             .sent
             .lock()
             .expect("the recorder's lock is never poisoned");
-        let series = sent.by_key.entry(key).or_insert(Series {
+        let count = match sent.by_key.get(&key) {
+            // Counted on the Event sent before (another publish may have counted meanwhile).
+            Some(s) if s.name == name => s.count + 1,
+            // New (a series over six minutes old, not swept yet, is replaced).
+            _ => 1,
+        };
+        let series = Series {
             name,
-            count: 0,
+            count,
             last: now,
-        });
-        series.count += 1;
-        series.last = now;
+        };
+        sent.by_key.insert(key, series);
         Ok(())
     }
 

@@ -8,11 +8,11 @@
 //! arbiter's own assignment, or once the remembered term is certainly over.
 //!
 //! After a restart (or an HA failover) the memory starts empty: a holder is learned from the
-//! Lease when first seen (with at least the arbiter's own lease duration, in case the record
-//! was edited already), or, when the Lease is gone or names nobody without its holder having
-//! released it, from the candidate whose `Leader` condition the arbiter last set to True, with
-//! a full duration to wait from that moment; with no such candidate, from the lease's term
-//! mark, which says whether a term was handed out before (an unknown holder, [`UNKNOWN_HOLDER`]).
+//! Lease when first seen (with at least the longest duration any of the lease's candidates
+//! declares, and the arbiter's own, in case the record was edited already), or, when the Lease
+//! is gone or names nobody without its holder having released it, from the lease's term mark,
+//! which says whether a term was handed out before: then an unknown holder
+//! ([`UNKNOWN_HOLDER`]) is presumed to run, for as long, from that moment.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -51,11 +51,10 @@ struct Term {
 /// the first look, as long as the longest any of the lease's candidates declares.
 pub const UNKNOWN_HOLDER: &str = "<unknown>";
 
-/// The candidate whose `Leader` condition the arbiter last set to True (of several, the one at
-/// the highest term: a deposed holder's `Leader=False` may wait behind the new holder's): the
-/// memory a replica taking over inherits.
+/// A holder presumed to run when a replica first looks at a lease and nothing names one: the
+/// unknown holder of a term the term mark says may have been handed out.
 #[derive(Clone, Debug)]
-pub struct Leader {
+pub struct Presumed {
     pub name: String,
     pub pod_uid: Option<String>,
     /// The lease duration its agent declares (zero if none).
@@ -106,14 +105,13 @@ impl Held {
         }
     }
 
-    /// Learns from the Lease as seen now (`None`: the Lease does not exist). `leader` is the
-    /// candidate the arbiter last reported as leader, and its pod, for when nothing else is
-    /// known. `stopped` says whether a pod uid is confirmed stopped.
+    /// Learns from the Lease as seen now (`None`: the Lease does not exist). `presumed` is the
+    /// holder presumed to run, for when nothing else is known. `stopped` says whether a pod uid is confirmed stopped.
     pub fn learn(
         &self,
         key: &LeaseKey,
         lease: Option<&Seen>,
-        leader: Option<&Leader>,
+        presumed: Option<&Presumed>,
         fallback_duration: Duration,
         now: Instant,
         stopped: impl Fn(&str) -> bool,
@@ -122,7 +120,7 @@ impl Held {
         let current = terms.get(key);
         let known = current.is_some();
         let over = current.is_none_or(|t| over(t, lease, now, &stopped));
-        let remember_leader = |terms: &mut HashMap<LeaseKey, Term>, leader: &Leader| {
+        let remember_presumed = |terms: &mut HashMap<LeaseKey, Term>, leader: &Presumed| {
             let term = Term {
                 holder: leader.name.clone(),
                 last_seen: now,
@@ -135,19 +133,18 @@ impl Held {
             terms.insert(key.clone(), term);
         };
         // First look since this process started, and the Lease names someone other than the
-        // candidate last reported leader (an edit made before, or during, a failover): the
-        // reported leader may still run; its term comes first.
-        if let (false, Some(l), Some(leader)) = (known, lease, leader)
+        // holder presumed to run (an edit made before, or during, a failover): the presumed
+        // holder may still run; its term comes first.
+        if let (false, Some(l), Some(leader)) = (known, lease, presumed)
             && l.holder.is_some_and(|h| h != leader.name)
         {
-            remember_leader(&mut terms, leader);
+            remember_presumed(&mut terms, leader);
             return;
         }
         match (lease, lease.and_then(|l| l.holder)) {
             (Some(l), Some(h)) => match terms.get_mut(key) {
                 // The same holder at a later term (reassigned to it by another replica while
-                // this one did not look, or a term this memory did not know: learned from the
-                // `Leader` condition): that term, from its record, waited out at least as long.
+                // this one did not look, or a term this memory did not know: a presumed holder's): that term, from its record, waited out at least as long.
                 Some(t) if t.holder == h && l.term > t.term => {
                     *t =
                         Term::of_record(l, h, t.last_seen.max(l.since), t.duration.max(l.duration));
@@ -176,11 +173,11 @@ impl Held {
                 }
             },
             // Nothing known since this process started, and no Lease, or one without a holder
-            // that its holder did not release: the last reported leader may still run; give
-            // it a full duration from now.
+            // that its holder did not release: the presumed holder may still run; give it a
+            // full duration from now.
             (_, None) if !known && lease.is_none_or(|l| l.released_by.is_none()) => {
-                if let Some(leader) = leader {
-                    remember_leader(&mut terms, leader);
+                if let Some(leader) = presumed {
+                    remember_presumed(&mut terms, leader);
                 }
             }
             _ => {}
@@ -329,8 +326,8 @@ mod tests {
 
     const D: Duration = Duration::from_secs(15);
 
-    fn leader(name: &str) -> Leader {
-        Leader {
+    fn leader(name: &str) -> Presumed {
+        Presumed {
             name: name.into(),
             pod_uid: None,
             declared: Duration::ZERO,
@@ -347,7 +344,7 @@ mod tests {
             pod_uid: Some("uid-b"),
             ..seen(Some("b"), t0, D)
         };
-        let a = Leader {
+        let a = Presumed {
             declared: Duration::from_secs(60),
             ..leader("a")
         };
