@@ -88,17 +88,36 @@ impl Borrow<str> for LeaseVersion {
 }
 
 /// Per object (a candidate's uid, a lease's key): the value read and the values written since.
+/// Memories older than [`KEPT_FOR`] are dropped at least every [`KEPT_FOR`] (a Lease's memory
+/// holds the whole Lease as written: at 10,000 leases, kept until the next write of each, they
+/// were a second copy of every Lease).
 pub struct Written<T> {
     writes: HashMap<String, Write<T>>,
-    prune_at: usize,
+    pruned: Option<Instant>,
 }
 
 impl<T> Default for Written<T> {
     fn default() -> Self {
         Written {
             writes: HashMap::new(),
-            prune_at: 0,
+            pruned: None,
         }
+    }
+}
+
+impl<T> Written<T> {
+    /// Drops the memories older than [`KEPT_FOR`], once per [`KEPT_FOR`].
+    fn prune(&mut self, now: Instant) {
+        if self
+            .pruned
+            .is_some_and(|at| now.saturating_duration_since(at) < KEPT_FOR)
+        {
+            return;
+        }
+        self.writes
+            .retain(|_, w| now.saturating_duration_since(w.at) < KEPT_FOR);
+        self.writes.shrink_to_fit();
+        self.pruned = Some(now);
     }
 }
 
@@ -110,6 +129,7 @@ impl<T: Clone> Written<T> {
         T: Borrow<Q>,
         Q: PartialEq + ?Sized,
     {
+        self.prune(now);
         let w = self.writes.get(uid)?;
         if w.behind(cached) && now.saturating_duration_since(w.at) < KEPT_FOR {
             return w.wrote.last().cloned();
@@ -138,11 +158,7 @@ impl<T: Clone> Written<T> {
                 self.writes.insert(uid.to_string(), w);
             }
         }
-        if self.writes.len() >= self.prune_at.max(64) {
-            self.writes
-                .retain(|_, w| now.saturating_duration_since(w.at) < KEPT_FOR);
-            self.prune_at = 2 * self.writes.len();
-        }
+        self.prune(now);
     }
 }
 
@@ -265,5 +281,8 @@ mod tests {
         }
         w.record(UID, vec![], cond("True"), t0 + KEPT_FOR);
         assert_eq!(w.writes.len(), 1);
+        // With no write since, a look at any object drops them too.
+        w.current("another", &[][..], t0 + 2 * KEPT_FOR);
+        assert!(w.writes.is_empty());
     }
 }

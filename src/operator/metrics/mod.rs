@@ -123,6 +123,8 @@ pub struct Metrics {
     pub webhook_pending: Arc<AtomicBool>,
     /// Whether the reconcile worker is making progress (`/livez`).
     pub progress: Progress,
+    /// The size of the last `/metrics` answer.
+    last_scrape: AtomicU64,
 }
 
 /// When each worker's reconcile in progress started; `/livez` fails once one has run longer
@@ -214,6 +216,7 @@ impl Metrics {
             ready: AtomicBool::new(false),
             webhook_pending: Arc::new(AtomicBool::new(false)),
             progress: Progress::new(),
+            last_scrape: AtomicU64::new(0),
             registry: Registry::default(),
         };
         let counters: [(&str, &str, &Counter); 8] = [
@@ -444,9 +447,13 @@ impl Metrics {
     }
 
     fn encode(&self) -> String {
-        let mut out = String::new();
+        // Sized from the last scrape, so that a large one (tens of thousands of per-lease
+        // series) is not grown by doubling to twice its size.
+        let last = self.last_scrape.load(Ordering::Relaxed) as usize;
+        let mut out = String::with_capacity(last + last / 16);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("encoding to a String cannot fail");
+        self.last_scrape.store(out.len() as u64, Ordering::Relaxed);
         out
     }
 }
