@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::support::agent::{
     Agent, KILL_GRACE, LEASE_DURATION, Proxy, RENEW_DEADLINE, agent_args, agent_args_with, alive,
-    apiserver, child_of, now, read_log, starts, stop_of, wait_eligible, wait_started,
+    apiserver, child_of, now, read_log, starts, stop_of, wait_started,
 };
 use crate::support::operator::{Operator, wait_for_holder};
 use crate::support::standin::StandIn;
@@ -220,7 +220,7 @@ async fn sigkill_of_the_leading_agent_kills_its_workload_and_the_next_waits_for_
 }
 
 async fn network_cut_stops_the_workload_before_the_next_holder_starts(env: Arc<TestEnv>) {
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let proxy = Proxy::start(apiserver(&env.kubeconfig)).await;
@@ -256,7 +256,7 @@ async fn network_cut_stops_the_workload_before_the_next_holder_starts(env: Arc<T
             &log,
         ));
         // The direct agent is registered (and acknowledged a ping) before the cut.
-        wait_eligible(&env, &direct_id).await;
+        op.wait_eligible(&env.ns, &direct_id).await;
         proxy.cut();
         let cut_at = now();
         let stopped = eventually("the cut-off workload to stop", DEADLINE, || async {
@@ -555,13 +555,13 @@ async fn flag_errors_exit_2_with_one_message_and_create_nothing(env: Arc<TestEnv
 /// else. (Today's main: the workload ran on, and the next holder started beside it.)
 async fn a_stopped_agent_cannot_keep_its_workload_running(env: Arc<TestEnv>) {
     use nix::sys::signal::killpg;
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "stall", "1.30.0", &log);
     let a_term = lease::term(&wait_for_holder(&env, "stall", "a", DEADLINE).await);
     let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "stall", "1.31.0", &log);
-    wait_eligible(&env, "b").await;
+    op.wait_eligible(&env.ns, "b").await;
     let (cmd, grandchild) = eventually("a's workload and its child", DEADLINE, || async {
         let l = read_log(&log);
         Some((
@@ -668,13 +668,13 @@ async fn two_agents_with_one_identity_are_reported(env: Arc<TestEnv>) {
 /// of the earlier 30 s interval) neither the holder's nor a standby's `renewTime` moves, and
 /// nobody pinged them meanwhile (their agents only read them, every 30 s); both stay eligible.
 async fn an_agent_alone_leaves_its_candidate_alone_between_refreshes(env: Arc<TestEnv>) {
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let a = Agent::spawn(&env.kubeconfig, &env.ns, "calm-a", "calm", "1.30.0", &log);
     wait_for_holder(&env, "calm", "calm-a", DEADLINE).await;
     let b = Agent::spawn(&env.kubeconfig, &env.ns, "calm-b", "calm", "1.31.0", &log);
-    wait_eligible(&env, "calm-b").await;
+    op.wait_eligible(&env.ns, "calm-b").await;
     let candidates: Api<LeaseCandidate> = env.api();
     let times = |c: &LeaseCandidate| (c.spec.renew_time.clone(), c.spec.ping_time.clone());
     let mut before = Vec::new();
@@ -690,7 +690,7 @@ async fn an_agent_alone_leaves_its_candidate_alone_between_refreshes(env: Arc<Te
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     wait_for_holder(&env, "calm", "calm-a", DEADLINE).await;
-    wait_eligible(&env, "calm-b").await;
+    op.wait_eligible(&env.ns, "calm-b").await;
     // Quiet because they are idle, not because they died.
     assert!(alive(a.pid()) && alive(b.pid()), "an agent exited");
 }
@@ -1117,7 +1117,7 @@ async fn a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop(env: Arc<T
     use crate::support::agent::{agent_args_with, slow_stop_workload};
     use k8s_openapi::api::core::v1::{Node, Pod};
     use kube::api::{DeleteParams, PostParams};
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     // A node of its own (kwok keeps it Ready), and a pod on it for the holder.
@@ -1152,7 +1152,7 @@ async fn a_pod_failed_by_the_garbage_collector_is_not_proof_of_a_stop(env: Arc<T
     wait_for_holder(&env, "gc", "pa", DEADLINE).await;
     let args_b = agent_args_with(&env.ns, "b", "gc", "1.31.0", &log, &slow_stop_workload());
     let _b = Agent::spawn_args(&env.kubeconfig, "b", &args_b, &log);
-    wait_eligible(&env, "b").await;
+    op.wait_eligible(&env.ns, "b").await;
     let cmd = eventually("a's workload", DEADLINE, || async {
         Some(starts(&read_log(&log)).iter().find(|s| s.0 == "pa")?.2)
     })
@@ -1201,7 +1201,7 @@ async fn a_frozen_candidate_that_outlives_its_term_is_reported_as_a_double_holde
     let mut a = Agent::spawn(&env.kubeconfig, &env.ns, "a", "freeze", "1.30.0", &log);
     let a_term = lease::term(&wait_for_holder(&env, "freeze", "a", DEADLINE).await);
     let _b = Agent::spawn(&env.kubeconfig, &env.ns, "b", "freeze", "1.31.0", &log);
-    wait_eligible(&env, "b").await;
+    op.wait_eligible(&env.ns, "b").await;
     eventually("a's workload", DEADLINE, || async {
         starts(&read_log(&log))
             .iter()
@@ -1335,13 +1335,13 @@ fn descendants(pid: i32) -> Vec<i32> {
 /// Lease named a dead holder.)
 async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
     use kube::api::DeleteParams;
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let mut d1 = Agent::spawn(&env.kubeconfig, &env.ns, "d1", "settle", "1.30.0", &log);
     wait_for_holder(&env, "settle", "d1", DEADLINE).await;
     let mut d2 = Agent::spawn(&env.kubeconfig, &env.ns, "d2", "settle", "1.31.0", &log);
-    wait_eligible(&env, "d2").await;
+    op.wait_eligible(&env.ns, "d2").await;
     wait_started(&log, "d1").await;
 
     let leases: Api<Lease> = env.api();
@@ -1418,15 +1418,15 @@ async fn deleting_the_lease_settles_on_the_live_candidate(env: Arc<TestEnv>) {
 /// term); refused with exit 2 and the reason for a newer version, an unknown candidate, or the
 /// holder itself.
 async fn arbiter_handover_switches_over_to_an_equal_and_refuses_a_newer_version(env: Arc<TestEnv>) {
-    let _op = operator(&env);
+    let op = operator(&env);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("workload.log");
     let mut h = Agent::spawn(&env.kubeconfig, &env.ns, "h", "switch", "1.30.0", &log);
     let held = wait_for_holder(&env, "switch", "h", DEADLINE).await;
     let _twin = Agent::spawn(&env.kubeconfig, &env.ns, "twin", "switch", "1.30.0", &log);
     let _newer = Agent::spawn(&env.kubeconfig, &env.ns, "newer", "switch", "1.31.0", &log);
-    wait_eligible(&env, "twin").await;
-    wait_eligible(&env, "newer").await;
+    op.wait_eligible(&env.ns, "twin").await;
+    op.wait_eligible(&env.ns, "newer").await;
     wait_started(&log, "h").await;
     let handover = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_arbiter"))

@@ -232,7 +232,7 @@ async fn an_abandoned_handover_falls_back_to_the_best_live_candidate(env: Arc<Te
     create_candidate(&env, "a", "fall", "1.20.0", Some("1.20.0"), OEV, None).await;
     wait_for_holder(&env, "fall", "a", DEADLINE).await;
     create_candidate(&env, "c", "fall", "1.20.0", Some("1.20.0"), OEV, None).await;
-    crate::support::agent::wait_eligible(&env, "c").await;
+    op.wait_eligible(&env.ns, "c").await;
     let history = record_lease(&env, "fall").await;
     create_candidate(&env, "t", "fall", "1.18.0", Some("1.18.0"), OEV, None).await;
     let held = wait_for_holder(&env, "fall", "c", DEADLINE).await;
@@ -302,12 +302,7 @@ async fn a_renewing_holder_keeps_its_lease_though_no_renewal_is_reconciled(env: 
     let first = wait_for_holder(&env, "renew", "old", DEADLINE).await;
     create_candidate(&env, "young", "renew", "1.20.0", Some("1.20.0"), OEV, None).await;
     // Its registration settled (pinged, answered, reported) before the reconciles are counted.
-    eventually("young to be reported Eligible", DEADLINE, || async {
-        condition(&env, "young", "Eligible")
-            .await
-            .filter(|c| c.0 == "True")
-    })
-    .await;
+    op.wait_eligible(&env.ns, "young").await;
     let history = record_lease(&env, "renew").await;
     let reconciles = |m: &str| {
         m.lines()
@@ -1777,14 +1772,13 @@ async fn eviction_blocked_by_pdb_is_reported_and_retried(env: Arc<TestEnv>) {
 }
 
 async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
-    let _op = Operator::start(&env, &[]);
+    let op = Operator::start(&env, &[]);
     let _r = Responder::start(env.client.clone(), &env.ns, &["s1", "s2"]);
     create_candidate(&env, "s1", "shown", "1.30.0", Some("1.30.0"), OEV, None).await;
     create_candidate(&env, "s2", "shown", "1.31.0", Some("1.31.0"), OEV, None).await;
     wait_for_holder(&env, "shown", "s1", DEADLINE).await;
-    // A standby's first status may wait while the worker has other leases due (documented in
-    // docs/reference/leasecandidate.md): the table below shows it once it is written.
-    crate::support::agent::wait_eligible(&env, "s2").await;
+    // Counted by the operator (an eligible candidate gets no status: nothing to report).
+    op.wait_eligible(&env.ns, "s2").await;
     let run = |program: &str, args: &[&str], path: Option<&std::path::Path>| {
         let mut cmd = std::process::Command::new(program);
         cmd.args(args).env("KUBECONFIG", &env.kubeconfig);
@@ -1832,7 +1826,7 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
         serde_json::from_str(&run(bin, &["status", "-n", &env.ns, "-o", "json"], None)).unwrap();
     assert_eq!(json[0]["holder"], "s1");
     assert_eq!(json[0]["candidates"], serde_json::json!(["s1", "s2"]));
-    // -o wide says why each candidate is or is not eligible.
+    // -o wide says why each candidate is or is not eligible (an eligible one: nothing reported).
     let wide = run(bin, &["status", "-n", &env.ns, "-o", "wide"], None);
     let s2 = wide
         .lines()
@@ -1840,7 +1834,7 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
         .unwrap_or_else(|| panic!("no s2 row:\n{wide}"));
     assert_eq!(
         s2.split_whitespace().collect::<Vec<_>>()[..6],
-        ["shown", "s2", "1.31.0", "1.31.0", "True", "Eligible:"],
+        ["shown", "s2", "1.31.0", "1.31.0", "True", "NothingReported:"],
         "{wide}"
     );
     // --kubeconfig and --context, as kubectl's, without KUBECONFIG.

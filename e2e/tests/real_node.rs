@@ -353,7 +353,7 @@ fn agent_pod_with(name: &str, version: &str, shared: &Path, timings: &[&str]) ->
 
 async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<TestEnv>) {
     node::ready(&env).await;
-    let _op = Operator::start(&env, &[]);
+    let op = Operator::start(&env, &[]);
     node::agent_service_account(&env.client, &env.ns).await;
     let shared = node::shared_dir();
     let log = shared.path().join("log");
@@ -368,7 +368,7 @@ async fn a_deleted_agent_pods_workload_stops_before_the_next_starts(env: Arc<Tes
     .await;
     // A second pod of the same version stands by.
     create::<Pod>(&env, agent_pod("job-b", "1.30.0", shared.path())).await;
-    crate::support::agent::wait_eligible(&env, "job-b").await;
+    op.wait_eligible(&env.ns, "job-b").await;
 
     // The holder's pod is deleted: the kubelet sends SIGTERM to its agent, which stops the
     // workload and releases; only then does job-b's workload start, in a newer term.
@@ -508,7 +508,7 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
         started("job-a", term1)
     })
     .await;
-    crate::support::agent::wait_eligible(&env, "job-b").await;
+    op.wait_eligible(&env.ns, "job-b").await;
 
     // SIGKILL job-a's agent (its container's first process): the container ends, the kubelet
     // restarts it and reports the end with the message the agent wrote when it started.
@@ -676,11 +676,11 @@ async fn registered_by_running_container(env: &TestEnv, name: &str) {
                 .as_ref()?
                 .running
                 .is_some();
-            let eligible = candidate
-                .status?
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Eligible" && c.status == "True");
+            // No problem reported (the arbiter writes conditions only for one, and keeps one
+            // it wrote current: an ended process's `Eligible=False` turns back).
+            let eligible = !(candidate.status.iter())
+                .flat_map(|s| &s.conditions)
+                .any(|c| c.type_ == "Eligible" && c.status == "False");
             (running && eligible && !ended).then_some(())
         },
     )
@@ -713,10 +713,10 @@ async fn kill_agent(env: &TestEnv, name: &str) {
 /// full term.)
 async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv>) {
     node::ready(&env).await;
-    let _op = Operator::start(&env, &[]);
+    let op = Operator::start(&env, &[]);
     let shared = node::shared_dir();
     let first = restartable_pair(&env, shared.path()).await;
-    crate::support::agent::wait_eligible(&env, "job-b").await;
+    op.wait_eligible(&env.ns, "job-b").await;
     let leases: Api<Lease> = env.api();
     let term = |l: &Lease| arbiter::lease::term(l);
     // job-a took its term: a process killed before that leaves no proof that it was the one

@@ -500,20 +500,3 @@ pub fn apiserver(kubeconfig: &Path) -> SocketAddr {
     server.trim().parse().unwrap()
 }
 
-/// Waits until the operator reports candidate `name` Eligible.
-pub async fn wait_eligible(env: &super::TestEnv, name: &str) {
-    let candidates: kube::api::Api<arbiter::api::LeaseCandidate> = env.api();
-    super::eventually(
-        &format!("{name} to be Eligible"),
-        Duration::from_secs(40),
-        || async {
-            let c = candidates.get(name).await.ok()?;
-            c.status?
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Eligible" && c.status == "True")
-                .then_some(())
-        },
-    )
-    .await;
-}

@@ -135,6 +135,24 @@ impl Operator {
         out
     }
 
+    /// Waits until the operator has counted candidate `name` of namespace `ns` as eligible in a
+    /// decision (it writes no status for an eligible candidate: its decisions' standings say).
+    #[allow(dead_code)] // not used by every test binary
+    pub async fn wait_eligible(&self, ns: &str, name: &str) {
+        let (lease_of, standing) = (format!("lease={ns}/"), format!("\"{name}\": Eligible("));
+        super::eventually(
+            &format!("{name} counted Eligible"),
+            std::time::Duration::from_secs(40),
+            || async {
+                let logs = strip_ansi(&self.logs());
+                logs.lines()
+                    .any(|l| l.contains("decided") && l.contains(&lease_of) && l.contains(&standing))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
     /// Whether the process has exited.
     #[allow(dead_code)] // used by the chaos suite
     pub fn exited(&mut self) -> bool {
