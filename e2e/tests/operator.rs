@@ -1834,7 +1834,14 @@ async fn status_shows_holder_term_and_candidates(env: Arc<TestEnv>) {
         .unwrap_or_else(|| panic!("no s2 row:\n{wide}"));
     assert_eq!(
         s2.split_whitespace().collect::<Vec<_>>()[..6],
-        ["shown", "s2", "1.31.0", "1.31.0", "True", "NothingReported:"],
+        [
+            "shown",
+            "s2",
+            "1.31.0",
+            "1.31.0",
+            "True",
+            "NothingReported:"
+        ],
         "{wide}"
     );
     // --kubeconfig and --context, as kubectl's, without KUBECONFIG.

@@ -499,4 +499,3 @@ pub fn apiserver(kubeconfig: &Path) -> SocketAddr {
         .unwrap();
     server.trim().parse().unwrap()
 }
-

@@ -146,7 +146,9 @@ impl Operator {
             || async {
                 let logs = strip_ansi(&self.logs());
                 logs.lines()
-                    .any(|l| l.contains("decided") && l.contains(&lease_of) && l.contains(&standing))
+                    .any(|l| {
+                        l.contains("decided") && l.contains(&lease_of) && l.contains(&standing)
+                    })
                     .then_some(())
             },
         )
