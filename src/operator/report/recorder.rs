@@ -217,27 +217,20 @@ mod tests {
                 instance: Some("arbiter-0".into()),
             },
         );
-        let a = reference("a");
-        recorder
-            .publish(&event("Refused", "bad version"), &a)
-            .await
-            .unwrap();
-        recorder
-            .publish(&event("Refused", "bad version"), &a)
-            .await
-            .unwrap();
-        recorder
-            .publish(&event("Refused", "bad version"), &a)
-            .await
-            .unwrap();
-        recorder
-            .publish(&event("Refused", "other"), &a)
-            .await
-            .unwrap();
-        recorder
-            .publish(&event("Refused", "bad version"), &reference("b"))
-            .await
-            .unwrap();
+        let (a, b) = (reference("a"), reference("b"));
+        let sent = [
+            ("bad version", &a),
+            ("bad version", &a),
+            ("bad version", &a),
+            ("other", &a),
+            ("bad version", &b),
+        ];
+        for (note, regarding) in sent {
+            recorder
+                .publish(&event("Refused", note), regarding)
+                .await
+                .unwrap();
+        }
         let requests = api.requests();
         let methods: Vec<&str> = requests.iter().map(|r| r.method.as_str()).collect();
         assert_eq!(methods, ["POST", "PATCH", "PATCH", "POST", "POST"]);
