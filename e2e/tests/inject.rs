@@ -190,6 +190,22 @@ fn version_of<'a>(sets: &'a std::collections::BTreeMap<String, String>, pod: &st
     sets.get(set).map_or("?", String::as_str)
 }
 
+/// Waits until `holder`'s command has logged its start after entry `from`: the Lease names
+/// the new holder a moment before its agent starts the command and the command writes.
+async fn command_started(log: &std::path::Path, from: usize, holder: &str) {
+    eventually(
+        &format!("{holder}'s command to start"),
+        DEADLINE,
+        || async {
+            read_log(log)[from..]
+                .iter()
+                .any(|e| matches!(e, Entry::Start { id, .. } if id == holder))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// The versions of the workloads started in `entries`, in order.
 fn started_versions(
     entries: &[Entry],
@@ -407,7 +423,8 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
     // A rolling update: the old version leads while any of its pods is left.
     let before_update = read_log(&log).len();
     set_version(&env, "1.31.0").await;
-    rolled_out(&env, "1.31.0").await;
+    let leader = rolled_out(&env, "1.31.0").await;
+    command_started(&log, before_update, &leader).await;
     let sets = versions(&env).await;
     let update = started_versions(&read_log(&log)[before_update..], &sets);
     // Measured, not asserted (`make bench` measures): how long no command ran.
@@ -444,6 +461,7 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
     let before_rollback = read_log(&log).len();
     set_version(&env, "1.30.0").await;
     let active = rolled_out(&env, "1.30.0").await;
+    command_started(&log, before_rollback, &active).await;
     let sets = versions(&env).await;
     let rollback = started_versions(&read_log(&log)[before_rollback..], &sets);
     eprintln!(
