@@ -31,8 +31,9 @@
 //! - **Candidates started together** register a moment apart: a lease's first election waits
 //!   until no eligible candidate has registered for the settle time (at most an ack window from
 //!   the first registration), so the oldest version leads from term 1. After a term ended the
-//!   election waits only for a newcomer with better versions than every candidate there before
-//!   (or with nobody there before).
+//!   election waits only when everyone it could elect registered within the settle (the pool
+//!   started again); otherwise it is at once, and an older candidate a moment behind is handed
+//!   over to once the pool has settled.
 //! - A **withdrawn** candidate (its agent stopped its work and left) is never elected.
 //! - A **planned switchover** (`arbiter handover`) asks the live holder to hand over to a named
 //!   candidate, or to the best other one, through the same handover request; it is refused
@@ -649,7 +650,7 @@ pub fn decide(
                 let settle = target
                     .filter(|_| l.preferred_holder.as_deref() != Some(&best))
                     .and_then(|t| {
-                        settle_before_asking(&joined(&ranked, candidates), t, now, rules)
+                        settle_before_asking(&registrations(&ranked, candidates), t, now, rules)
                     });
                 match liveness_of(&best).map(|lv| answered_since(&best, lv, began)) {
                     _ if let Some(remaining) = settle => Action::Settle { remaining },
@@ -698,7 +699,7 @@ pub fn decide(
         _ => ranked.clone(),
     };
     // Candidates started together are counted before anyone from the pool is elected.
-    if let Some(remaining) = gather(&joined(&pool, candidates), lease, now, rules) {
+    if let Some(remaining) = gather(&registrations(&pool, candidates), lease, now, rules) {
         return decision(Action::Settle { remaining });
     }
     // After a release (a handover, or a holder stepping down) the next holder must have
@@ -799,23 +800,19 @@ pub fn decide(
     decision(action)
 }
 
-/// A candidate that can lead (eligible, its versions read), for the settle: its versions, and
-/// when the arbiter saw it register (on its own clock; `None`: before this process started).
-struct Joined<'a> {
-    versions: (&'a Version, &'a Version),
-    registered: Option<Timestamp>,
-}
-
-/// The candidates that can lead, as the settle sees them.
-fn joined<'a>(ranked: &'a [(Ranked<'a>, Liveness)], candidates: &[Candidate]) -> Vec<Joined<'a>> {
+/// When the arbiter saw each candidate that can lead (eligible, its versions read) register,
+/// on its own clock (`None`: before this process started): what the settle counts.
+fn registrations(
+    ranked: &[(Ranked, Liveness)],
+    candidates: &[Candidate],
+) -> Vec<Option<Timestamp>> {
     ranked
         .iter()
-        .map(|(r, _)| Joined {
-            versions: (r.emulation, r.binary),
-            registered: candidates
+        .map(|(r, _)| {
+            candidates
                 .iter()
                 .find(|c| c.name == r.name)
-                .and_then(|c| c.registered),
+                .and_then(|c| c.registered)
         })
         .collect()
 }
@@ -827,12 +824,13 @@ fn age(at: Timestamp, now: Timestamp) -> Duration {
 /// How much longer the pool must settle (no candidate that can lead registered for
 /// `rules.settle`), counting at most an ack window from `since`: someone who keeps
 /// registering, or recreating candidates, cannot hold it up for ever. `None`: settled.
-fn settling(pool: &[Joined], since: Duration, now: Timestamp, rules: &Rules) -> Option<Duration> {
-    let newest = pool
-        .iter()
-        .filter_map(|j| j.registered)
-        .max()
-        .map(|r| age(r, now))?;
+fn settling(
+    pool: &[Option<Timestamp>],
+    since: Duration,
+    now: Timestamp,
+    rules: &Rules,
+) -> Option<Duration> {
+    let newest = pool.iter().flatten().max().map(|r| age(*r, now))?;
     (newest < rules.settle && since < rules.ack_window)
         .then(|| (rules.settle - newest).min(rules.ack_window - since))
 }
@@ -843,17 +841,18 @@ fn settling(pool: &[Joined], since: Duration, now: Timestamp, rules: &Rules) -> 
 ///
 /// - A lease's **first election** (no term ever assigned on it by the arbiter, or a Lease it
 ///   is about to adopt) waits until no candidate that can lead has registered for the settle.
-/// - **After a term ended** (a release, an expiry, a stopped pod) it waits only while the
-///   candidates that registered within the settle would change the outcome: one of them has
-///   better versions than every candidate registered before (a rollback's pods arriving while
-///   the holder stopped), or there is no candidate from before (the whole pool started
-///   again). `pool` is who the election picks from (not the holder that just stepped down or
-///   lapsed, while anyone else can lead). Otherwise the candidates that were there had their time to be counted, and a
-///   release, an expiry or a stopped pod is followed by the election at once.
+/// - **After a term ended** (a release, an expiry, a stopped pod) it waits only when every
+///   candidate it could elect registered within the settle (the whole pool started again).
+///   `pool` is who the election picks from (not the holder that just stepped down or lapsed,
+///   while anyone else can lead). Otherwise the election is at once, among everyone there: a
+///   better candidate that registered a moment ago is elected, and one older still that comes
+///   a moment later is handed over to once the pool has settled ([`settle_before_asking`]),
+///   while the one elected works. Waiting here would cost leaderless time, which a handover
+///   asked for later does not.
 ///
 /// Either waits at most an ack window from when the lease became electable.
 fn gather(
-    pool: &[Joined],
+    pool: &[Option<Timestamp>],
     lease: Option<&Lease>,
     now: Timestamp,
     rules: &Rules,
@@ -864,22 +863,11 @@ fn gather(
         Some(l) if l.expired() && l.holder.is_some() => l.unchanged_for.saturating_sub(l.duration),
         Some(l) => l.unchanged_for,
         // A first election: since its first candidate registered.
-        None => pool
-            .iter()
-            .filter_map(|j| j.registered)
-            .min()
-            .map(|r| age(r, now))?,
+        None => pool.iter().flatten().min().map(|r| age(*r, now))?,
     };
-    if !first {
-        let fresh = |j: &&Joined| j.registered.is_some_and(|r| age(r, now) < rules.settle);
-        let before = pool.iter().filter(|j| !fresh(j)).map(|j| j.versions).min();
-        let changes_outcome = pool
-            .iter()
-            .filter(fresh)
-            .any(|j| before.is_none_or(|b| j.versions < b));
-        if !changes_outcome {
-            return None;
-        }
+    let fresh = |r: &Option<Timestamp>| r.is_some_and(|r| age(r, now) < rules.settle);
+    if !first && pool.iter().any(|j| !fresh(j)) {
+        return None;
     }
     settling(pool, electable_for, now, rules)
 }
@@ -891,7 +879,7 @@ fn gather(
 /// target is pinged only then (its answer is fresh when the holder is asked), and the
 /// holder's release then goes to it at once.
 fn settle_before_asking(
-    pool: &[Joined],
+    pool: &[Option<Timestamp>],
     target: &Candidate,
     now: Timestamp,
     rules: &Rules,

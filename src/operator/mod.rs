@@ -87,8 +87,8 @@ pub struct Settings {
     /// never more than --ack-window after the first registration, or the better candidate's),
     /// so candidates started together elect the oldest version from the first term instead of
     /// the first to register, and a holder hands over once, to the oldest (it works meanwhile).
-    /// After a term ends the election waits only for a newcomer with better versions than every
-    /// candidate there before.
+    /// After a term ends the election waits only when every candidate it could elect registered
+    /// within this time (the pool started again).
     #[arg(long, default_value = "2s", value_parser = crate::flags::duration)]
     pub settle: Duration,
     /// Report candidates whose binaryVersion is more than this many minor versions from the

@@ -690,9 +690,9 @@ fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
             remaining: Duration::from_millis(1700)
         }
     );
-    // But candidates that were there before had their time to be counted: unless one that
-    // registered within the settle has better versions than all of them, the election is at
-    // once. Here the lapsed holder registered again 0.5 s ago (it is passed over anyway).
+    // But candidates that were there before had their time to be counted: whenever one of
+    // them can lead, the election is at once. Here the lapsed holder registered again 0.5 s
+    // ago (it is passed over anyway).
     let after = [
         registered("old", "1.30.0", 500),
         acked("new", "1.31.0", now),
@@ -718,13 +718,15 @@ fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
         assign("old"),
         "an equal newcomer changes nothing"
     );
-    // A rollback's pod registered while the holder stopped, before it was asked for: an
-    // older one started with it may be a moment behind.
+    // A rollback's pod registered a moment before the holder stopped (a Deployment stops an
+    // old pod once a new one is ready): elected at once, with those there before. An older
+    // one still that comes a moment later is handed over to once the pool has settled.
     assert_eq!(
         at_once(registered("older", "1.29.0", 800)),
-        Action::Settle {
-            remaining: Duration::from_millis(1200)
-        }
+        Action::Ping {
+            candidates: vec!["older".into()]
+        },
+        "a better newcomer is asked at once (it must answer since the release)"
     );
     // A registration of a candidate that cannot lead (its pod not running) holds nothing up.
     let gone = Candidate {
@@ -1549,12 +1551,11 @@ proptest! {
         }
     }
 
-    /// After a term ended (released, expired, its pod stopped), an election waits only for a
-    /// newcomer that would change its outcome (better versions than every eligible candidate
-    /// that was there before, or nobody there before). A live holder is asked to hand over
-    /// only once the pool has settled.
+    /// After a term ended (released, expired, its pod stopped), an election waits only when
+    /// nobody it could elect was there before (the pool started again). A live holder is asked
+    /// to hand over only once the pool has settled.
     #[test]
-    fn the_settle_applies_to_first_elections_newcomers_that_change_the_outcome_and_before_asking(
+    fn the_settle_applies_to_first_elections_pools_started_again_and_before_asking(
         cands in candidates_strategy(),
         lease in lease_strategy(),
         rules in rules_strategy(),
@@ -1573,14 +1574,13 @@ proptest! {
         let eligible = |c: &&Candidate| {
             matches!(d.standings.get(&c.name), Some(Standing::Eligible(_))) && versions(c).is_some()
         };
-        let before = cands.iter().filter(eligible).filter(|c| !fresh(c)).filter_map(versions).min();
-        let better_newcomer = cands
+        // The holder whose term ended is left out: it is passed over while anyone else can lead.
+        let ended = l.holder.as_deref().or(l.released_by.as_deref());
+        let from_before = cands
             .iter()
             .filter(eligible)
-            .filter(|c| fresh(c))
-            .filter_map(versions)
-            .any(|v| before.as_ref().is_none_or(|b| v < *b));
-        if !live && !l.foreign && l.term > 0 && !better_newcomer {
+            .any(|c| !fresh(c) && Some(c.name.as_str()) != ended);
+        if !live && !l.foreign && l.term > 0 && from_before {
             prop_assert!(!matches!(d.action, Action::Settle { .. }), "{:?}", d.action);
         }
         if let Action::RequestHandover { to } = &d.action {
