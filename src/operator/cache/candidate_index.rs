@@ -11,7 +11,6 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 
 use crate::api::LeaseCandidate;
 use crate::operator::key::LeaseKey;
@@ -166,7 +165,7 @@ impl CandidateIndex {
             .unwrap_or_default();
         names
             .iter()
-            .filter_map(|name| cache.get(&ObjectRef::new(name).within(&key.namespace)))
+            .filter_map(|name| cache.get(&key.namespace, name))
             .filter(|c| c.spec.lease_name == key.name)
             // A stub of a refused candidate (see `limits`) is never elected, nor expired.
             .filter(|c| !crate::operator::cache::limits::is_stub(c))
@@ -177,7 +176,7 @@ impl CandidateIndex {
 
 #[cfg(test)]
 mod tests {
-    use kube::runtime::{reflector, watcher};
+    use kube::runtime::watcher;
 
     use super::*;
 
@@ -200,7 +199,7 @@ mod tests {
 
     #[test]
     fn finds_a_lease_s_candidates_and_only_cached_current_ones() {
-        let (cache, mut writer) = reflector::store::<LeaseCandidate>();
+        let (cache, mut writer) = crate::operator::cache::stores::store::<LeaseCandidate>();
         let cache = crate::operator::cache::stores::Cached::single(cache);
         let index = CandidateIndex::default();
         for c in [
@@ -231,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_candidate_the_api_server_said_is_gone_is_left_out_until_the_cache_drops_it() {
-        let (cache, mut writer) = reflector::store::<LeaseCandidate>();
+        let (cache, mut writer) = crate::operator::cache::stores::store::<LeaseCandidate>();
         let cache = crate::operator::cache::stores::Cached::single(cache);
         let index = CandidateIndex::default();
         let mut a = candidate("a", "one");

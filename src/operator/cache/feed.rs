@@ -6,12 +6,12 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 
 use super::Caches;
 use super::candidate_index::CandidateIndex;
 use super::pods::{Fetch, FollowedPods};
+use super::stores::{Writer, store};
 use super::workloads::AnnotatedWorkloads;
 use crate::api::LeaseCandidate;
 use crate::workloads::Workload;
@@ -27,10 +27,10 @@ pub(crate) struct Feed {
 
 impl Feed {
     pub fn new() -> Feed {
-        let (candidates, candidate_writer) = reflector::store();
-        let (leases, lease_writer) = reflector::store();
-        let (deployments, _) = reflector::store();
-        let (stateful_sets, _) = reflector::store();
+        let (candidates, candidate_writer) = store();
+        let (leases, lease_writer) = store();
+        let (deployments, _) = store();
+        let (stateful_sets, _) = store();
         let (pods, fetches) = FollowedPods::new(Arc::new(|_| true), 1, Default::default());
         use crate::operator::cache::stores::Cached;
         let caches = Caches::with(

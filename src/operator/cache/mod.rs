@@ -30,7 +30,6 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
@@ -42,7 +41,7 @@ use crate::operator::cache::lease_records::Records;
 use crate::operator::cache::liveness::Liveness;
 use crate::operator::cache::pods::{Fetch, FollowedPods, fetch_loop, has_role};
 use crate::operator::cache::stopped::StoppedPods;
-use crate::operator::cache::stores::Cached;
+use crate::operator::cache::stores::{Cached, Writer};
 use crate::operator::cache::workloads::AnnotatedWorkloads;
 use crate::operator::key::LeaseKey;
 use crate::operator::queue::Enqueue;
@@ -402,7 +401,7 @@ fn candidate_events(
     client: &Client,
     namespace: Option<&str>,
     selector: &str,
-    writer: reflector::store::Writer<LeaseCandidate>,
+    mut writer: Writer<LeaseCandidate>,
     caches: &Caches,
     enqueue: Enqueue,
 ) -> BoxStream<'static, anyhow::Result<()>> {
@@ -438,7 +437,10 @@ fn candidate_events(
             async move { limits_applied(ev, &tally, &client, ns.as_deref(), &selector).await }
         })
         .modify(|c| crate::operator::cache::slim::keep_arbiter_owned(&mut c.metadata))
-        .reflect(writer)
+        .map_ok(move |ev| {
+            writer.apply_watcher_event(&ev);
+            ev
+        })
         .map(move |ev| {
             let ev = ev?;
             match &ev {
@@ -465,11 +467,7 @@ fn candidate_events(
                 // A relist reports no deletions: forget what it no longer lists (the store is
                 // replaced before this runs).
                 watcher::Event::InitDone => {
-                    let listed = |ns: &str, name: &str| {
-                        listed_candidates
-                            .get(&ObjectRef::new(name).within(ns))
-                            .is_some()
-                    };
+                    let listed = |ns: &str, name: &str| listed_candidates.get(ns, name).is_some();
                     liveness.retain(listed);
                     log.retain(listed);
                     let cached: HashSet<String> = listed_candidates
@@ -566,7 +564,7 @@ fn lease_events(
     client: &Client,
     namespace: Option<&str>,
     instance_selector: &str,
-    writer: reflector::store::Writer<Lease>,
+    mut writer: Writer<Lease>,
     caches: &Caches,
     enqueue: Enqueue,
 ) -> BoxStream<'static, anyhow::Result<()>> {
@@ -581,14 +579,13 @@ fn lease_events(
     crate::tolerant::watch::<Lease>(client.clone(), namespace, managed)
         .backoff(crate::client::reconnect_backoff())
         .modify(|l| crate::operator::cache::slim::keep_arbiter_owned(&mut l.metadata))
-        .reflect(writer)
+        .map_ok(move |ev| {
+            writer.apply_watcher_event(&ev);
+            ev
+        })
         .map(move |ev| {
             let ev = ev?;
-            let listed = |k: &LeaseKey| {
-                listed_leases
-                    .get(&ObjectRef::new(&k.name).within(&k.namespace))
-                    .is_some()
-            };
+            let listed = |k: &LeaseKey| listed_leases.get(&k.namespace, &k.name).is_some();
             for key in records.on_event(&held, &ev, listed) {
                 e.key(key);
             }
@@ -603,7 +600,7 @@ fn lease_events(
 fn workload_events<K>(
     api: Api<K>,
     selector: &str,
-    writer: reflector::store::Writer<K>,
+    mut writer: Writer<K>,
     kind: &'static str,
     parse: fn(&K) -> Option<Result<Workload, WorkloadError>>,
     caches: &Caches,
@@ -622,7 +619,10 @@ where
     watcher(api, watcher::Config::default().labels(selector))
         .default_backoff()
         .modify(|w| w.managed_fields_mut().clear())
-        .reflect(writer)
+        .map_ok(move |ev| {
+            writer.apply_watcher_event(&ev);
+            ev
+        })
         .map(move |ev| {
             let ev = ev?;
             let deleted = matches!(ev, watcher::Event::Delete(_));

@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -120,9 +119,7 @@ impl Worker {
     }
 
     fn cached_lease(&self, key: &LeaseKey) -> Option<Arc<Lease>> {
-        self.caches
-            .leases
-            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+        self.caches.leases.get(&key.namespace, &key.name)
     }
 
     /// Records a Lease this worker wrote. (Against the cache as it is now: a compare-and-swap
@@ -270,9 +267,7 @@ impl Worker {
                 let shard = crate::operator::term::ledger::shard_index(&key.name);
                 index.leases_in(&key.namespace, |name| {
                     crate::operator::term::ledger::shard_index(name) == shard
-                        && leases
-                            .get(&ObjectRef::new(name).within(&key.namespace))
-                            .is_none()
+                        && leases.get(&key.namespace, name).is_none()
                 })
             };
             let term = self

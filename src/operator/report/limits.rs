@@ -11,7 +11,6 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 
 use crate::operator::report::Recorder;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource};
 use serde_json::json;
 
@@ -89,7 +88,7 @@ pub async fn report_refusals(
             {
                 continue;
             }
-            let cached = cache.get(&ObjectRef::new(&r.name).within(&r.namespace));
+            let cached = cache.get(&r.namespace, &r.name);
             let Some(cached) = cached.filter(|c| c.metadata.uid.as_deref() == Some(&r.uid)) else {
                 // Judged, not stored yet (or replaced under its name, and judged again soon).
                 not_cached = true;
@@ -145,7 +144,7 @@ pub async fn report_refusals(
             let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &namespace);
             // Its other conditions stay.
             let current = cache
-                .get(&ObjectRef::new(&name).within(&namespace))
+                .get(&namespace, &name)
                 .and_then(|c| c.status.clone())
                 .map(|s| s.conditions)
                 .unwrap_or_default();
