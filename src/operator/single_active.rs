@@ -65,7 +65,7 @@ pub async fn prepare(
                 invalid.error, key.name
             );
             let seen = (
-                key.namespace.clone(),
+                key.namespace.to_string(),
                 format!("{:?}: {note}", invalid.object.uid),
             );
             if reported.insert(seen) {
@@ -108,7 +108,7 @@ pub async fn prepare(
     let unreadable =
         sync::ensure_candidates(client, instance, &workload, &pods, candidates).await?;
     for (pod, why) in unreadable {
-        if reported.insert((key.namespace.clone(), pod.clone())) {
+        if reported.insert((key.namespace.to_string(), pod.clone())) {
             let note = format!("pod {pod} is not eligible: {why}");
             tracing::warn!(workload = %workload.name, %note);
             publish(

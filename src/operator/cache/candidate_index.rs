@@ -72,10 +72,10 @@ pub fn owner_pod(c: &LeaseCandidate) -> Option<(String, String)> {
 
 /// The lease a candidate names.
 pub fn key_of(c: &LeaseCandidate) -> LeaseKey {
-    LeaseKey {
-        namespace: c.namespace().unwrap_or_default(),
-        name: c.spec.lease_name.clone(),
-    }
+    LeaseKey::new(
+        c.metadata.namespace.as_deref().unwrap_or_default(),
+        c.spec.lease_name.as_str(),
+    )
 }
 
 impl CandidateIndex {
@@ -146,8 +146,8 @@ impl CandidateIndex {
         index
             .by_lease
             .keys()
-            .filter(|k| k.namespace == namespace && keep(&k.name))
-            .map(|k| k.name.clone())
+            .filter(|k| &*k.namespace == namespace && keep(&k.name))
+            .map(|k| k.name.to_string())
             .collect()
     }
 
@@ -166,7 +166,7 @@ impl CandidateIndex {
         names
             .iter()
             .filter_map(|name| cache.get(&key.namespace, name))
-            .filter(|c| c.spec.lease_name == key.name)
+            .filter(|c| *c.spec.lease_name == *key.name)
             // A stub of a refused candidate (see `limits`) is never elected, nor expired.
             .filter(|c| !crate::operator::cache::limits::is_stub(c))
             .filter(|c| c.uid().is_none_or(|uid| !index.gone.contains(&uid)))
@@ -278,7 +278,7 @@ mod tests {
             index
                 .leases_of_pod(uid)
                 .into_iter()
-                .map(|k| k.name)
+                .map(|k| k.name.to_string())
                 .collect()
         };
         assert_eq!(leases("p1"), ["one", "two"]);

@@ -27,7 +27,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::ResourceExt;
 use kube::runtime::watcher;
 
 use crate::lease;
@@ -66,10 +65,10 @@ pub struct Records(Arc<Mutex<HashMap<LeaseKey, Record>>>);
 
 /// The key of `lease`.
 fn key_of(lease: &Lease) -> LeaseKey {
-    LeaseKey {
-        namespace: lease.namespace().unwrap_or_default(),
-        name: lease.name_any(),
-    }
+    LeaseKey::new(
+        lease.metadata.namespace.as_deref().unwrap_or_default(),
+        lease.metadata.name.as_deref().unwrap_or_default(),
+    )
 }
 
 /// A record's spec as written: two records with the same fingerprint are the same record.

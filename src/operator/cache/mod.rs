@@ -299,10 +299,7 @@ fn leases_of(caches: &Caches, e: Enqueue) -> impl Fn(&str) + Send + 'static {
                 .map(|l| l.name_any()),
         );
         for name in names {
-            e.key(LeaseKey {
-                namespace: namespace.to_string(),
-                name,
-            });
+            e.key(LeaseKey::new(namespace, &name));
         }
         for key in workloads.leases_in(namespace) {
             e.key(key);

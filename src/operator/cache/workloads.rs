@@ -81,10 +81,7 @@ impl AnnotatedWorkloads {
         }
         leases
             .into_iter()
-            .map(|name| LeaseKey {
-                namespace: namespace.clone(),
-                name,
-            })
+            .map(|name| LeaseKey::new(&namespace, &name))
             .collect()
     }
 
@@ -94,7 +91,7 @@ impl AnnotatedWorkloads {
         let index = self.0.lock().unwrap();
         let all: Vec<&Entry> = index
             .iter()
-            .filter(|((ns, _, _), e)| *ns == key.namespace && e.lease() == key.name)
+            .filter(|((ns, _, _), e)| **ns == *key.namespace && e.lease() == &*key.name)
             .map(|(_, e)| e)
             .collect();
         all.iter()
@@ -136,10 +133,7 @@ impl AnnotatedWorkloads {
         index
             .range(start..)
             .take_while(|((ns, _, _), _)| ns == namespace)
-            .map(|(_, e)| LeaseKey {
-                namespace: namespace.to_string(),
-                name: e.lease().to_string(),
-            })
+            .map(|(_, e)| LeaseKey::new(namespace, e.lease()))
             .collect()
     }
 
@@ -153,10 +147,9 @@ impl AnnotatedWorkloads {
             .range(start..)
             .take_while(|((ns, _, _), _)| *ns == namespace)
             .filter_map(|(_, e)| match e {
-                Entry::Valid(w) if w.selects(pod) => Some(LeaseKey {
-                    namespace: namespace.clone(),
-                    name: w.lease.clone(),
-                }),
+                Entry::Valid(w) if w.selects(pod) => {
+                    Some(LeaseKey::new(namespace.as_str(), w.lease.as_str()))
+                }
                 _ => None,
             })
             .collect()
@@ -198,7 +191,7 @@ mod tests {
         index
             .take_in(d, "Deployment", Workload::from_deployment(d), deleted)
             .into_iter()
-            .map(|k| k.name)
+            .map(|k| k.name.to_string())
             .collect()
     }
 

@@ -28,7 +28,7 @@ pub struct LeaseLabels(Arc<LeaseKey>);
 impl EncodeLabelSet for LeaseLabels {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         let LeaseKey { namespace, name } = &*self.0;
-        [("namespace", namespace.as_str()), ("lease", name.as_str())].encode(encoder)
+        [("namespace", &**namespace), ("lease", &**name)].encode(encoder)
     }
 }
 
@@ -61,7 +61,7 @@ pub struct HolderLabels {
 impl EncodeLabelSet for HolderLabels {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         let LeaseKey { namespace, name } = &*self.lease.0;
-        let labels = [("namespace", namespace.as_str()), ("lease", name.as_str())];
+        let labels = [("namespace", &**namespace), ("lease", &**name)];
         (labels, [("holder", &*self.holder)]).encode(encoder)
     }
 }

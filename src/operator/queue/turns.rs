@@ -42,7 +42,7 @@ impl Turns {
 
     fn line(&self, key: &LeaseKey) -> String {
         match self.fairness {
-            Fairness::Namespaces => key.namespace.clone(),
+            Fairness::Namespaces => key.namespace.to_string(),
             Fairness::None => String::new(),
         }
     }

@@ -249,8 +249,8 @@ impl Worker {
     ) -> anyhow::Result<Option<Lease>> {
         let store = LeaseStore::new(self.client.clone(), &key.namespace);
         let mut l = Lease::default();
-        l.metadata.name = Some(key.name.clone());
-        l.metadata.namespace = Some(key.namespace.clone());
+        l.metadata.name = Some(key.name.to_string());
+        l.metadata.namespace = Some(key.namespace.to_string());
         lease::label(&mut l, self.settings.instance.as_deref());
         l.metadata.owner_references = owner.map(|o| vec![o]);
         l.spec = Some(LeaseSpec {
