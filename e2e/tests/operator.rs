@@ -30,6 +30,7 @@ crate::tests![operator:
     better_candidate_gets_the_lease_through_handover,
     an_abandoned_handover_falls_back_to_the_best_live_candidate,
     the_docs_list_every_metric_the_operator_exposes,
+    a_repeated_event_is_counted_on_the_first,
     status_watch_rides_out_an_unreachable_api_server,
     expired_lease_goes_to_a_live_candidate,
     a_renewing_holder_keeps_its_lease_though_no_renewal_is_reconciled,
@@ -2140,6 +2141,60 @@ async fn stale_candidates_without_a_pod_are_deleted(env: Arc<TestEnv>) {
 /// a series: an election here gives the per-lease ones theirs; forced exits, single-active
 /// workloads and the injection webhook, which give `forced_depositions`, `active_pods` and
 /// `webhook_admissions` theirs, are other tests' business).
+/// The operator's Event recorder on a real API server: a repeat of an Event (same object,
+/// reason and note) raises the first one's series count, which the API server accepts as a
+/// merge patch; another note is another Event.
+async fn a_repeated_event_is_counted_on_the_first(env: Arc<TestEnv>) {
+    use arbiter::operator::report::Recorder;
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::runtime::events::{Event, EventType, Reporter};
+
+    let recorder = Recorder::new(env.client.clone(), Reporter::from("arbiter-e2e"));
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        name: Some("repeated".into()),
+        namespace: Some(env.ns.clone()),
+        ..ObjectReference::default()
+    };
+    let event = |note: &str| Event {
+        type_: EventType::Warning,
+        reason: "Repeated".into(),
+        note: Some(note.into()),
+        action: "Repeated".into(),
+        secondary: None,
+    };
+    for _ in 0..3 {
+        recorder
+            .publish(&event("the same"), &regarding)
+            .await
+            .unwrap();
+    }
+    recorder
+        .publish(&event("another"), &regarding)
+        .await
+        .unwrap();
+    let events: Api<K8sEvent> = env.api();
+    let mut sent: Vec<(String, Option<i32>)> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Repeated"))
+        .map(|e| (e.note.unwrap_or_default(), e.series.map(|s| s.count)))
+        .collect();
+    sent.sort();
+    assert_eq!(
+        sent,
+        [
+            ("another".to_string(), None),
+            ("the same".to_string(), Some(3))
+        ]
+    );
+}
+
 async fn the_docs_list_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
     use std::collections::BTreeSet;
     let op = Operator::start(&env, &[]);

@@ -841,14 +841,16 @@ fn settling(
 ///
 /// - A lease's **first election** (no term ever assigned on it by the arbiter, or a Lease it
 ///   is about to adopt) waits until no candidate that can lead has registered for the settle.
-/// - **After a term ended** (a release, an expiry, a stopped pod) it waits only when every
-///   candidate it could elect registered within the settle (the whole pool started again).
-///   `pool` is who the election picks from (not the holder that just stepped down or lapsed,
-///   while anyone else can lead). Otherwise the election is at once, among everyone there: a
-///   better candidate that registered a moment ago is elected, and one older still that comes
-///   a moment later is handed over to once the pool has settled ([`settle_before_asking`]),
-///   while the one elected works. Waiting here would cost leaderless time, which a handover
-///   asked for later does not.
+/// - **After a term ended** (a release, an expiry, a stopped pod) it waits only when no
+///   candidate it could elect was there before: every one registered after the term ended, or
+///   within the settle before (the pool started again), and then until no candidate has
+///   registered for the settle, as a first election does. `pool` is who the election picks
+///   from (not the holder that just stepped down or lapsed, while anyone else can lead). With
+///   a candidate from before (or one registered before this process saw it happen), the
+///   election is at once, among everyone there: a better candidate that registered a moment
+///   ago is elected, and one older still that comes a moment later is handed over to once the
+///   pool has settled ([`settle_before_asking`]), while the one elected works. Waiting then
+///   would cost leaderless time, which a handover asked for later does not.
 ///
 /// Either waits at most an ack window from when the lease became electable.
 fn gather(
@@ -865,8 +867,12 @@ fn gather(
         // A first election: since its first candidate registered.
         None => pool.iter().flatten().min().map(|r| age(*r, now))?,
     };
-    let fresh = |r: &Option<Timestamp>| r.is_some_and(|r| age(r, now) < rules.settle);
-    if !first && pool.iter().any(|j| !fresh(j)) {
+    // Registered at least a settle before the lease became electable (or before this process
+    // saw it happen): there before, and counted.
+    let from_before = |r: &Option<Timestamp>| {
+        r.is_none_or(|r| age(r, now) >= electable_for.saturating_add(rules.settle))
+    };
+    if !first && pool.iter().any(from_before) {
         return None;
     }
     settling(pool, electable_for, now, rules)

@@ -11,7 +11,7 @@ pub(crate) mod key;
 pub(crate) mod metrics;
 pub(crate) mod queue;
 pub(crate) mod reconcile;
-pub(crate) mod report;
+pub mod report;
 pub(crate) mod single_active;
 pub mod term;
 pub mod webhook;
@@ -87,8 +87,9 @@ pub struct Settings {
     /// never more than --ack-window after the first registration, or the better candidate's),
     /// so candidates started together elect the oldest version from the first term instead of
     /// the first to register, and a holder hands over once, to the oldest (it works meanwhile).
-    /// After a term ends the election waits only when every candidate it could elect registered
-    /// within this time (the pool started again).
+    /// After a term ends the election waits only when no candidate it could elect was there
+    /// before (each registered after the term ended, or within this time before it), at most
+    /// --ack-window from the term's end.
     #[arg(long, default_value = "2s", value_parser = crate::flags::duration)]
     pub settle: Duration,
     /// Report candidates whose binaryVersion is more than this many minor versions from the

@@ -673,8 +673,9 @@ fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
         registered("old", "1.30.0", 2000),
     ];
     assert_eq!(act(&settled, None, now), create("old"));
-    // After a term ended, a pool started again all over (every candidate registered since
-    // the lease became electable, here a release 1 s ago) is gathered as a first election is.
+    // After a term ended, a pool started again all over (every candidate registered after
+    // the lease became electable, or within the settle before; here a release 1 s ago) is
+    // gathered as a first election is: until no candidate has registered for the settle.
     let released = Lease {
         holder: None,
         released_by: Some("gone".into()),
@@ -686,6 +687,18 @@ fn an_election_without_a_live_holder_waits_for_registrations_to_settle() {
     ];
     assert_eq!(
         act(&restarted, Some(&released), now),
+        Action::Settle {
+            remaining: Duration::from_millis(1700)
+        }
+    );
+    // Even once the first of them has registered over a settle ago: it came 0.1 s before the
+    // release (1 s ago), with the rest.
+    let restarting = [
+        registered("new", "1.32.0", 2100),
+        registered("old", "1.31.0", 300),
+    ];
+    assert_eq!(
+        act(&restarting, Some(&released), now),
         Action::Settle {
             remaining: Duration::from_millis(1700)
         }
@@ -1564,7 +1577,6 @@ proptest! {
         let Some(l) = &lease else { return Ok(()) };
         let live = l.holder.is_some() && !l.expired() && !l.holder_pod_stopped;
         let age = |t: Timestamp| Duration::try_from(now().duration_since(t)).unwrap();
-        let fresh = |c: &Candidate| c.registered.is_some_and(|r| age(r) < rules.settle);
         let versions = |c: &Candidate| {
             Some((
                 Version::parse(c.emulation_version.as_deref()?).ok()?,
@@ -1574,12 +1586,19 @@ proptest! {
         let eligible = |c: &&Candidate| {
             matches!(d.standings.get(&c.name), Some(Standing::Eligible(_))) && versions(c).is_some()
         };
-        // The holder whose term ended is left out: it is passed over while anyone else can lead.
+        // There before: registered at least a settle before the lease became electable (or
+        // before the operator saw it). The holder whose term ended is left out: it is passed
+        // over while anyone else can lead.
+        let electable_for = if l.expired() && l.holder.is_some() {
+            l.unchanged_for.saturating_sub(l.duration)
+        } else {
+            l.unchanged_for
+        };
         let ended = l.holder.as_deref().or(l.released_by.as_deref());
-        let from_before = cands
-            .iter()
-            .filter(eligible)
-            .any(|c| !fresh(c) && Some(c.name.as_str()) != ended);
+        let from_before = cands.iter().filter(eligible).any(|c| {
+            c.registered.is_none_or(|r| age(r) >= electable_for + rules.settle)
+                && Some(c.name.as_str()) != ended
+        });
         if !live && !l.foreign && l.term > 0 && from_before {
             prop_assert!(!matches!(d.action, Action::Settle { .. }), "{:?}", d.action);
         }
