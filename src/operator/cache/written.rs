@@ -37,6 +37,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 
 /// How long a written value stands for a cache that has not shown it yet.
 pub const KEPT_FOR: Duration = Duration::from_secs(30);
+/// How often the Leases the cache shows by now are forgotten ([`Written::forget_shown`]).
+const SWEEP_SHOWN_EVERY: Duration = Duration::from_secs(1);
 
 struct Write<T> {
     read: T,
@@ -73,6 +75,14 @@ impl LeaseVersion {
             .unwrap_or_default();
         LeaseVersion { version, lease }
     }
+
+    /// Only the version, to compare with: what a Lease was read as (never returned).
+    pub fn only_version(self) -> LeaseVersion {
+        LeaseVersion {
+            lease: None,
+            ..self
+        }
+    }
 }
 
 impl PartialEq for LeaseVersion {
@@ -94,6 +104,7 @@ impl Borrow<str> for LeaseVersion {
 pub struct Written<T> {
     writes: HashMap<String, Write<T>>,
     pruned: Option<Instant>,
+    swept_shown: Option<Instant>,
 }
 
 impl<T> Default for Written<T> {
@@ -101,7 +112,26 @@ impl<T> Default for Written<T> {
         Written {
             writes: HashMap::new(),
             pruned: None,
+            swept_shown: None,
         }
+    }
+}
+
+impl Written<LeaseVersion> {
+    /// Forgets, at most once a second, the Leases whose cache (`shown`: the version it shows of
+    /// the lease named by a key, empty for none) no longer lags this worker's last write: the
+    /// cache counts for them again, and their next reconcile (which would forget them too) may
+    /// be a while away when many leases wait for a worker. Until then each was a second copy of
+    /// its Lease.
+    pub fn forget_shown(&mut self, now: Instant, shown: impl Fn(&str) -> String) {
+        if self
+            .swept_shown
+            .is_some_and(|at| now.saturating_duration_since(at) < SWEEP_SHOWN_EVERY)
+        {
+            return;
+        }
+        self.writes.retain(|key, w| w.behind(shown(key).as_str()));
+        self.swept_shown = Some(now);
     }
 }
 
@@ -283,6 +313,41 @@ mod tests {
         assert_eq!(w.writes.len(), 1);
         // With no write since, a look at any object drops them too.
         w.current("another", &[][..], t0 + 2 * KEPT_FOR);
+        assert!(w.writes.is_empty());
+    }
+
+    fn lease_at(version: &str) -> LeaseVersion {
+        let mut l = Lease::default();
+        l.metadata.resource_version = Some(version.into());
+        LeaseVersion::of(Some(Arc::new(l)))
+    }
+
+    #[test]
+    fn leases_the_cache_shows_are_forgotten_at_the_next_sweep() {
+        let mut w: Written<LeaseVersion> = Written::default();
+        let t0 = Instant::now();
+        // a: created (the cache showed none); b: replaced 7 with 8.
+        w.record("ns/a", LeaseVersion::of(None), lease_at("5"), t0);
+        w.record("ns/b", lease_at("7").only_version(), lease_at("8"), t0);
+        let shows = |a: &'static str, b: &'static str| {
+            move |key: &str| match key {
+                "ns/a" => a.to_string(),
+                "ns/b" => b.to_string(),
+                _ => String::new(),
+            }
+        };
+        // Nothing shown yet: both kept.
+        w.forget_shown(t0, shows("", "7"));
+        assert_eq!(w.writes.len(), 2);
+        // a shown, b not: a forgotten at the next sweep (a second on), b kept.
+        w.forget_shown(t0 + Duration::from_millis(500), shows("5", "7"));
+        assert_eq!(w.writes.len(), 2, "at most one sweep a second");
+        w.forget_shown(t0 + Duration::from_secs(1), shows("5", "7"));
+        assert_eq!(w.writes.keys().collect::<Vec<_>>(), ["ns/b"]);
+        let standing = w.current("ns/b", "7", t0 + Duration::from_secs(1)).unwrap();
+        assert_eq!(standing.version, "8");
+        // Someone else's write (9) shows: the cache counts again.
+        w.forget_shown(t0 + Duration::from_secs(2), shows("5", "9"));
         assert!(w.writes.is_empty());
     }
 }

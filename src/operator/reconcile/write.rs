@@ -109,10 +109,16 @@ impl Worker {
             .as_ref()
             .and_then(|l| l.metadata.resource_version.as_deref())
             .unwrap_or_default();
-        match self
-            .leases
-            .current(&key.to_string(), version, Instant::now())
-        {
+        let now = Instant::now();
+        let leases = &self.caches.leases;
+        self.leases.forget_shown(now, |key| {
+            // A key is `namespace/name` (a namespace has no `/`).
+            key.split_once('/')
+                .and_then(|(ns, name)| leases.get(ns, name))
+                .and_then(|l| l.metadata.resource_version.clone())
+                .unwrap_or_default()
+        });
+        match self.leases.current(&key.to_string(), version, now) {
             Some(written) => written.lease,
             None => cached,
         }
@@ -128,7 +134,8 @@ impl Worker {
     pub(in crate::operator) fn wrote_lease(&mut self, key: &LeaseKey, mut wrote: Lease) {
         // As the cache keeps it.
         crate::operator::cache::slim::keep_arbiter_owned(&mut wrote.metadata);
-        let cached = LeaseVersion::of(self.cached_lease(key));
+        // Compared by version only: the Lease read is not kept (the cache moves past it).
+        let cached = LeaseVersion::of(self.cached_lease(key)).only_version();
         self.leases.record(
             &key.to_string(),
             cached,
