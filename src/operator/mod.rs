@@ -131,8 +131,8 @@ pub struct Settings {
     pub concurrency: u16,
     /// Candidates the operator arbitrates per namespace (0: no limit). Beyond it, the newest
     /// candidates are refused (`Eligible=False`, `LimitExceeded`, and a Warning Event), not
-    /// elected, and cached only as a stub; the older ones' elections go on. At about 4.5 KiB
-    /// per cached candidate, a namespace at the default holds about 45 MiB of the operator's
+    /// elected, and cached only as a stub; the older ones' elections go on. At about 3.5 KiB
+    /// per cached candidate, a namespace at the default holds about 35 MiB of the operator's
     /// memory.
     #[arg(long, default_value = "10000")]
     pub max_candidates_per_namespace: usize,
