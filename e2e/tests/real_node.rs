@@ -743,10 +743,15 @@ async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv
         (term(&l) > term(&again) && arbiter::lease::holder(&l).is_some()).then_some(l)
     })
     .await;
-    assert_eq!(arbiter::lease::holder(&next), Some("job-b"));
     let pods: Api<Pod> = env.api();
     let a = pods.get("job-a").await.unwrap();
     let c = &a.status.unwrap().container_statuses.unwrap()[0];
+    assert_eq!(
+        arbiter::lease::holder(&next),
+        Some("job-b"),
+        "job-a's container: {c:?}\nthe operator's decisions:\n{}",
+        op.decisions("job").join("\n")
+    );
     // ... when no process of job-a ran: its container had ended, and the kubelet holds the
     // next start back.
     assert!(
