@@ -30,10 +30,13 @@
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
+
+use crate::operator::key::LeaseKey;
 
 /// How long a written value stands for a cache that has not shown it yet.
 pub const KEPT_FOR: Duration = Duration::from_secs(30);
@@ -101,13 +104,13 @@ impl Borrow<str> for LeaseVersion {
 /// Memories older than [`KEPT_FOR`] are dropped at least every [`KEPT_FOR`] (a Lease's memory
 /// holds the whole Lease as written: at 10,000 leases, kept until the next write of each, they
 /// were a second copy of every Lease).
-pub struct Written<T> {
-    writes: HashMap<String, Write<T>>,
+pub struct Written<T, K = String> {
+    writes: HashMap<K, Write<T>>,
     pruned: Option<Instant>,
     swept_shown: Option<Instant>,
 }
 
-impl<T> Default for Written<T> {
+impl<T, K> Default for Written<T, K> {
     fn default() -> Self {
         Written {
             writes: HashMap::new(),
@@ -117,13 +120,13 @@ impl<T> Default for Written<T> {
     }
 }
 
-impl Written<LeaseVersion> {
+impl Written<LeaseVersion, LeaseKey> {
     /// Forgets, at most once a second, the Leases whose cache (`shown`: the version it shows of
-    /// the lease named by a key, empty for none) no longer lags this worker's last write: the
+    /// a lease, empty for none) no longer lags this worker's last write: the
     /// cache counts for them again, and their next reconcile (which would forget them too) may
     /// be a while away when many leases wait for a worker. Until then each was a second copy of
     /// its Lease.
-    pub fn forget_shown(&mut self, now: Instant, shown: impl Fn(&str) -> String) {
+    pub fn forget_shown(&mut self, now: Instant, shown: impl Fn(&LeaseKey) -> String) {
         if self
             .swept_shown
             .is_some_and(|at| now.saturating_duration_since(at) < SWEEP_SHOWN_EVERY)
@@ -135,7 +138,7 @@ impl Written<LeaseVersion> {
     }
 }
 
-impl<T> Written<T> {
+impl<T, K: Eq + Hash> Written<T, K> {
     /// Drops the memories older than [`KEPT_FOR`], once per [`KEPT_FOR`].
     fn prune(&mut self, now: Instant) {
         if self
@@ -151,13 +154,15 @@ impl<T> Written<T> {
     }
 }
 
-impl<T: Clone> Written<T> {
+impl<T: Clone, K: Eq + Hash> Written<T, K> {
     /// The last value this worker wrote, while the cache, showing `cached`, has not caught up
     /// with it; `None` when the cache counts.
-    pub fn current<Q>(&mut self, uid: &str, cached: &Q, now: Instant) -> Option<T>
+    pub fn current<Q, I>(&mut self, uid: &I, cached: &Q, now: Instant) -> Option<T>
     where
         T: Borrow<Q>,
         Q: PartialEq + ?Sized,
+        K: Borrow<I>,
+        I: Eq + Hash + ?Sized,
     {
         self.prune(now);
         let w = self.writes.get(uid)?;
@@ -169,9 +174,11 @@ impl<T: Clone> Written<T> {
     }
 
     /// Records that `wrote` was written while the cache showed `cached`.
-    pub fn record(&mut self, uid: &str, cached: T, wrote: T, now: Instant)
+    pub fn record<I>(&mut self, uid: &I, cached: T, wrote: T, now: Instant)
     where
         T: PartialEq,
+        K: Borrow<I>,
+        I: Eq + Hash + ToOwned<Owned = K> + ?Sized,
     {
         match self.writes.get_mut(uid) {
             // Written over a write the cache does not show yet: the chain goes on.
@@ -185,7 +192,7 @@ impl<T: Clone> Written<T> {
                     wrote: vec![wrote],
                     at: now,
                 };
-                self.writes.insert(uid.to_string(), w);
+                self.writes.insert(uid.to_owned(), w);
             }
         }
         self.prune(now);
@@ -324,15 +331,16 @@ mod tests {
 
     #[test]
     fn leases_the_cache_shows_are_forgotten_at_the_next_sweep() {
-        let mut w: Written<LeaseVersion> = Written::default();
+        let mut w: Written<LeaseVersion, LeaseKey> = Written::default();
+        let (a, b) = (LeaseKey::new("ns", "a"), LeaseKey::new("ns", "b"));
         let t0 = Instant::now();
         // a: created (the cache showed none); b: replaced 7 with 8.
-        w.record("ns/a", LeaseVersion::of(None), lease_at("5"), t0);
-        w.record("ns/b", lease_at("7").only_version(), lease_at("8"), t0);
+        w.record(&a, LeaseVersion::of(None), lease_at("5"), t0);
+        w.record(&b, lease_at("7").only_version(), lease_at("8"), t0);
         let shows = |a: &'static str, b: &'static str| {
-            move |key: &str| match key {
-                "ns/a" => a.to_string(),
-                "ns/b" => b.to_string(),
+            move |key: &LeaseKey| match &*key.name {
+                "a" => a.to_string(),
+                "b" => b.to_string(),
                 _ => String::new(),
             }
         };
@@ -343,8 +351,8 @@ mod tests {
         w.forget_shown(t0 + Duration::from_millis(500), shows("5", "7"));
         assert_eq!(w.writes.len(), 2, "at most one sweep a second");
         w.forget_shown(t0 + Duration::from_secs(1), shows("5", "7"));
-        assert_eq!(w.writes.keys().collect::<Vec<_>>(), ["ns/b"]);
-        let standing = w.current("ns/b", "7", t0 + Duration::from_secs(1)).unwrap();
+        assert_eq!(w.writes.keys().collect::<Vec<_>>(), [&b]);
+        let standing = w.current(&b, "7", t0 + Duration::from_secs(1)).unwrap();
         assert_eq!(standing.version, "8");
         // Someone else's write (9) shows: the cache counts again.
         w.forget_shown(t0 + Duration::from_secs(2), shows("5", "9"));

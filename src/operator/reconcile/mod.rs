@@ -93,7 +93,7 @@ pub(in crate::operator) struct Worker {
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     pub(in crate::operator) statuses: Written<Vec<Condition>>,
     /// Leases this worker wrote that its cache may not show yet (the next write's base).
-    pub(in crate::operator) leases: Written<LeaseVersion>,
+    pub(in crate::operator) leases: Written<LeaseVersion, LeaseKey>,
     /// Leases candidates name that exist without arbiter's label ([`crate::operator::reconcile::adopt`]): read on
     /// each reconcile (the Lease watch sees only labelled ones).
     pub(in crate::operator) foreign: HashSet<LeaseKey>,

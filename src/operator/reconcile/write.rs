@@ -112,13 +112,11 @@ impl Worker {
         let now = Instant::now();
         let leases = &self.caches.leases;
         self.leases.forget_shown(now, |key| {
-            // A key is `namespace/name` (a namespace has no `/`).
-            key.split_once('/')
-                .and_then(|(ns, name)| leases.get(ns, name))
+            (leases.get(&key.namespace, &key.name))
                 .and_then(|l| l.metadata.resource_version.clone())
                 .unwrap_or_default()
         });
-        match self.leases.current(&key.to_string(), version, now) {
+        match self.leases.current(key, version, now) {
             Some(written) => written.lease,
             None => cached,
         }
@@ -137,7 +135,7 @@ impl Worker {
         // Compared by version only: the Lease read is not kept (the cache moves past it).
         let cached = LeaseVersion::of(self.cached_lease(key)).only_version();
         self.leases.record(
-            &key.to_string(),
+            key,
             cached,
             LeaseVersion::of(Some(Arc::new(wrote))),
             Instant::now(),
