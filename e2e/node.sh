@@ -56,7 +56,9 @@ node_import() {
 node_claim() {
   if [[ -f $NODE_OWNER ]]; then
     local other; other=$(cat "$NODE_OWNER")
-    if [[ -d $other && $other != "$DIR" ]] && grep -q "^kubelet " "$other/pids" 2>/dev/null; then
+    # Only a live kubelet counts: a run killed before `down` leaves its directory and pids behind.
+    local pid; pid=$(awk '$1 == "kubelet" {print $2}' "$other/pids" 2>/dev/null)
+    if [[ -d $other && $other != "$DIR" && -n $pid ]] && [[ $(cat "/proc/$pid/comm" 2>/dev/null) == kubelet ]]; then
       die "another harness cluster ($other) runs the machine's real node; stop it first (e2e/cluster.sh down $other)"
     fi
   fi
