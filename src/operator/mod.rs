@@ -126,8 +126,9 @@ pub struct Settings {
     #[arg(long, default_value = "5m", value_parser = crate::flags::positive_duration)]
     pub reconcile_stall: Duration,
     /// Leases reconciled at once (1 to 64): each lease always by the same worker, never two
-    /// at a time.
-    #[arg(long, default_value = "8", value_parser = clap::value_parser!(u16).range(1..=metrics::MAX_WORKERS as i64))]
+    /// at a time. A worker spends most of a reconcile waiting on the API server, so a burst of
+    /// elections keeps pace with the candidates registering only with enough of them.
+    #[arg(long, default_value = "32", value_parser = clap::value_parser!(u16).range(1..=metrics::MAX_WORKERS as i64))]
     pub concurrency: u16,
     /// Candidates the operator arbitrates per namespace (0: no limit). Beyond it, the newest
     /// candidates are refused (`Eligible=False`, `LimitExceeded`, and a Warning Event), not
