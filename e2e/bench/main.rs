@@ -6,7 +6,8 @@
 //! - **scale**: one operator arbitrating `--leases` leases (default 1000) × 3 simulated
 //!   candidates: its peak RSS and CPU seconds, the API requests it makes per lease-hour in steady
 //!   state (counted from the API server's audit log), and election latency when 10% of the
-//!   holders fail at once.
+//!   holders renew together and then fail at once (a burst of re-elections all due together),
+//!   beside kube-apiserver's CPU over that burst.
 //!
 //! It starts its own control plane with the `CoordinatedLeaderElection` gate and
 //! `coordination.k8s.io/v1beta1` on (the upstream baseline needs them) and an audit log.
