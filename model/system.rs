@@ -44,10 +44,13 @@ pub const OP_RENEW_DEADLINE: u8 = 2;
 /// its term out (4 s), and assigns and hands the term to a live candidate (2 s): 9 s, after the
 /// second in which the last fault fell.
 pub const CALM: u8 = 10;
-/// Version order: with no fault, the holder is outranked by a live registered candidate for
-/// fewer than this many seconds (a registration is delivered at the end of its second, the pool
-/// settles for the next, the candidate is pinged and answers, the holder is asked to hand over
-/// and releases in the second after).
+/// Version order: with no fault, the holder is outranked by the same best live registered
+/// candidate for fewer than this many seconds (a registration is delivered at the end of its
+/// second, the pool settles for the next, the candidate is pinged and answers, the holder is
+/// asked to hand over and releases in the second after). A better candidate registering
+/// meanwhile starts the count again: the holder is asked once, for the best, after the pool
+/// has settled (`--settle`), so each better registration can postpone the handover by up to
+/// the settle.
 pub const HANDOVER: u8 = 4;
 
 /// A seeded change of the protocol that the checker must catch.
@@ -415,8 +418,8 @@ pub struct State {
     pub calm_since: u8,
     /// When a term was last assigned.
     pub assigned_at: u8,
-    /// Since when the holder has been outranked by a live registered candidate.
-    pub outranked_since: Option<u8>,
+    /// The best live registered candidate that outranks the holder, and since when it has.
+    pub outranked_since: Option<(u8, u8)>,
     /// When the first candidate registered, and which candidates registered by the end of the
     /// next second (started together, as a Deployment's pods do).
     pub first_registration: Option<u8>,
@@ -466,7 +469,7 @@ impl State {
         self.faults > 0
             || self
                 .outranked_since
-                .is_none_or(|since| self.t < since + HANDOVER)
+                .is_none_or(|(_, since)| self.t < since + HANDOVER)
     }
 }
 
@@ -1607,13 +1610,13 @@ fn check(n: &mut State) {
         n.overlap = true;
     }
     let holder = n.lease.as_ref().and_then(|l| l.holder);
-    let outranked = holder.is_some_and(|h| {
-        (0..h).any(|j| n.cand_objs[j as usize].is_some() && n.cands[j as usize].live())
+    let best_above = holder.and_then(|h| {
+        (0..h).find(|&j| n.cand_objs[j as usize].is_some() && n.cands[j as usize].live())
     });
-    n.outranked_since = match (outranked, n.outranked_since) {
-        (false, _) => None,
-        (true, Some(since)) => Some(since),
-        (true, None) => Some(n.t),
+    n.outranked_since = match (best_above, n.outranked_since) {
+        (None, _) => None,
+        (Some(b), Some((was, since))) if b == was => Some((b, since)),
+        (Some(b), _) => Some((b, n.t)),
     };
     // The first term's holder, outranked by one started together with it.
     if n.first_holder
