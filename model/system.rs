@@ -1615,7 +1615,9 @@ fn check(n: &mut State) {
     });
     n.outranked_since = match (best_above, n.outranked_since) {
         (None, _) => None,
-        (Some(b), Some((was, since))) if b == was => Some((b, since)),
+        // Only a strictly better one starts the count again (the handover waits for it to
+        // settle); a worse one becoming the best (the best died) keeps counting.
+        (Some(b), Some((was, since))) if b >= was => Some((b, since)),
         (Some(b), _) => Some((b, n.t)),
     };
     // The first term's holder, outranked by one started together with it.
