@@ -690,8 +690,12 @@ pub async fn run(kubeconfig: &Path, audit: &Audit, setup: &Setup) -> Option<Summ
                 share(apiserver_over_burst, burst_window)
             );
             println!(
-                "| the same less the steady state's rate (the renewals): the burst's own requests | {apiserver_burst_own:.2} s; p99 from expiry ÷ it: {:.2} |",
-                a.p99 / apiserver_burst_own
+                "| the same less the steady state's rate (the renewals): the burst's own requests | {apiserver_burst_own:.2} s; p99 from expiry ÷ it: {} |",
+                // Below the noise of the steady state's rate, the ratio means nothing.
+                match apiserver_burst_own > 0.0 {
+                    true => format!("{:.2}", a.p99 / apiserver_burst_own),
+                    false => "-".into(),
+                }
             );
         }
         None => println!("| re-election after 10% of holders fail | not all within 600 s |"),

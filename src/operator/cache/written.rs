@@ -157,7 +157,7 @@ impl<T, K: Eq + Hash> Written<T, K> {
 impl<T: Clone, K: Eq + Hash> Written<T, K> {
     /// The last value this worker wrote, while the cache, showing `cached`, has not caught up
     /// with it; `None` when the cache counts.
-    pub fn current<Q, I>(&mut self, uid: &I, cached: &Q, now: Instant) -> Option<T>
+    pub fn current<Q, I>(&mut self, key: &I, cached: &Q, now: Instant) -> Option<T>
     where
         T: Borrow<Q>,
         Q: PartialEq + ?Sized,
@@ -165,22 +165,22 @@ impl<T: Clone, K: Eq + Hash> Written<T, K> {
         I: Eq + Hash + ?Sized,
     {
         self.prune(now);
-        let w = self.writes.get(uid)?;
+        let w = self.writes.get(key)?;
         if w.behind(cached) && now.saturating_duration_since(w.at) < KEPT_FOR {
             return w.wrote.last().cloned();
         }
-        self.writes.remove(uid);
+        self.writes.remove(key);
         None
     }
 
     /// Records that `wrote` was written while the cache showed `cached`.
-    pub fn record<I>(&mut self, uid: &I, cached: T, wrote: T, now: Instant)
+    pub fn record<I>(&mut self, key: &I, cached: T, wrote: T, now: Instant)
     where
         T: PartialEq,
         K: Borrow<I>,
         I: Eq + Hash + ToOwned<Owned = K> + ?Sized,
     {
-        match self.writes.get_mut(uid) {
+        match self.writes.get_mut(key) {
             // Written over a write the cache does not show yet: the chain goes on.
             Some(w) if w.behind(&cached) => {
                 w.wrote.push(wrote);
@@ -192,7 +192,7 @@ impl<T: Clone, K: Eq + Hash> Written<T, K> {
                     wrote: vec![wrote],
                     at: now,
                 };
-                self.writes.insert(uid.to_owned(), w);
+                self.writes.insert(key.to_owned(), w);
             }
         }
         self.prune(now);
