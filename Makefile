@@ -4,7 +4,7 @@ CARGO ?= cargo
 
 .PHONY: setup promtool image images test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench \
 	release publish version tool-path docs helm-docs cli-docs check-links actionlint static-amd64 \
-	model model-short
+	model model-short e2e-matrix
 
 # The static build the Dockerfile runs (`make static`); CI checks it.
 STATIC_TARGET := x86_64-unknown-linux-musl
@@ -69,6 +69,18 @@ e2e: control-plane promtool images release
 
 control-plane:
 	e2e/cluster.sh build
+
+## e2e-matrix: the e2e suite's compatibility subset on every tested Kubernetes minor
+## (KUBE_VERSIONS, default 1.33 1.35 1.37; each control plane built from source and cached
+## apart). One minor's whole suite: KUBE_VERSION=1.33 make e2e
+KUBE_VERSIONS ?= 1.33 1.35 1.37
+e2e-matrix: promtool images release
+	@for v in $(KUBE_VERSIONS); do \
+	  echo "== e2e-matrix: Kubernetes $$v"; \
+	  KUBE_VERSION=$$v e2e/cluster.sh build >/dev/null \
+	    && KUBE_VERSION=$$v ARBITER_E2E_SUBSET=compat $(CARGO) test --test e2e \
+	    || { echo "== e2e-matrix: Kubernetes $$v failed"; exit 1; }; \
+	done; echo "== e2e-matrix: passed on $(KUBE_VERSIONS)"
 
 ## promtool: build (or reuse) promtool for the chart's alert tests, before the e2e suite starts
 ## (built inside a test it would load the machine while other tests run)

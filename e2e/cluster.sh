@@ -26,9 +26,24 @@ set -euo pipefail
 
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # The pinned Kubernetes release is the one e2e/go.mod requires; etcd is the version that
-# release's go.mod pins; kwok is pinned here.
-K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$E2E_DIR/go.mod")
-ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2; exit}' "$E2E_DIR/go.mod")
+# release's go.mod pins; kwok is pinned here. KUBE_VERSION=1.33 (a minor) selects another
+# supported release instead: the module in e2e/versions/1.33 (e2e/gen-gomod.sh writes it).
+pinned_release() { awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$1/go.mod"; }
+MOD_DIR=$E2E_DIR
+if [[ -n ${KUBE_VERSION:-} ]]; then
+  KUBE_VERSION=${KUBE_VERSION#v}
+  pinned=$(pinned_release "$E2E_DIR")
+  if [[ $KUBE_VERSION != "$(cut -d. -f1,2 <<<"${pinned#v}")" ]]; then
+    MOD_DIR=$E2E_DIR/versions/$KUBE_VERSION
+    [[ -f $MOD_DIR/go.mod ]] || {
+      printf '[cluster] error: KUBE_VERSION=%s is not one the harness builds (it builds %s and: %s)\n' \
+        "$KUBE_VERSION" "$pinned" "$(ls "$E2E_DIR/versions" | tr '\n' ' ')" >&2
+      exit 1
+    }
+  fi
+fi
+K8S_VERSION=$(pinned_release "$MOD_DIR")
+ETCD_VERSION=$(awk '$1 == "go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2; exit}' "$MOD_DIR/go.mod")
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 # Prometheus 3.16's Go module version (its tags are v3.x; the module's are v0.3xx).
@@ -47,7 +62,7 @@ die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
 
 # The cache key beyond the Kubernetes version: anything that changes what we build.
 build_stamp() {
-  cat "$E2E_DIR/go.mod" "$E2E_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION coredns=$COREDNS_VERSION version-ldflags=1") \
+  cat "$MOD_DIR/go.mod" "$MOD_DIR/go.sum" <(echo "kwok=$KWOK_VERSION etcd=$ETCD_VERSION helm=$HELM_VERSION coredns=$COREDNS_VERSION version-ldflags=1") \
     <(go env GOVERSION) | sha256sum | cut -c1-16
 }
 
@@ -81,7 +96,7 @@ cmd_build() {
     k8s.io/kubernetes/cmd/kube-proxy go.etcd.io/etcd/server/v3; do
     name=${pkg##*/}; [[ $name == v3 ]] && name=etcd
     log "  building $name ($((SECONDS - start))s so far)"
-    (cd "$E2E_DIR" && go build "${flags[@]}" -o "$BIN_DIR/$name.tmp" "$pkg") >>"$buildlog" 2>&1 \
+    (cd "$MOD_DIR" && go build "${flags[@]}" -o "$BIN_DIR/$name.tmp" "$pkg") >>"$buildlog" 2>&1 \
       || { tail -30 "$buildlog" >&2; die "building $name failed (full log: $buildlog)"; }
     mv "$BIN_DIR/$name.tmp" "$BIN_DIR/$name"
   done

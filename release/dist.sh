@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make release`: every file a release publishes, in dist/, from the static builds `make static`
-# and `make static-arm64` made. Reproducible: archives and image layers carry no times or owners.
+# and `make static-arm64` made. Reproducible: the same commit gives the same bytes. Archives hold
+# their files (no `./` entry), modes 0755 / 0644, owner 0, and the commit's time as mtime
+# (SOURCE_DATE_EPOCH, taken from git when unset); the SBOM's creation time is that time too.
 #
 #   dist/image/                                  OCI image layout: the index for linux/amd64 and
 #                                                linux/arm64, tagged VERSION
@@ -32,6 +34,22 @@ chart_version=$(awk '$1 == "version:" {print $2; exit}' charts/arbiter/Chart.yam
 [[ $chart_version == "$VERSION" ]] || die "charts/arbiter/Chart.yaml has version $chart_version, Cargo.toml $VERSION"
 grep -q "^## \[$VERSION\]" CHANGELOG.md || die "CHANGELOG.md has no section for $VERSION"
 
+# The one time every archive and the SBOM carry: the commit's, so two runs agree.
+if [[ -z ${SOURCE_DATE_EPOCH:-} ]]; then
+  SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null) \
+    || die "not a git checkout: set SOURCE_DATE_EPOCH (seconds since 1970) to the release commit's time"
+fi
+[[ $SOURCE_DATE_EPOCH =~ ^[0-9]+$ ]] || die "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH is not a number of seconds"
+export SOURCE_DATE_EPOCH
+
+# A reproducible tar.gz of NAMES under DIR: sorted, the commit's mtime, owner 0, files 0644 or
+# 0755 (executables), directories 0755, no entry for DIR itself, gzip without a name or time.
+reproducible_tgz() {
+  local out=$1 dir=$2; shift 2
+  tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
+    --mode='u=rwX,go=rX' --format=gnu -C "$dir" -cf - "$@" | gzip -n -9 >"$out"
+}
+
 helm=$(e2e/cluster.sh build)/helm
 syft=$(e2e/cluster.sh tool syft)
 host=target/${TARGET[amd64]}/release/arbiter
@@ -48,7 +66,15 @@ for arch in amd64 arm64; do
 done
 
 log "chart"
-"$helm" package charts/arbiter --version "$VERSION" --app-version "$VERSION" -d "$DIST" >/dev/null
+# `helm package` stamps every entry with the time it ran: unpack its archive and pack the same
+# files again reproducibly (files only, as helm writes them).
+chart_stage=$(mktemp -d)
+"$helm" package charts/arbiter --version "$VERSION" --app-version "$VERSION" -d "$chart_stage" >/dev/null
+tar -xzf "$chart_stage/arbiter-$VERSION.tgz" -C "$chart_stage"
+(cd "$chart_stage" && find arbiter -type f | LC_ALL=C sort >files)
+mapfile -t chart_files <"$chart_stage/files"
+reproducible_tgz "$DIST/arbiter-$VERSION.tgz" "$chart_stage" --no-recursion "${chart_files[@]}"
+rm -rf "$chart_stage"
 
 log "manifests"
 {
@@ -74,8 +100,8 @@ for arch in amd64 arm64; do
   stage=$(mktemp -d)
   cp -r "$extras/." "$stage/"
   install -m 0755 "target/${TARGET[$arch]}/release/arbiter" "$stage/kubectl-arbiter"
-  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -C "$stage" -cf - . \
-    | gzip -n >"$DIST/kubectl-arbiter-$VERSION-linux-$arch.tar.gz"
+  reproducible_tgz "$DIST/kubectl-arbiter-$VERSION-linux-$arch.tar.gz" "$stage" \
+    kubectl-arbiter LICENSE completions man
   rm -rf "$stage"
 done
 
@@ -116,6 +142,22 @@ log "SBOM"
   --override-default-catalogers rust-cargo-lock-cataloger \
   --exclude './e2e/**' --exclude './target/**' --exclude './dist/**' --exclude "./$DIST/**" \
   -o "spdx-json=$DIST/arbiter.spdx.json"
+# syft stamps the document with the time it ran and a random namespace: the commit's time, and
+# a namespace named by the document's own content, instead.
+python3 - "$DIST/arbiter.spdx.json" "$REPO_URL" "$VERSION" <<'EOF'
+import datetime, hashlib, json, os, sys
+path, repo, version = sys.argv[1:]
+doc = json.load(open(path))
+epoch = int(os.environ["SOURCE_DATE_EPOCH"])
+when = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
+doc["creationInfo"]["created"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+doc["documentNamespace"] = ""
+digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+doc["documentNamespace"] = f"{repo}/spdx/arbiter-{version}-{digest[:32]}"
+with open(path, "w") as f:
+    json.dump(doc, f, indent=1)
+    f.write("\n")
+EOF
 
 log "release notes"
 awk -v v="$VERSION" '

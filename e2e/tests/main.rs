@@ -58,7 +58,51 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all
 }
 
+/// The compatibility subset `make e2e-matrix` runs on every tested Kubernetes minor
+/// (`ARBITER_E2E_SUBSET=compat`): what differs across minors. The CRD's schema and CEL rules
+/// (semver among them) with valid and invalid versions; an election, a handover, an expiry and
+/// the Lease's compare-and-swap; server-side apply's field managers; eviction; the chart's
+/// install, upgrade, uninstall and `helm test`; the webhook's admission; and on the real node the
+/// kubelet's reports that prove a pod stopped and a container ended.
+const COMPAT: &[&str] = &[
+    "crd::",
+    "operator::single_candidate_is_elected",
+    "operator::better_candidate_gets_the_lease_through_handover",
+    "operator::expired_lease_goes_to_a_live_candidate",
+    "operator::lapsed_holder_pod_still_running_is_evicted",
+    "operator::clearing_the_operator_lease_does_not_make_two_arbiters",
+    "operator::elections_write_no_status_and_one_event_each",
+    "agent::graceful_handover_stops_the_old_workload_before_the_new_starts",
+    "agent::clearing_the_holder_does_not_shorten_its_term",
+    "chart::install_upgrade_uninstall",
+    "single_active::deployment_gets_exactly_one_active_pod",
+    "real_node::the_charts_operator_runs_in_the_cluster_and_fails_over",
+    "real_node::a_deleted_agent_pods_workload_stops_before_the_next_starts",
+    "real_node::a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry",
+    "inject::an_injected_deployment_runs_one_command_at_a_time_through_updates_rollback_and_rotation",
+    "inject::with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_neither",
+];
+
+/// Whether test `name` is in the subset `ARBITER_E2E_SUBSET` names (every test when unset).
+fn selected(name: &str) -> bool {
+    match std::env::var("ARBITER_E2E_SUBSET").as_deref() {
+        Err(_) | Ok("") | Ok("all") => true,
+        Ok("compat") => COMPAT
+            .iter()
+            .any(|c| name == *c || (c.ends_with("::") && name.starts_with(c))),
+        Ok(other) => panic!("ARBITER_E2E_SUBSET={other}: it is `compat` or `all`"),
+    }
+}
+
 fn main() {
+    // A renamed test must not drop out of the matrix unnoticed.
+    let names: Vec<&str> = tests().iter().map(|(n, _)| *n).collect();
+    for c in COMPAT {
+        assert!(
+            names.iter().any(|n| n == c || (c.ends_with("::") && n.starts_with(c))),
+            "the compatibility subset names {c}, which is no test"
+        );
+    }
     let mut args = Arguments::from_args();
     // The tests mostly wait on the API server, so run more of them than there are cores.
     args.test_threads.get_or_insert(6);
@@ -70,6 +114,8 @@ fn main() {
         let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
         rt.block_on(async {
             let client = support::client_for(path).await;
+            let version = client.apiserver_version().await.expect("the server's version");
+            eprintln!("[e2e] kube-apiserver {}", version.git_version);
             arbiter::api::apply_crds(client, Duration::from_secs(30))
                 .await
                 .expect("installing the CRD");
@@ -78,6 +124,7 @@ fn main() {
 
     let trials = tests()
         .into_iter()
+        .filter(|(name, _)| selected(name))
         .map(|(name, test)| {
             let kubeconfig = kubeconfig.clone();
             Trial::test(name, move || {

@@ -28,6 +28,8 @@ use crate::support::{TestEnv, eventually, node, repo_root};
 
 crate::tests![release:
     the_release_holds_every_file_for_both_platforms,
+    every_archive_unpacks_in_a_shared_directory_leaving_it_as_it_was,
+    a_second_release_of_the_same_commit_is_byte_for_byte_the_same,
     helm_installs_the_chart_from_the_registry_and_its_pods_pull_and_elect,
     the_all_in_one_manifest_installs_from_the_registry,
     an_upgrade_from_the_previous_chart_keeps_every_holder_and_term,
@@ -71,6 +73,68 @@ fn untar(archive: &Path) -> tempfile::TempDir {
         .arg("-C")
         .arg(dir.path()));
     dir
+}
+
+/// The commit time `make release` stamps on every archive entry (its SOURCE_DATE_EPOCH).
+fn commit_time() -> i64 {
+    run(Command::new("git")
+        .args(["log", "-1", "--format=%ct"])
+        .current_dir(repo_root()))
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+/// `tar xzf ARCHIVE` run in a directory like /tmp (sticky, world-writable), as install.md says:
+/// the directory keeps its mode and is not given the archive's time; exactly `top` appeared in
+/// it; every entry is owned by root, 0755 (directories, executables) or 0644, dated `mtime`.
+fn unpacks_cleanly(archive: &Path, top: &[&str], executables: &[&str], mtime: i64) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let name = archive.file_name().unwrap().to_string_lossy();
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let before = std::fs::metadata(shared.path()).unwrap();
+    run(Command::new("tar")
+        .arg("xzf")
+        .arg(archive)
+        .current_dir(shared.path()));
+    let after = std::fs::metadata(shared.path()).unwrap();
+    assert_eq!(
+        after.mode() & 0o7777,
+        0o1777,
+        "`tar xzf {name}` changed the mode of the directory it ran in"
+    );
+    assert!(
+        after.mtime() >= before.mtime(),
+        "`tar xzf {name}` dated the directory it ran in back to {}",
+        after.mtime()
+    );
+    let appeared: BTreeSet<String> = std::fs::read_dir(shared.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let top: BTreeSet<String> = top.iter().map(|s| s.to_string()).collect();
+    assert_eq!(appeared, top, "what `tar xzf {name}` put in the directory");
+    let listing = run(Command::new("tar")
+        .args(["--numeric-owner", "--full-time", "-tvzf"])
+        .arg(archive));
+    for line in listing.lines() {
+        // drwxr-xr-x 0/0 0 2026-12-07 02:56:07 completions/
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (mode, owner, path) = (fields[0], fields[1], fields[5]);
+        assert!(!path.starts_with("./") && !path.starts_with('/'), "{name}: {line}");
+        assert_eq!(owner, "0/0", "{name}: {line}");
+        let expected = if mode.starts_with('d') || executables.contains(&path) {
+            "rwxr-xr-x"
+        } else {
+            "rw-r--r--"
+        };
+        assert_eq!(&mode[1..], expected, "{name}: {line}");
+        let on_disk = std::fs::symlink_metadata(shared.path().join(path)).unwrap();
+        if !on_disk.is_dir() {
+            assert_eq!(on_disk.mtime(), mtime, "{name}: {path} is dated the commit's time");
+        }
+    }
 }
 
 /// What `file` says of an executable.
@@ -209,12 +273,12 @@ async fn the_release_holds_every_file_for_both_platforms(_env: Arc<TestEnv>) {
         let archive = dist.join(&name);
         let listing = run(Command::new("tar").arg("-tzf").arg(&archive));
         for member in [
-            "./kubectl-arbiter",
-            "./LICENSE",
-            "./completions/arbiter.bash",
-            "./completions/_arbiter",
-            "./completions/arbiter.fish",
-            "./man/arbiter.1",
+            "kubectl-arbiter",
+            "LICENSE",
+            "completions/arbiter.bash",
+            "completions/_arbiter",
+            "completions/arbiter.fish",
+            "man/arbiter.1",
         ] {
             assert!(
                 listing.lines().any(|l| l == member),
@@ -262,6 +326,41 @@ async fn the_release_holds_every_file_for_both_platforms(_env: Arc<TestEnv>) {
         !notes.contains("## ["),
         "only this version's section: {notes}"
     );
+}
+
+async fn every_archive_unpacks_in_a_shared_directory_leaving_it_as_it_was(_env: Arc<TestEnv>) {
+    let dist = dist();
+    let mtime = commit_time();
+    for arch in ["amd64", "arm64"] {
+        unpacks_cleanly(
+            &dist.join(format!("kubectl-arbiter-{VERSION}-linux-{arch}.tar.gz")),
+            &["kubectl-arbiter", "LICENSE", "completions", "man"],
+            &["kubectl-arbiter"],
+            mtime,
+        );
+    }
+    unpacks_cleanly(
+        &dist.join(format!("arbiter-{VERSION}.tgz")),
+        &["arbiter"],
+        &[],
+        mtime,
+    );
+}
+
+/// `make release` run again on the same commit (into another directory) writes the same bytes:
+/// every file SHA256SUMS lists, and the image index (its digest names every blob).
+async fn a_second_release_of_the_same_commit_is_byte_for_byte_the_same(_env: Arc<TestEnv>) {
+    let dist = dist();
+    let again = tempfile::tempdir().unwrap();
+    run(Command::new(repo_root().join("release/dist.sh"))
+        .env("VERSION", VERSION)
+        .env("DIST", again.path())
+        .env_remove("SOURCE_DATE_EPOCH")
+        .current_dir(repo_root()));
+    let sums = |dir: &Path| std::fs::read_to_string(dir.join("SHA256SUMS")).unwrap();
+    assert_eq!(sums(&dist), sums(again.path()), "SHA256SUMS of two runs");
+    let index = |dir: &Path| std::fs::read(dir.join("image/index.json")).unwrap();
+    assert_eq!(index(&dist), index(again.path()), "the image index of two runs");
 }
 
 /// `--set` arguments that place the operator on the real node, confined to `env`'s namespace:
