@@ -26,6 +26,7 @@ crate::tests![inject:
     an_injected_deployment_runs_one_command_at_a_time_through_updates_rollback_and_rotation,
     with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_neither,
     a_replica_that_starts_acting_never_takes_a_lease_from_a_role,
+    pods_created_before_the_webhook_are_evicted_down_to_one_command,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -840,4 +841,130 @@ async fn a_replica_that_starts_acting_never_takes_a_lease_from_a_role(env: Arc<T
             "a version took a lease away: {versions:?}"
         );
     }
+}
+
+/// The node's uptime (the clock the workloads log on: the real node is this machine).
+fn uptime() -> f64 {
+    let text = std::fs::read_to_string("/proc/uptime").unwrap();
+    text.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// After each entry of `entries`: its time (a start's or a stop's) and how many commands run.
+fn running_counts(entries: &[Entry]) -> Vec<(f64, usize)> {
+    let mut running = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for e in entries {
+        match e {
+            Entry::Start { id, at, .. } => {
+                running.insert(id.clone());
+                out.push((*at, running.len()));
+            }
+            Entry::Stop { id, at } => {
+                running.remove(id);
+                out.push((*at, running.len()));
+            }
+            Entry::Child { .. } => {}
+        }
+    }
+    out
+}
+
+/// A Deployment applied before the chart: its three labelled pods were created with no webhook
+/// configuration, so all three run the command unwrapped. Once the chart is installed, the
+/// acting operator evicts them one at a time (their ReplicaSet creates them again, wrapped) and
+/// holds the lease's election while any runs: within one lease duration at most one command
+/// runs, and never more after, through a rolling update started meanwhile.
+async fn pods_created_before_the_webhook_are_evicted_down_to_one_command(env: Arc<TestEnv>) {
+    node::ready(&env).await;
+    let accounts: Api<ServiceAccount> = env.api();
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let shared = node::shared_dir();
+    let log = shared.path().join("log");
+    // An unwrapped command has no agent to name it: it logs under its pod's name.
+    let mut work = deployment("1.30.0", shared.path());
+    let script = &mut work["spec"]["template"]["spec"]["containers"][0]["command"][2];
+    *script = script
+        .as_str()
+        .unwrap()
+        .replace(
+            "$ARBITER_IDENTITY $ARBITER_TERM",
+            "${ARBITER_IDENTITY:-$HOSTNAME} ${ARBITER_TERM:-0}",
+        )
+        .replace(
+            "\"stop $ARBITER_IDENTITY",
+            "\"stop ${ARBITER_IDENTITY:-$HOSTNAME}",
+        )
+        .into();
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(work).unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually("three unwrapped commands to run", ROLLOUT, || async {
+        let counts = running_counts(&read_log(&log));
+        (counts.last().map(|c| c.1) == Some(3)).then_some(())
+    })
+    .await;
+
+    let release = format!("unw{}", std::process::id());
+    install(
+        &env,
+        &release,
+        &[node::CHART_ON_NODE, &["--wait", "--timeout", "120s"]].concat(),
+    );
+    let installed = uptime();
+    // The chart's lease duration (15 s): by then at most one command runs.
+    let lease_duration = 15.0;
+    eventually("at most one command to run", DEADLINE, || async {
+        let counts = running_counts(&read_log(&log));
+        (counts.last().map(|c| c.1) <= Some(1)).then_some(())
+    })
+    .await;
+    // A rolling update while the last unwrapped pod may still run.
+    set_version(&env, "1.31.0").await;
+    rolled_out(&env, "1.31.0").await;
+
+    let entries = read_log(&log);
+    let counts = running_counts(&entries);
+    let first_one = counts
+        .iter()
+        .position(|(at, n)| *at >= installed - 0.5 && *n <= 1)
+        .unwrap_or_else(|| panic!("never down to one command: {entries:#?}"));
+    let (at, _) = counts[first_one];
+    assert!(
+        at - installed <= lease_duration,
+        "one command ran only {:.1} s after the chart was installed (more than a lease duration): {entries:#?}\n{}",
+        at - installed,
+        state(&env).await
+    );
+    if let Some((at, n)) = counts[first_one..].iter().find(|(_, n)| *n > 1) {
+        panic!(
+            "{n} commands ran at {at} after one alone had run: {entries:#?}\n{}",
+            state(&env).await
+        );
+    }
+    // What was done is said: an Event on each evicted pod, and the metric.
+    let events: Api<Event> = env.api();
+    let evicted = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("UnwrappedEvicted"))
+        .count();
+    assert!(
+        evicted >= 1,
+        "an UnwrappedEvicted Event:\n{}",
+        state(&env).await
+    );
 }

@@ -337,6 +337,10 @@ pub enum Action {
     StrategyConflict,
     /// An election is needed and nobody can be elected.
     NoEligibleCandidate,
+    /// `holder` would be elected, but `pods` pods labelled for injection still run the lease's
+    /// command unwrapped ([`held_for_unwrapped`]): nobody is given the lease until they are
+    /// gone.
+    WaitForUnwrapped { holder: String, pods: usize },
 }
 
 impl Action {
@@ -929,6 +933,22 @@ pub fn switchover_target(
         )
         .map(|r| r.name.to_string())
         .ok_or_else(|| "no other eligible candidate runs the versions the rules elect".to_string()),
+    }
+}
+
+/// The election held while `unwrapped` pods run the lease's command without an agent (pods
+/// labelled for injection that were not injected: [`crate::workloads::unwrapped`]): an action
+/// that would give the lease to someone waits instead, as a new holder's command would run
+/// beside theirs. Every other action stands: a holder keeps its lease (its command already
+/// runs), a handover is still asked for and carried out by the holder, pings still go out, so
+/// that a successor is known alive the moment the last unwrapped pod is gone.
+pub fn held_for_unwrapped(action: Action, unwrapped: usize) -> Action {
+    match action.elects() {
+        Some(holder) if unwrapped > 0 => Action::WaitForUnwrapped {
+            holder: holder.to_string(),
+            pods: unwrapped,
+        },
+        _ => action,
     }
 }
 

@@ -268,6 +268,11 @@ pub fn wrapped_agent(pod: &Pod) -> Option<(String, Option<String>)> {
     })
 }
 
+/// The lease the webhook gives `pod`'s agent (as [`inject`] would), if the pod names one.
+pub fn lease_for(pod: &Pod) -> Option<String> {
+    lease_of(pod, pod.annotations()).ok()
+}
+
 /// The lease: the annotation, else the workload's name from the pod's controller.
 fn lease_of(pod: &Pod, annotations: &BTreeMap<String, String>) -> Result<String, Refusal> {
     if let Some(name) = annotations.get(LEASE_NAME_ANNOTATION) {

@@ -13,6 +13,7 @@
 
 pub mod inject;
 pub mod sync;
+pub mod unwrapped;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;

@@ -1883,3 +1883,69 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn unwrapped_pods_hold_every_election_and_nothing_else() {
+    let elections = [
+        Action::Assign {
+            holder: "a".into(),
+            lapsed: None,
+        },
+        Action::CreateLease {
+            holder: Some("a".into()),
+            strategy: OEV.into(),
+        },
+    ];
+    for action in elections {
+        assert_eq!(
+            held_for_unwrapped(action.clone(), 2),
+            Action::WaitForUnwrapped {
+                holder: "a".into(),
+                pods: 2
+            }
+        );
+        assert_eq!(held_for_unwrapped(action.clone(), 0), action);
+    }
+    let others = [
+        Action::Nothing,
+        Action::CreateLease {
+            holder: None,
+            strategy: OEV.into(),
+        },
+        Action::Ping {
+            candidates: vec!["a".into()],
+        },
+        Action::RequestHandover { to: "b".into() },
+        Action::WaitForRelease { to: "b".into() },
+        Action::NoEligibleCandidate,
+    ];
+    for action in others {
+        assert_eq!(held_for_unwrapped(action.clone(), 3), action);
+    }
+}
+
+proptest! {
+    /// Whatever the election decides, while an unwrapped pod runs nobody is given the lease.
+    #[test]
+    fn while_an_unwrapped_pod_runs_nobody_is_elected(
+        holder in proptest::option::of(0usize..3),
+        live in proptest::collection::vec(any::<bool>(), 0..4),
+        unchanged_for in 0u64..40,
+        unwrapped in 1usize..4,
+    ) {
+        let now = t0();
+        let candidates: Vec<Candidate> = live
+            .iter()
+            .enumerate()
+            .map(|(i, live)| {
+                let name = format!("c{i}");
+                if *live { acked(&name, "1.31.0", now) } else { never_pinged(&name, "1.31.0") }
+            })
+            .collect();
+        let l = holder.map(|h| lease(Some(&format!("c{h}")), unchanged_for));
+        let d = decide(&candidates, l.as_ref(), None, now, &Rules::default());
+        let held = held_for_unwrapped(d.action.clone(), unwrapped);
+        prop_assert!(held.elects().is_none(), "{:?} became {:?}", d.action, held);
+        prop_assert_eq!(held_for_unwrapped(d.action.clone(), 0), d.action);
+    }
+}

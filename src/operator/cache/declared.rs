@@ -28,6 +28,9 @@ pub const LEASE_LABEL: &str = "arbiter.dev/lease";
 pub const LEASES_ANNOTATION: &str = "arbiter.dev/declared-leases";
 /// Likewise: the candidate names (`--identity`) its containers' command lines give.
 pub const IDENTITIES_ANNOTATION: &str = "arbiter.dev/declared-identities";
+/// Likewise: the lease a pod labelled for injection runs its command for without an agent
+/// ([`crate::workloads::unwrapped`]).
+pub const UNWRAPPED_ANNOTATION: &str = "arbiter.dev/unwrapped-lease";
 
 /// What a pod's containers' command lines declare.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -86,7 +89,17 @@ pub fn note(pod: &mut Pod) {
     if !declared.identities.is_empty() {
         notes.insert(IDENTITIES_ANNOTATION.to_string(), join(declared.identities));
     }
+    if let Some(lease) = crate::workloads::unwrapped::unwrapped_lease(pod) {
+        notes.insert(UNWRAPPED_ANNOTATION.to_string(), lease);
+    }
     pod.metadata.annotations = (!notes.is_empty()).then_some(notes);
+}
+
+/// The lease a slimmed `pod` (see [`note`]) runs its command for unwrapped, if it does.
+pub fn unwrapped_for(pod: &Pod) -> Option<&str> {
+    pod.annotations()
+        .get(UNWRAPPED_ANNOTATION)
+        .map(String::as_str)
 }
 
 fn listed(pod: &Pod, annotation: &str, value: &str) -> bool {

@@ -150,6 +150,7 @@ fn follow_pods(
         pod.uid().is_some_and(|uid| index.has_pod(&uid))
             || annotated.selects_any(pod)
             || has_role(pod)
+            || crate::workloads::unwrapped::unwrapped_lease(pod).is_some()
     });
     FollowedPods::new(follows, scopes, kept)
 }
@@ -343,6 +344,10 @@ fn pod_events(
         // A single-active workload's pod may have no candidate yet.
         for key in annotated.selecting(pod) {
             e.key(key);
+        }
+        // A pod labelled for injection that runs unwrapped holds its lease's election.
+        if let Some(lease) = declared::unwrapped_for(pod) {
+            e.key(LeaseKey::new(&pod.namespace().unwrap_or_default(), lease));
         }
     };
     let (all_candidates, on_fetched) = (caches.candidates.clone(), on_pod.clone());

@@ -79,6 +79,9 @@ pub struct Metrics {
     pub forced_depositions: Family<MethodLabels, Counter>,
     /// Pods the injection webhook answered for, by result.
     pub webhook_admissions: Family<ResultLabels, Counter>,
+    /// Pods labelled for injection found running their command unwrapped and evicted, by
+    /// result (`evicted`, `refused`).
+    pub unwrapped_evictions: Family<ResultLabels, Counter>,
     pub reconcile_duration: Histogram,
     /// How long leases waited in their worker's queue, from due to picked up.
     pub queue_wait: Histogram,
@@ -193,6 +196,7 @@ impl Metrics {
             skew_violations: Counter::default(),
             reconcile_errors: Counter::default(),
             forced_depositions: Family::default(),
+            unwrapped_evictions: Family::default(),
             webhook_admissions: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             queue_wait: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
@@ -273,6 +277,11 @@ impl Metrics {
             "forced_depositions",
             "Deposed holders' pods forced out, by method",
             m.forced_depositions.clone(),
+        );
+        registry.register(
+            "unwrapped_evictions",
+            "Pods labelled for injection that ran their command without the agent, evicted (or refused, e.g. by a PDB)",
+            m.unwrapped_evictions.clone(),
         );
         registry.register(
             "webhook_admissions",

@@ -10,7 +10,9 @@
 //!    compare-and-swap;
 //! 5. **report** ([`outcome`]): metrics, candidates' conditions, Events
 //!    ([`crate::operator::report`]);
-//! 6. **force out** ([`forced_exit`]): a deposed pod that still runs;
+//! 6. **force out** ([`forced_exit`]): a deposed pod that still runs; and pods labelled for
+//!    injection that run their command unwrapped ([`unwrapped`], which also holds step 3's
+//!    election while any runs);
 //! 7. **requeue** ([`outcome::requeue`]): when to look at the lease again.
 //!
 //! A single-active workload's lease adds four hooks ([`workload`]); a Lease arbiter did not
@@ -23,6 +25,7 @@ mod forced_exit;
 mod gather;
 mod outcome;
 mod sighting;
+mod unwrapped;
 mod view;
 mod workers;
 mod workload;
@@ -97,6 +100,8 @@ pub(in crate::operator) struct Worker {
     /// Leases candidates name that exist without arbiter's label ([`crate::operator::reconcile::adopt`]): read on
     /// each reconcile (the Lease watch sees only labelled ones).
     pub(in crate::operator) foreign: HashSet<LeaseKey>,
+    /// Unwrapped pods this worker evicted (or tried to) lately, by uid ([`unwrapped`]).
+    pub(in crate::operator) evicted_unwrapped: HashMap<String, std::time::Instant>,
 }
 
 impl Worker {
@@ -127,13 +132,15 @@ impl Worker {
             Gathered::Done(done) => return Ok(done),
         };
         let inputs = self.inputs(&pass);
-        let decision = decide::decide(
+        let mut decision = decide::decide(
             &inputs.candidates,
             inputs.lease.as_ref(),
             inputs.previous.as_ref(),
             jiff::Timestamp::now(),
             &inputs.rules,
         );
+        let unwrapped = self.unwrapped(key);
+        Self::hold_for_unwrapped(&mut decision, &unwrapped);
         tracing::debug!(lease = %key, action = ?decision.action, standings = ?decision.standings, "decided");
         if let Some(again) = self.confirm(&pass, &decision) {
             return Ok(again);
@@ -172,13 +179,16 @@ impl Worker {
         let forced = self
             .force_out(key, &pass.candidates, pass.plan.as_ref(), policy)
             .await;
+        let unwrapped = self
+            .evict_unwrapped(key, &unwrapped, &decision, inputs.lease.as_ref())
+            .await;
         labelled?;
         Ok(requeue(
             &pass,
             &inputs,
             &decision,
             written.is_some(),
-            &[forced, reported.retry],
+            &[forced, reported.retry, unwrapped],
         ))
     }
 

@@ -76,6 +76,7 @@ impl Worker {
             statuses: Written::default(),
             leases: Written::default(),
             foreign: HashSet::new(),
+            evicted_unwrapped: HashMap::new(),
         }
     }
 }

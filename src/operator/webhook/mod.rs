@@ -70,6 +70,21 @@ pub struct Settings {
     /// for (without it, the ServiceAccount must have those rights already).
     #[arg(long)]
     pub inject_agent_rbac: bool,
+    /// With the webhook on: a pod labelled arbiter.dev/inject that runs its command without the
+    /// agent (created while no webhook configuration was installed) holds its lease's election
+    /// (nobody new is given the lease while one runs), and the acting replica evicts such pods
+    /// one at a time per lease so that their owners create them again through the webhook; the
+    /// last one only once a wrapped candidate can take over. A pod with no controller is only
+    /// reported. `false`: they are only reported, and run beside the holder.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub inject_evict_unwrapped: bool,
+}
+
+impl Settings {
+    /// Whether this install holds elections for, and evicts, pods that run unwrapped.
+    pub(crate) fn enforces_injection(&self) -> bool {
+        self.webhook_address.is_some() && self.inject_evict_unwrapped
+    }
 }
 
 impl Settings {

@@ -231,7 +231,12 @@ impl Deposer {
 /// `deleteOptions.preconditions.uid` names it). Written out here because kube's `Api::evict`
 /// (kube-core 5.0) serializes the options as `delete_options`, a field the API server does not
 /// know and drops, so its precondition would silently not apply.
-async fn evict(pods: &Api<Pod>, name: &str, namespace: &str, uid: &str) -> kube::Result<()> {
+pub(in crate::operator) async fn evict(
+    pods: &Api<Pod>,
+    name: &str,
+    namespace: &str,
+    uid: &str,
+) -> kube::Result<()> {
     let eviction = serde_json::json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",

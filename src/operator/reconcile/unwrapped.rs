@@ -1,0 +1,149 @@
+//! The lease's pods that were labelled for injection but run their command without the agent
+//! ([`crate::workloads::unwrapped`]), with `--inject-evict-unwrapped` (on by default with the
+//! webhook): while any runs the election is held ([`decide::held_for_unwrapped`]), and they are
+//! evicted one at a time, the last once a wrapped candidate can take over, so that their owners
+//! create them again through the webhook. Only this install's pods (`--instance`) in namespaces
+//! it arbitrates are counted; another install's are its business.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+
+use super::Worker;
+use crate::election::decide::{self, Action, Decision};
+use crate::operator::cache::declared;
+use crate::operator::force::targets::evict;
+use crate::operator::key::LeaseKey;
+use crate::operator::metrics::ResultLabels;
+use crate::operator::report::events::publish;
+use crate::workloads::unwrapped::{self, Step, Unwrapped};
+
+/// How long a pod just evicted is taken for one being removed, until the cache shows it so (and
+/// how long a refused eviction waits before it is tried again).
+const EVICTED_RECENTLY: Duration = Duration::from_secs(10);
+/// How soon a lease with unwrapped pods is looked at again.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+
+impl Worker {
+    /// The lease's unwrapped pods that may still run their command, as the caches hold them:
+    /// none when this install does not enforce injection.
+    pub(super) fn unwrapped(&self, key: &LeaseKey) -> Vec<Unwrapped> {
+        if !self.settings.webhook.enforces_injection() {
+            return Vec::new();
+        }
+        let instance = self.caches.instance.as_deref();
+        self.caches
+            .pods
+            .in_namespace(&key.namespace)
+            .iter()
+            .filter(|p| declared::unwrapped_for(p) == Some(&*key.name))
+            .filter(|p| {
+                p.labels()
+                    .get(crate::api::INSTANCE_LABEL)
+                    .map(String::as_str)
+                    == instance
+            })
+            .filter_map(|p| Unwrapped::of(p))
+            .collect()
+    }
+
+    /// The election held while `pods` run.
+    pub(super) fn hold_for_unwrapped(decision: &mut Decision, pods: &[Unwrapped]) {
+        let action = std::mem::replace(&mut decision.action, Action::Nothing);
+        decision.action = decide::held_for_unwrapped(action, pods.len());
+    }
+
+    /// Evicts the next of `pods` ([`unwrapped::next`]); a successor is there when the lease
+    /// is held (its holder's command already runs) or was held back from a live candidate.
+    /// Returns when to look again while any is left.
+    pub(super) async fn evict_unwrapped(
+        &mut self,
+        key: &LeaseKey,
+        pods: &[Unwrapped],
+        decision: &Decision,
+        lease: Option<&decide::Lease>,
+    ) -> Option<Duration> {
+        if pods.is_empty() {
+            return None;
+        }
+        let successor = matches!(decision.action, Action::WaitForUnwrapped { .. })
+            || lease.is_some_and(|l| l.holder.is_some() && !l.expired());
+        let now = Instant::now();
+        self.evicted_unwrapped
+            .retain(|_, at| now.duration_since(*at) < EVICTED_RECENTLY);
+        // A pod evicted a moment ago is being removed, whether or not the cache shows it yet.
+        let seen: Vec<Unwrapped> = (pods.iter())
+            .map(|p| Unwrapped {
+                deleting: p.deleting || self.evicted_unwrapped.contains_key(&p.uid),
+                ..p.clone()
+            })
+            .collect();
+        match unwrapped::next(&seen, successor) {
+            Step::Evict { name, uid } => self.evict_one(key, &name, &uid).await,
+            Step::OnlyBare { .. } => {}
+            step => tracing::debug!(lease = %key, ?step, "unwrapped pods"),
+        }
+        Some(LOOK_AGAIN)
+    }
+
+    async fn evict_one(&mut self, key: &LeaseKey, name: &str, uid: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &key.namespace);
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(key.namespace.to_string()),
+            name: Some(name.into()),
+            uid: Some(uid.into()),
+            ..ObjectReference::default()
+        };
+        let count = |result: &str| {
+            self.metrics
+                .unwrapped_evictions
+                .get_or_create(&ResultLabels {
+                    result: result.into(),
+                })
+                .inc();
+        };
+        match evict(&pods, name, &key.namespace, uid).await {
+            Ok(()) => {
+                count("evicted");
+                self.evicted_unwrapped
+                    .insert(uid.to_string(), Instant::now());
+                tracing::info!(lease = %key, pod = name, "evicted a pod that ran its command without the agent, so that its owner creates it again through the webhook");
+                publish(
+                    &self.recorder,
+                    &reference,
+                    EventType::Normal,
+                    "UnwrappedEvicted",
+                    format!(
+                        "labelled arbiter.dev/inject but created without the agent: its command ran beside lease {}'s; evicted (one at a time per lease) so that its owner creates it again through the webhook",
+                        key.name
+                    ),
+                );
+            }
+            // Gone, or replaced by a pod of the same name: the next look sees what is there.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => {
+                count("refused");
+                // Tried again after a while, not at every look (a PodDisruptionBudget may
+                // refuse it for long); the others wait meanwhile, one at a time.
+                self.evicted_unwrapped
+                    .insert(uid.to_string(), Instant::now());
+                tracing::warn!(lease = %key, pod = name, error = %e, "evicting a pod that runs its command without the agent was refused (retrying)");
+                publish(
+                    &self.recorder,
+                    &reference,
+                    EventType::Warning,
+                    "UnwrappedEvictionRefused",
+                    format!(
+                        "labelled arbiter.dev/inject but created without the agent, and its eviction was refused (retrying): {e}; lease {} gets no new holder while it runs",
+                        key.name
+                    ),
+                );
+            }
+        }
+    }
+}
