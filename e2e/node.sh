@@ -128,6 +128,14 @@ EOF
   node_build_images "$n/images"
   node_import "$n/images/pause.tar" "$n/images/busybox.tar"
 
+  # What differs by minor (the Kubernetes release under test: KUBE_VERSION, e2e/cluster.sh).
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local pull_policy=""
+  # The harness imports its images (no registry): the kubelet must not ask for proof that a pod
+  # may pull them. Without this, once a test pulled the same image from the local registry, the
+  # kubelet counted it as that registry's and refused it to pods naming it otherwise. (Before
+  # 1.35 the check is behind a feature gate that is off, and the field is refused.)
+  ((minor >= 35)) && pull_policy="imagePullCredentialsVerificationPolicy: NeverVerify"
   cat >"$n/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -149,10 +157,7 @@ clusterDNS: [$NODE_GATEWAY]
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
-# The harness imports its images (no registry): the kubelet must not ask for proof that a pod
-# may pull them. Without this, once a test pulled the same image from the local registry, the
-# kubelet counted it as that registry's and refused it to pods naming it otherwise.
-imagePullCredentialsVerificationPolicy: NeverVerify
+$pull_policy
 serializeImagePulls: false
 registerWithTaints:
 - {key: $NODE_TAINT, value: "true", effect: NoSchedule}

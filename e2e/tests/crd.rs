@@ -190,7 +190,16 @@ async fn changed_lease_name_refused(env: Arc<TestEnv>) {
 }
 
 async fn malformed_binary_version_refused(env: Arc<TestEnv>) {
-    for bad in ["1.30.1.6", "abc", "v1.30.0", "1.30"] {
+    for bad in [
+        "1.30.1.6",
+        "abc",
+        "v1.30.0",
+        "1.30",
+        "01.30.0",
+        "1.30.0-",
+        "1.30.0+",
+        "1.30.0-01",
+    ] {
         assert_refused(
             &env,
             spec_with("binaryVersion", json!(bad)),
@@ -279,6 +288,28 @@ async fn emulation_above_binary_refused(env: Arc<TestEnv>) {
         .create(&PostParams::default(), &object("numeric", spec))
         .await
         .expect("1.9.0 <= 1.10.0");
+    // A pre-release is below its release; build metadata does not count.
+    let mut spec = spec_with("emulationVersion", json!("1.31.0"));
+    spec["binaryVersion"] = json!("1.31.0-rc.1");
+    assert_refused(
+        &env,
+        spec,
+        "emulationVersion must not be greater than binaryVersion",
+    )
+    .await;
+    for (emulation, binary) in [
+        ("1.31.0-rc.1", "1.31.0"),
+        ("1.31.0+build.5", "1.31.0"),
+        ("1.31.0", "1.31.0+build.5"),
+    ] {
+        let mut spec = spec_with("emulationVersion", json!(emulation));
+        spec["binaryVersion"] = json!(binary);
+        let name = format!("e{}", emulation.len() * 100 + binary.len());
+        candidates(&env)
+            .create(&PostParams::default(), &object(&name, spec))
+            .await
+            .unwrap_or_else(|e| panic!("{emulation} <= {binary}: {e}"));
+    }
 }
 
 async fn printer_columns(env: Arc<TestEnv>) {

@@ -99,7 +99,9 @@ fn main() {
     let names: Vec<&str> = tests().iter().map(|(n, _)| *n).collect();
     for c in COMPAT {
         assert!(
-            names.iter().any(|n| n == c || (c.ends_with("::") && n.starts_with(c))),
+            names
+                .iter()
+                .any(|n| n == c || (c.ends_with("::") && n.starts_with(c))),
             "the compatibility subset names {c}, which is no test"
         );
     }
@@ -114,7 +116,10 @@ fn main() {
         let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
         rt.block_on(async {
             let client = support::client_for(path).await;
-            let version = client.apiserver_version().await.expect("the server's version");
+            let version = client
+                .apiserver_version()
+                .await
+                .expect("the server's version");
             eprintln!("[e2e] kube-apiserver {}", version.git_version);
             arbiter::api::apply_crds(client, Duration::from_secs(30))
                 .await

@@ -122,7 +122,10 @@ fn unpacks_cleanly(archive: &Path, top: &[&str], executables: &[&str], mtime: i6
         // drwxr-xr-x 0/0 0 2026-12-07 02:56:07 completions/
         let fields: Vec<&str> = line.split_whitespace().collect();
         let (mode, owner, path) = (fields[0], fields[1], fields[5]);
-        assert!(!path.starts_with("./") && !path.starts_with('/'), "{name}: {line}");
+        assert!(
+            !path.starts_with("./") && !path.starts_with('/'),
+            "{name}: {line}"
+        );
         assert_eq!(owner, "0/0", "{name}: {line}");
         let expected = if mode.starts_with('d') || executables.contains(&path) {
             "rwxr-xr-x"
@@ -132,7 +135,11 @@ fn unpacks_cleanly(archive: &Path, top: &[&str], executables: &[&str], mtime: i6
         assert_eq!(&mode[1..], expected, "{name}: {line}");
         let on_disk = std::fs::symlink_metadata(shared.path().join(path)).unwrap();
         if !on_disk.is_dir() {
-            assert_eq!(on_disk.mtime(), mtime, "{name}: {path} is dated the commit's time");
+            assert_eq!(
+                on_disk.mtime(),
+                mtime,
+                "{name}: {path} is dated the commit's time"
+            );
         }
     }
 }
@@ -360,7 +367,11 @@ async fn a_second_release_of_the_same_commit_is_byte_for_byte_the_same(_env: Arc
     let sums = |dir: &Path| std::fs::read_to_string(dir.join("SHA256SUMS")).unwrap();
     assert_eq!(sums(&dist), sums(again.path()), "SHA256SUMS of two runs");
     let index = |dir: &Path| std::fs::read(dir.join("image/index.json")).unwrap();
-    assert_eq!(index(&dist), index(again.path()), "the image index of two runs");
+    assert_eq!(
+        index(&dist),
+        index(again.path()),
+        "the image index of two runs"
+    );
 }
 
 /// `--set` arguments that place the operator on the real node, confined to `env`'s namespace:

@@ -13,6 +13,47 @@ pub use crate::election::strategy::OLDEST_EMULATION_VERSION;
 /// A DNS-1123 subdomain (the rule for Lease names), as a regex inside a CEL string literal.
 const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
+/// A semantic version (semver.org's own expression, with `[.]` for `\.` and `[0-9]` for `\d`,
+/// so that it needs no escape inside a CEL string literal): what CEL's `isSemver` accepts, as
+/// a regex. The CRD's rules use no CEL semver library: Kubernetes 1.33 refuses a CRD whose
+/// rules name `isSemver` or `semver()` (new rules may use a library only from the release
+/// after the one that added it).
+const SEMVER: &str = "^(0|[1-9][0-9]*)[.](0|[1-9][0-9]*)[.](0|[1-9][0-9]*)\
+(-(0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)([.](0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*)?\
+([+][0-9a-zA-Z-]+([.][0-9a-zA-Z-]+)*)?$";
+
+/// The CEL rule that `version` (a CEL expression) is a semantic version.
+fn semver_rule(version: &str) -> String {
+    format!("{version}.matches('{SEMVER}')")
+}
+
+/// The CEL rule that `emulationVersion` is not above `binaryVersion`, without the semver
+/// library: MAJOR, MINOR and PATCH compared as numbers, then a pre-release is below the release
+/// (two pre-releases of one version are not compared here: the operator refuses a candidate
+/// whose emulationVersion is above its binaryVersion whatever admission let through).
+fn emulation_not_above_binary() -> String {
+    let part = |v: &str, i: usize| {
+        format!("int(self.{v}.find('^[0-9]+[.][0-9]+[.][0-9]+').split('.')[{i}])")
+    };
+    let pre = |v: &str| format!("self.{v}.split('+', 2)[0].indexOf('-') >= 0");
+    let (e, b) = ("emulationVersion", "binaryVersion");
+    let below = |i: usize| format!("{} < {}", part(e, i), part(b, i));
+    let same = |i: usize| format!("{} == {}", part(e, i), part(b, i));
+    format!(
+        "!has(self.{e}) || !{} || !{} || {} || ({} && ({} || ({} && ({} || ({} && (!({}) || {}))))))",
+        semver_rule(&format!("self.{e}")),
+        semver_rule(&format!("self.{b}")),
+        below(0),
+        same(0),
+        below(1),
+        same(1),
+        below(2),
+        same(2),
+        pre(b),
+        pre(e),
+    )
+}
+
 /// A candidate for one Lease. The arbiter elects among the candidates that name the same
 /// `leaseName` in the same namespace, and writes the winner into the Lease's `holderIdentity`.
 /// The candidate's `metadata.name` is its identity: the name it appears under as holder.
@@ -55,9 +96,8 @@ const DNS_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-
 #[x_kube(validation = Rule::new(
     "self.strategy != 'OldestEmulationVersion' || has(self.emulationVersion)"
 ).message("emulationVersion is required when strategy is OldestEmulationVersion"))]
-#[x_kube(validation = Rule::new(
-    "!has(self.emulationVersion) || !isSemver(self.emulationVersion) || !isSemver(self.binaryVersion) || semver(self.emulationVersion).compareTo(semver(self.binaryVersion)) <= 0"
-).message("emulationVersion must not be greater than binaryVersion"))]
+#[x_kube(validation = Rule::new(emulation_not_above_binary())
+    .message("emulationVersion must not be greater than binaryVersion"))]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseCandidateSpec {
     /// Name of the Lease (in the candidate's namespace) this candidate competes for. Immutable.
@@ -68,7 +108,7 @@ pub struct LeaseCandidateSpec {
     pub lease_name: String,
 
     /// The version of the binary the candidate runs, a semantic version such as `1.31.0`.
-    #[x_kube(validation = Rule::new("isSemver(self)")
+    #[x_kube(validation = Rule::new(semver_rule("self"))
         .message("binaryVersion must be a semantic version MAJOR.MINOR.PATCH, such as 1.31.0"))]
     #[schemars(length(min = 1, max = 64))]
     pub binary_version: String,
@@ -76,7 +116,7 @@ pub struct LeaseCandidateSpec {
     /// The version whose behaviour the candidate emulates (at most `binaryVersion`). Required
     /// for the OldestEmulationVersion strategy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("isSemver(self)")
+    #[x_kube(validation = Rule::new(semver_rule("self"))
         .message("emulationVersion must be a semantic version MAJOR.MINOR.PATCH, such as 1.31.0"))]
     #[schemars(length(min = 1, max = 64))]
     pub emulation_version: Option<String>,

@@ -475,7 +475,10 @@ pub fn decide(
         .map(|c| Parsed {
             candidate: c,
             binary: Version::parse(&c.binary_version),
-            emulation: c.emulation_version.as_deref().map(Version::parse),
+            emulation: c
+                .emulation_version
+                .as_deref()
+                .map(|e| emulation_of(e, &c.binary_version)),
             liveness: match liveness(c, now, rules) {
                 Liveness::Acked
                     if lapse.is_some_and(|(holder, since)| {
@@ -1016,6 +1019,19 @@ fn skew_violations(parsed: &[Parsed], rules: &Rules) -> Vec<SkewViolation> {
         .collect();
     out.sort_by(|a, b| a.candidate.cmp(&b.candidate));
     out
+}
+
+/// `emulation` parsed, refused when it is above `binary` (which the CRD refuses too, but not
+/// between two pre-releases of one version, nor for a candidate written before it did).
+fn emulation_of(emulation: &str, binary: &str) -> Result<Version, VersionError> {
+    let parsed = Version::parse(emulation)?;
+    match Version::parse(binary) {
+        Ok(b) if parsed > b => Err(VersionError {
+            input: emulation.to_string(),
+            reason: format!("above binaryVersion {binary}"),
+        }),
+        _ => Ok(parsed),
+    }
 }
 
 fn standings(

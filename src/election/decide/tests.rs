@@ -1949,3 +1949,24 @@ proptest! {
         prop_assert_eq!(held_for_unwrapped(d.action.clone(), 0), d.action);
     }
 }
+
+#[test]
+fn an_emulation_version_above_the_binary_version_is_invalid() {
+    let now = t0();
+    let mut c = acked("a", "1.31.0-rc.2", now);
+    c.emulation_version = Some("1.31.0-rc.10".into());
+    let d = decide(&[c], None, None, now, &Rules::default());
+    assert!(
+        matches!(&d.standings["a"], Standing::Ineligible(Reason::InvalidVersion(e)) if e.input == "1.31.0-rc.10"),
+        "{:?}",
+        d.standings
+    );
+    let mut ok = acked("b", "1.31.0-rc.10", now);
+    ok.emulation_version = Some("1.31.0-rc.2".into());
+    let d = decide(&[ok], None, None, now, &Rules::default());
+    assert!(
+        matches!(d.standings["b"], Standing::Eligible(_)),
+        "{:?}",
+        d.standings
+    );
+}
