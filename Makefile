@@ -155,7 +155,7 @@ render-manifests:
 	@helm=$$(e2e/cluster.sh build)/helm && \
 	printf '# Rendered from charts/arbiter with default values, without its test pod, by `make manifests`; do not edit.\n' && \
 	printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: arbiter-system\n' && \
-	$$helm template arbiter charts/arbiter --namespace arbiter-system --kube-version 1.33.0 --skip-tests
+	$$helm template arbiter charts/arbiter --namespace arbiter-system --kube-version 1.33.0 --skip-tests --no-hooks
 
 ## version: the crate's version, which the chart, the image and the release carry
 version:

@@ -82,7 +82,7 @@ log "manifests"
   printf '# kubectl apply --server-side -f arbiter.yaml\n'
   printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: arbiter-system\n'
   "$helm" template arbiter "$DIST/arbiter-$VERSION.tgz" --namespace arbiter-system \
-    --kube-version 1.33.0 --skip-tests
+    --kube-version 1.33.0 --skip-tests --no-hooks
 } >"$DIST/arbiter.yaml"
 grep -q 'helm.sh/hook' "$DIST/arbiter.yaml" && die "arbiter.yaml holds a Helm hook"
 cp crds/arbiter.dev_leasecandidates.yaml "$DIST/arbiter.crds.yaml"

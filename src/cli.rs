@@ -38,6 +38,10 @@ pub enum Command {
     /// A planned switchover: ask the operator to hand LEASE over to a candidate (or the best
     /// other one), wait, and print the new holder, term and leaderless gap.
     Handover(crate::handover::Settings),
+    /// Scale the operator's Deployment to zero and wait until its pods are gone, so that the
+    /// acting replica releases its HA Lease while it still has its rights (the chart's
+    /// pre-delete hook runs it on `helm uninstall`). Always exits 0.
+    StopOperator(crate::stop_operator::Settings),
     /// Print a shell completion script: `source <(arbiter completion bash)`; zsh: put
     /// `arbiter completion zsh` in a file `_arbiter` on your `$fpath`.
     Completion {
@@ -81,6 +85,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Status(settings) => crate::status::run(settings).await,
         Command::Install(settings) => crate::self_install::run(settings),
         Command::Handover(settings) => crate::handover::run(settings).await,
+        Command::StopOperator(settings) => crate::stop_operator::run(settings).await,
         // Inside an async runtime the guard could die of its own parent-death signal (see
         // `agent::guard`): main runs it before any runtime starts.
         Command::Guard { .. } => {

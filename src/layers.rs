@@ -197,7 +197,7 @@ fn circle(graph: &Graph) -> Option<Vec<String>> {
 /// (`docs/architecture.md` draws the same).
 const LAYERS: &[&[&str]] = &[
     &["cli"],
-    &["operator", "agent", "handover", "status", "self_install"],
+    &["operator", "agent", "handover", "status", "self_install", "stop_operator"],
     &["flags", "usage"],
     &["workloads", "candidate"],
     &["lease"],

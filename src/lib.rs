@@ -21,6 +21,7 @@ pub mod memory;
 pub mod operator;
 pub mod self_install;
 pub mod status;
+pub mod stop_operator;
 pub mod tolerant;
 pub mod workloads;
 

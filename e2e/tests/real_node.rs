@@ -26,6 +26,7 @@ use crate::support::{TestEnv, eventually, repo_root};
 crate::tests![real_node:
     the_image_is_the_dockerfiles_final_stage_and_runs,
     the_charts_operator_runs_in_the_cluster_and_fails_over,
+    helm_uninstall_releases_the_operator_lease_and_a_reinstall_acts_at_once,
     single_active_routes_a_service_to_one_real_pod_and_eviction_moves_it,
     a_deleted_agent_pods_workload_stops_before_the_next_starts,
     an_init_container_puts_the_agent_into_an_image_without_it,
@@ -223,6 +224,76 @@ async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv
     );
     create_candidate(&env, "c2", "core", "1.30.0", Some("1.30.0"), OEV, None).await;
     wait_for_holder(&env, "core", "c2", DEADLINE).await;
+    crate::chart::uninstall(&env, &release);
+}
+
+/// `helm uninstall` deletes the operator's rights together with its Deployment; its pre-delete
+/// hook stops the operator first, so the acting replica releases its HA Lease while it still
+/// may. The Lease is left released, and a reinstall acts at once, long before the old holder's
+/// lease duration (60 s here) would have run out.
+async fn helm_uninstall_releases_the_operator_lease_and_a_reinstall_acts_at_once(
+    env: Arc<TestEnv>,
+) {
+    node::ready(&env).await;
+    let release = format!("again{}", std::process::id());
+    let ha_lease = format!("{release}-arbiter");
+    let ha = Duration::from_secs(60);
+    let args = [
+        node::CHART_ON_NODE,
+        &[
+            "--set",
+            "replicaCount=1",
+            "--set",
+            "operator.ha.leaseDuration=60s",
+            "--set",
+            "operator.ha.renewDeadline=40s",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    ]
+    .concat();
+    install(&env, &release, &args);
+    let leases: Api<Lease> = env.api();
+    // It acts: it elects (a replica that has not begun to act when it is stopped, having
+    // waited out no holder yet, leaves its claim to be waited out).
+    let _r = Responder::start(env.client.clone(), &env.ns, &["c1"]);
+    create_candidate(&env, "c1", "core", "1.31.0", Some("1.31.0"), OEV, None).await;
+    wait_for_holder(&env, "core", "c1", DEADLINE).await;
+    let first = leases
+        .get(&ha_lease)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    crate::chart::uninstall(&env, &release);
+    let after = leases.get(&ha_lease).await.unwrap();
+    assert_eq!(
+        arbiter::lease::holder(&after),
+        None,
+        "the HA Lease still names {first} after helm uninstall: {:?}",
+        after.spec
+    );
+    assert_eq!(
+        arbiter::lease::released_by(&after),
+        Some(first.as_str()),
+        "released by its holder: {:?}",
+        after.metadata.annotations
+    );
+
+    let reinstalled = std::time::Instant::now();
+    install(&env, &release, &args);
+    let next = eventually("the reinstalled operator to lead", DEADLINE, || async {
+        let holder = leases.get(&ha_lease).await.ok()?.spec?.holder_identity?;
+        (!holder.is_empty() && holder != first).then_some(holder)
+    })
+    .await;
+    let took = reinstalled.elapsed();
+    assert!(
+        took < ha,
+        "the reinstall ({next}) acted {took:?} after helm install: it waited the old Lease out"
+    );
     crate::chart::uninstall(&env, &release);
 }
 

@@ -423,8 +423,15 @@ impl Elector {
 
     /// Gives the Lease up (holder `""`) so a standby takes over at once.
     pub async fn release(&self) -> Result<(), CasError> {
-        let Ok(Some(mut l)) = self.store.get(&self.name).await else {
-            return Ok(());
+        let mut l = match self.store.get(&self.name).await {
+            Ok(Some(l)) => l,
+            Ok(None) => return Ok(()),
+            // Said, not returned: a replica that cannot read its Lease cannot release it, and
+            // its standby (or the next install) waits the lease out.
+            Err(e) => {
+                tracing::warn!(lease = %self.name, error = %e, "reading the operator lease to release it failed: the next replica waits it out");
+                return Ok(());
+            }
         };
         if lease::holder(&l) != Some(self.identity.as_str()) {
             return Ok(());

@@ -30,33 +30,38 @@ pub fn unwrapped_lease(pod: &Pod) -> Option<String> {
     (labelled && !injected).then(|| lease_for(pod)).flatten()
 }
 
-/// An unwrapped pod of one lease, as the operator sees it.
+/// The controllers that create a pod again after an eviction, keeping its spec: the only
+/// owners an unwrapped pod is evicted for (a Job's pod would count against its backoff limit).
+const RECREATING_OWNERS: [&str; 3] = ["ReplicaSet", "StatefulSet", "DaemonSet"];
+
+/// An unwrapped pod of one lease, as the operator sees it. (Whether it ended is the caller's
+/// to judge: a pod marked Failed by the garbage collector, or removed without a kubelet's
+/// report, proves nothing.)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unwrapped {
     pub name: String,
     pub uid: String,
-    /// Being deleted (evicted, scaled down, deleted by hand): its command may still run.
+    /// Being deleted (evicted, scaled down, deleted by hand, or gone without proof that it
+    /// stopped): its command may still run, and it is not evicted again.
     pub deleting: bool,
-    /// Owned by a controller that creates it again (a ReplicaSet, a StatefulSet, ...).
+    /// Owned by a controller that creates it again (a ReplicaSet, a StatefulSet, a DaemonSet).
     pub owned: bool,
+    /// Its phase is Running: its command runs (a Pending pod's does not yet).
+    pub running: bool,
 }
 
 impl Unwrapped {
-    /// `pod` as an unwrapped pod, unless it ended (a terminal phase: its command no longer
-    /// runs).
+    /// `pod` as an unwrapped pod.
     pub fn of(pod: &Pod) -> Option<Unwrapped> {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
-            return None;
-        }
         Some(Unwrapped {
             name: pod.name_any(),
             uid: pod.uid()?,
             deleting: pod.metadata.deletion_timestamp.is_some(),
-            owned: pod
-                .owner_references()
-                .iter()
-                .any(|o| o.controller == Some(true)),
+            owned: pod.owner_references().iter().any(|o| {
+                o.controller == Some(true) && RECREATING_OWNERS.contains(&o.kind.as_str())
+            }),
+            running: phase == Some("Running"),
         })
     }
 }
@@ -88,8 +93,9 @@ pub fn next(pods: &[Unwrapped], successor: bool) -> Step {
             name: going.name.clone(),
         };
     }
+    // Pods not running yet first (evicting one stops no command), then by name.
     let mut owned: Vec<&Unwrapped> = pods.iter().filter(|p| p.owned).collect();
-    owned.sort_by(|a, b| a.name.cmp(&b.name));
+    owned.sort_by(|a, b| (a.running, &a.name).cmp(&(b.running, &b.name)));
     let Some(first) = owned.first() else {
         return if pods.is_empty() {
             Step::Nothing
@@ -99,9 +105,10 @@ pub fn next(pods: &[Unwrapped], successor: bool) -> Step {
             Step::OnlyBare { names }
         };
     };
-    // Another command runs beside this one (another unwrapped pod, a bare one included): this
-    // one can go now, nobody is left without the command.
-    if pods.len() > 1 || successor {
+    // It runs nothing yet, or another command runs beside it (another unwrapped pod's, a bare
+    // one's included): it can go now, nobody is left without the command.
+    let another_runs = pods.iter().any(|p| p.uid != first.uid && p.running);
+    if !first.running || another_runs || successor {
         Step::Evict {
             name: first.name.clone(),
             uid: first.uid.clone(),
@@ -123,6 +130,14 @@ mod tests {
             uid: format!("uid-{name}"),
             deleting,
             owned,
+            running: true,
+        }
+    }
+
+    fn pending(name: &str) -> Unwrapped {
+        Unwrapped {
+            running: false,
+            ..pod(name, false, true)
         }
     }
 
@@ -173,6 +188,20 @@ mod tests {
                 Step::OnlyBare {
                     names: vec!["bare".into(), "z".into()],
                 },
+            ),
+            // A pending pod runs no command: it goes first, and never counts as one beside.
+            (vec![pod("a", false, true), pending("b")], false, evict("b")),
+            (vec![pending("b")], false, evict("b")),
+            (
+                vec![
+                    pod("a", false, true),
+                    Unwrapped {
+                        deleting: true,
+                        ..pending("b")
+                    },
+                ],
+                true,
+                Step::WaitForRemoval { name: "b".into() },
             ),
         ];
         for (pods, successor, want) in cases {
@@ -235,9 +264,15 @@ mod tests {
         assert_eq!(unwrapped_lease(&unlabelled), None);
         let bare = Unwrapped::of(&labelled(false, None, Some("mine"))).unwrap();
         assert!(!bare.owned);
-        let mut ended = labelled(false, Some("ReplicaSet"), None);
-        ended.status =
-            Some(serde_json::from_value(serde_json::json!({"phase": "Failed"})).unwrap());
-        assert_eq!(Unwrapped::of(&ended), None, "a pod that ended runs nothing");
+        assert!(
+            !Unwrapped::of(&labelled(false, Some("Job"), Some("mine")))
+                .unwrap()
+                .owned
+        );
+        let mut running = labelled(false, Some("ReplicaSet"), None);
+        running.status =
+            Some(serde_json::from_value(serde_json::json!({"phase": "Running"})).unwrap());
+        let seen = Unwrapped::of(&running).unwrap();
+        assert!(seen.owned && seen.running && !seen.deleting);
     }
 }

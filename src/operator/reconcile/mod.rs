@@ -102,6 +102,10 @@ pub(in crate::operator) struct Worker {
     pub(in crate::operator) foreign: HashSet<LeaseKey>,
     /// Unwrapped pods this worker evicted (or tried to) lately, by uid ([`unwrapped`]).
     pub(in crate::operator) evicted_unwrapped: HashMap<String, std::time::Instant>,
+    /// Per lease, the unwrapped pods seen (uid → name, and since when they are gone without
+    /// proof that they stopped), until they are proven stopped ([`unwrapped`]).
+    pub(in crate::operator) unwrapped_seen:
+        HashMap<LeaseKey, HashMap<String, (String, Option<std::time::Instant>)>>,
 }
 
 impl Worker {

@@ -14,7 +14,7 @@ use kube::runtime::events::EventType;
 
 use super::Worker;
 use crate::election::decide::{self, Action, Decision};
-use crate::operator::cache::declared;
+use crate::operator::cache::{declared, pod_facts};
 use crate::operator::force::targets::evict;
 use crate::operator::key::LeaseKey;
 use crate::operator::metrics::ResultLabels;
@@ -24,21 +24,30 @@ use crate::workloads::unwrapped::{self, Step, Unwrapped};
 /// How long a pod just evicted is taken for one being removed, until the cache shows it so (and
 /// how long a refused eviction waits before it is tried again).
 const EVICTED_RECENTLY: Duration = Duration::from_secs(10);
-/// How soon a lease with unwrapped pods is looked at again.
-const LOOK_AGAIN: Duration = Duration::from_secs(1);
+/// How soon a lease with unwrapped pods is looked at again after an eviction, and otherwise
+/// (their pods' and candidates' events enqueue it sooner).
+const AFTER_EVICTION: Duration = Duration::from_secs(2);
+const LOOK_AGAIN: Duration = Duration::from_secs(5);
+/// How long, beyond a lease duration, an unwrapped pod removed without proof that it stopped
+/// still holds its lease: a kubelet that is alive kills its containers within the pod's grace
+/// period (30 s by default).
+pub(in crate::operator) const UNPROVEN_GRACE: Duration = Duration::from_secs(60);
 
 impl Worker {
-    /// The lease's unwrapped pods that may still run their command, as the caches hold them:
-    /// none when this install does not enforce injection.
-    pub(super) fn unwrapped(&self, key: &LeaseKey) -> Vec<Unwrapped> {
+    /// The lease's unwrapped pods that may still run their command: none when this install
+    /// does not enforce injection. A pod stops counting only once it is proven to have ended
+    /// (a terminal phase the kubelet reported, or removed after its containers stopped: the
+    /// same proofs as a holder's pod). One whose labels or annotations changed while it runs
+    /// still counts (only reported from then on); one removed without proof (force-deleted, its
+    /// Node deleted) counts for a further lease duration and [`UNPROVEN_GRACE`], on this
+    /// worker's memory.
+    pub(super) fn unwrapped(&mut self, key: &LeaseKey) -> Vec<Unwrapped> {
         if !self.settings.webhook.enforces_injection() {
             return Vec::new();
         }
         let instance = self.caches.instance.as_deref();
-        self.caches
-            .pods
-            .in_namespace(&key.namespace)
-            .iter()
+        let ns = &*key.namespace;
+        let mut pods: Vec<Unwrapped> = (self.caches.pods.in_namespace(ns).iter())
             .filter(|p| declared::unwrapped_for(p) == Some(&*key.name))
             .filter(|p| {
                 p.labels()
@@ -46,8 +55,50 @@ impl Worker {
                     .map(String::as_str)
                     == instance
             })
+            .filter(|p| !pod_facts::terminal(p))
             .filter_map(|p| Unwrapped::of(p))
-            .collect()
+            .collect();
+        let (caches, hold) = (&self.caches, self.settings.lease_duration + UNPROVEN_GRACE);
+        let memory = self.unwrapped_seen.entry(key.clone()).or_default();
+        for p in &pods {
+            memory.insert(p.uid.clone(), (p.name.clone(), None));
+        }
+        let now = Instant::now();
+        let mut more = Vec::new();
+        memory.retain(|uid, (name, gone_since)| {
+            if pods.iter().any(|p| &p.uid == uid) {
+                return true;
+            }
+            if caches.stopped_pods.contains(ns, uid) {
+                return false;
+            }
+            if let Some(p) = caches.pods.get(ns, name).filter(|p| p.uid().as_ref() == Some(uid)) {
+                // Relabelled, or its lease annotation changed, while it runs.
+                if pod_facts::terminal(&p) {
+                    return false;
+                }
+                more.extend(Unwrapped::of(&p).map(|u| Unwrapped { owned: false, ..u }));
+                return true;
+            }
+            let since = *gone_since.get_or_insert(now);
+            if now.duration_since(since) >= hold {
+                tracing::warn!(lease = %key, pod = %name, "an unwrapped pod was removed without proof that its command stopped (force-deleted, or its Node deleted); its lease is no longer held for it");
+                return false;
+            }
+            more.push(Unwrapped {
+                name: name.clone(),
+                uid: uid.clone(),
+                deleting: true,
+                owned: false,
+                running: true,
+            });
+            true
+        });
+        if memory.is_empty() {
+            self.unwrapped_seen.remove(key);
+        }
+        pods.extend(more);
+        pods
     }
 
     /// The election held while `pods` run.
@@ -82,11 +133,15 @@ impl Worker {
             })
             .collect();
         match unwrapped::next(&seen, successor) {
-            Step::Evict { name, uid } => self.evict_one(key, &name, &uid).await,
-            Step::OnlyBare { .. } => {}
-            step => tracing::debug!(lease = %key, ?step, "unwrapped pods"),
+            Step::Evict { name, uid } => {
+                self.evict_one(key, &name, &uid).await;
+                Some(AFTER_EVICTION)
+            }
+            step => {
+                tracing::debug!(lease = %key, ?step, "unwrapped pods");
+                Some(LOOK_AGAIN)
+            }
         }
-        Some(LOOK_AGAIN)
     }
 
     async fn evict_one(&mut self, key: &LeaseKey, name: &str, uid: &str) {

@@ -77,6 +77,7 @@ impl Worker {
             leases: Written::default(),
             foreign: HashSet::new(),
             evicted_unwrapped: HashMap::new(),
+            unwrapped_seen: HashMap::new(),
         }
     }
 }

@@ -9,7 +9,7 @@
 //! ServiceAccount, but only pods that exist, carry `arbiter.dev/inject` and were injected (their
 //! wrapped container runs the agent) get rights, for the lease their agent runs for. A labelled
 //! pod that was not injected (created while no webhook was installed) is logged as running
-//! unwrapped. The agent retries a registration refused for want of rights for a while
+//! unwrapped (the reconcile evicts it: [`crate::operator::reconcile`]'s unwrapped phase). The agent retries a registration refused for want of rights for a while
 //! ([`crate::candidate::registration`]), so rights made a moment after the pod are in time.
 //!
 //! With `--instance`, each install keeps the rights of its own instance's pods only: its Roles
@@ -282,7 +282,7 @@ pub(crate) async fn keep(
                             &pod.object_ref(&()),
                             kube::runtime::events::EventType::Warning,
                             "NotInjected",
-                            "labelled arbiter.dev/inject but created without the agent (no webhook configuration then, or its arbiter.dev/instance is served by no install): its command runs on every such replica; delete the pod to have it wrapped".into(),
+                            "labelled arbiter.dev/inject but created without the agent (no webhook configuration then, or its arbiter.dev/instance is served by no install): its command runs beside the lease's; with --inject-evict-unwrapped the acting operator evicts it (if a controller owns it) so that it is created again wrapped, else delete it".into(),
                         );
                     }
                     continue;
