@@ -197,7 +197,14 @@ fn circle(graph: &Graph) -> Option<Vec<String>> {
 /// (`docs/architecture.md` draws the same).
 const LAYERS: &[&[&str]] = &[
     &["cli"],
-    &["operator", "agent", "handover", "status", "self_install", "stop_operator"],
+    &[
+        "operator",
+        "agent",
+        "handover",
+        "status",
+        "self_install",
+        "stop_operator",
+    ],
     &["flags", "usage"],
     &["workloads", "candidate"],
     &["lease"],

@@ -7,6 +7,7 @@ mod agent;
 mod chart;
 mod control_plane;
 mod crd;
+mod docs;
 mod inject;
 mod operator;
 mod real_node;
@@ -55,6 +56,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(release::tests());
     all.extend(trust::tests());
     all.extend(tenants::tests());
+    all.extend(docs::tests());
     all
 }
 
