@@ -27,6 +27,7 @@ crate::tests![inject:
     with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_neither,
     a_replica_that_starts_acting_never_takes_a_lease_from_a_role,
     pods_created_before_the_webhook_are_evicted_down_to_one_command,
+    a_force_deleted_unwrapped_pod_holds_its_lease_until_it_could_have_stopped,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -843,6 +844,137 @@ async fn a_replica_that_starts_acting_never_takes_a_lease_from_a_role(env: Arc<T
     }
 }
 
+/// Deployment `work` of `replicas` created with no webhook configuration (every pod runs its
+/// command unwrapped, logging under its pod's name), and the ServiceAccount it runs as.
+async fn unwrapped_work(env: &TestEnv, replicas: i32, shared: &Path) {
+    let accounts: Api<ServiceAccount> = env.api();
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut work = deployment("1.30.0", shared);
+    work["spec"]["replicas"] = json!(replicas);
+    let script = &mut work["spec"]["template"]["spec"]["containers"][0]["command"][2];
+    *script = script
+        .as_str()
+        .unwrap()
+        .replace(
+            "$ARBITER_IDENTITY $ARBITER_TERM",
+            "${ARBITER_IDENTITY:-$HOSTNAME} ${ARBITER_TERM:-0}",
+        )
+        .replace(
+            "\"stop $ARBITER_IDENTITY",
+            "\"stop ${ARBITER_IDENTITY:-$HOSTNAME}",
+        )
+        .into();
+    let deployments: Api<Deployment> = env.api();
+    deployments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(work).unwrap(),
+        )
+        .await
+        .unwrap();
+    let log = shared.join("log");
+    eventually("the unwrapped commands to run", ROLLOUT, || async {
+        let counts = running_counts(&read_log(&log));
+        (counts.last().map(|c| c.1) == Some(replicas as usize)).then_some(())
+    })
+    .await;
+}
+
+/// An unwrapped pod whose eviction a PodDisruptionBudget refuses holds its lease although a
+/// wrapped replica is alive; force-deleted (no kubelet report that its command stopped), it
+/// still holds it for a lease duration and a minute, and only then is the wrapped one elected.
+async fn a_force_deleted_unwrapped_pod_holds_its_lease_until_it_could_have_stopped(
+    env: Arc<TestEnv>,
+) {
+    node::ready(&env).await;
+    let shared = node::shared_dir();
+    unwrapped_work(&env, 2, shared.path()).await;
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> = env.api();
+    pdbs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "work"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "work"}}},
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = env.api();
+    let unwrapped: Vec<String> = pods
+        .list(&ListParams::default().labels("app=work"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let release = format!("frc{}", std::process::id());
+    install(
+        &env,
+        &release,
+        &[node::CHART_ON_NODE, &["--wait", "--timeout", "120s"]].concat(),
+    );
+    // One goes by hand: its replacement is wrapped, and alive.
+    pods.delete(&unwrapped[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    let kept = &unwrapped[1];
+    let events: Api<Event> = env.api();
+    eventually(
+        "the eviction of the last unwrapped pod to be refused",
+        DEADLINE,
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("UnwrappedEvictionRefused")
+                        && e.involved_object.name.as_deref() == Some(kept.as_str())
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let leases: Api<Lease> = env.api();
+    let holder = |l: Option<Lease>| {
+        l.and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty())
+    };
+    assert_eq!(
+        holder(leases.get_opt("work").await.unwrap()),
+        None,
+        "a wrapped replica was elected while {kept} ran its command unwrapped:\n{}",
+        state(&env).await
+    );
+    let forced = std::time::Instant::now();
+    pods.delete(
+        kept,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let elected = eventually("a wrapped replica to be elected", DEADLINE * 2, || async {
+        holder(leases.get_opt("work").await.ok()?)
+    })
+    .await;
+    let after = forced.elapsed();
+    // The chart's lease duration (15 s) and a minute.
+    assert!(
+        after >= Duration::from_secs(75),
+        "{elected} was elected {after:?} after {kept} was force-deleted, with nothing to prove its command stopped"
+    );
+}
+
 /// The node's uptime (the clock the workloads log on: the real node is this machine).
 fn uptime() -> f64 {
     let text = std::fs::read_to_string("/proc/uptime").unwrap();
@@ -876,44 +1008,9 @@ fn running_counts(entries: &[Entry]) -> Vec<(f64, usize)> {
 /// runs, and never more after, through a rolling update started meanwhile.
 async fn pods_created_before_the_webhook_are_evicted_down_to_one_command(env: Arc<TestEnv>) {
     node::ready(&env).await;
-    let accounts: Api<ServiceAccount> = env.api();
-    accounts
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "worker"}})).unwrap(),
-        )
-        .await
-        .unwrap();
     let shared = node::shared_dir();
     let log = shared.path().join("log");
-    // An unwrapped command has no agent to name it: it logs under its pod's name.
-    let mut work = deployment("1.30.0", shared.path());
-    let script = &mut work["spec"]["template"]["spec"]["containers"][0]["command"][2];
-    *script = script
-        .as_str()
-        .unwrap()
-        .replace(
-            "$ARBITER_IDENTITY $ARBITER_TERM",
-            "${ARBITER_IDENTITY:-$HOSTNAME} ${ARBITER_TERM:-0}",
-        )
-        .replace(
-            "\"stop $ARBITER_IDENTITY",
-            "\"stop ${ARBITER_IDENTITY:-$HOSTNAME}",
-        )
-        .into();
-    let deployments: Api<Deployment> = env.api();
-    deployments
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(work).unwrap(),
-        )
-        .await
-        .unwrap();
-    eventually("three unwrapped commands to run", ROLLOUT, || async {
-        let counts = running_counts(&read_log(&log));
-        (counts.last().map(|c| c.1) == Some(3)).then_some(())
-    })
-    .await;
+    unwrapped_work(&env, 3, shared.path()).await;
 
     let release = format!("unw{}", std::process::id());
     install(

@@ -2218,7 +2218,8 @@ async fn the_docs_list_every_metric_the_operator_exposes(env: Arc<TestEnv>) {
             !m.labelled
                 || !(m.name.ends_with("_forced_depositions_total")
                     || m.name.ends_with("_active_pods")
-                    || m.name.ends_with("_webhook_admissions_total"))
+                    || m.name.ends_with("_webhook_admissions_total")
+                    || m.name.ends_with("_unwrapped_evictions_total"))
         })
         .map(family)
         .collect();
