@@ -18,6 +18,7 @@ pub(crate) mod pods;
 pub(crate) mod slim;
 pub(crate) mod stopped;
 pub(crate) mod stores;
+pub(crate) mod unwrapped;
 pub(crate) mod workloads;
 pub(crate) mod written;
 
@@ -68,6 +69,8 @@ pub struct Caches {
     pub by_lease: CandidateIndex,
     /// Pods confirmed stopped (terminal, or deleted after their containers stopped).
     pub stopped_pods: StoppedPods,
+    /// Pods labelled for injection that run unwrapped, by lease ([`unwrapped`]).
+    pub unwrapped: unwrapped::UnwrappedPods,
     /// When each Lease record was delivered (the start of its age).
     pub records: Records,
     /// Each lease's holder as this process last saw or assigned it (the workers' memory; the
@@ -126,6 +129,7 @@ impl Caches {
             liveness: Liveness::default(),
             by_lease,
             stopped_pods: StoppedPods::default(),
+            unwrapped: unwrapped::UnwrappedPods::default(),
             records: Records::default(),
             held: Held::default(),
             limits: limits::Tally::default(),
@@ -335,6 +339,7 @@ fn pod_events(
 ) -> BoxStream<'static, anyhow::Result<()>> {
     let e = enqueue;
     let (pod_index, annotated) = (caches.by_lease.clone(), caches.workloads.clone());
+    let unwrapped = caches.unwrapped.clone();
     // What a followed pod's event (or fetch) means: proof of a stop, leases to look at.
     let on_pod = move |pod: &Pod, deleted: bool| {
         stopped_pods.record_event(pod, deleted);
@@ -346,8 +351,8 @@ fn pod_events(
             e.key(key);
         }
         // A pod labelled for injection that runs unwrapped holds its lease's election.
-        if let Some(lease) = declared::unwrapped_for(pod) {
-            e.key(LeaseKey::new(&pod.namespace().unwrap_or_default(), lease));
+        if let Some(key) = unwrapped.record(pod, deleted) {
+            e.key(key);
         }
     };
     let (all_candidates, on_fetched) = (caches.candidates.clone(), on_pod.clone());

@@ -45,9 +45,14 @@ impl Worker {
         if !self.settings.webhook.enforces_injection() {
             return Vec::new();
         }
+        let names = self.caches.unwrapped.names(key);
+        if names.is_empty() && !self.unwrapped_seen.contains_key(key) {
+            return Vec::new();
+        }
         let instance = self.caches.instance.as_deref();
         let ns = &*key.namespace;
-        let mut pods: Vec<Unwrapped> = (self.caches.pods.in_namespace(ns).iter())
+        let mut pods: Vec<Unwrapped> = (names.iter())
+            .filter_map(|name| self.caches.pods.get(ns, name))
             .filter(|p| declared::unwrapped_for(p) == Some(&*key.name))
             .filter(|p| {
                 p.labels()
@@ -56,7 +61,7 @@ impl Worker {
                     == instance
             })
             .filter(|p| !pod_facts::terminal(p))
-            .filter_map(|p| Unwrapped::of(p))
+            .filter_map(|p| Unwrapped::of(&p))
             .collect();
         let (caches, hold) = (&self.caches, self.settings.lease_duration + UNPROVEN_GRACE);
         let memory = self.unwrapped_seen.entry(key.clone()).or_default();
