@@ -590,17 +590,7 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
     })
     .await;
     eventually("a NotInjected Event on it", DEADLINE, || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("NotInjected")
-                    && e.involved_object.name.as_deref() == Some(created.as_str())
-            })
-            .then_some(())
+        has_event(&env, "NotInjected", &created).await.then_some(())
     })
     .await;
     crate::chart::uninstall(&env, &release);
@@ -926,20 +916,10 @@ async fn a_force_deleted_unwrapped_pod_holds_its_lease_until_it_could_have_stopp
         .await
         .unwrap();
     let kept = &unwrapped[1];
-    let events: Api<Event> = env.api();
     eventually(
         "the eviction of the last unwrapped pod to be refused",
         DEADLINE,
-        || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("UnwrappedEvictionRefused")
-                        && e.involved_object.name.as_deref() == Some(kept.as_str())
-                })
-                .then_some(())
-        },
+        || async { (has_event(&env, "UnwrappedEvictionRefused", kept).await).then_some(()) },
     )
     .await;
     let leases: Api<Lease> = env.api();
@@ -973,6 +953,15 @@ async fn a_force_deleted_unwrapped_pod_holds_its_lease_until_it_could_have_stopp
         after >= Duration::from_secs(75),
         "{elected} was elected {after:?} after {kept} was force-deleted, with nothing to prove its command stopped"
     );
+}
+
+/// Whether the test's namespace has an Event with `reason` on the object named `name`.
+async fn has_event(env: &TestEnv, reason: &str, name: &str) -> bool {
+    let events: Api<Event> = env.api();
+    let listed = events.list(&ListParams::default()).await;
+    listed.map(|l| l.items).unwrap_or_default().iter().any(|e| {
+        e.reason.as_deref() == Some(reason) && e.involved_object.name.as_deref() == Some(name)
+    })
 }
 
 /// The node's uptime (the clock the workloads log on: the real node is this machine).
