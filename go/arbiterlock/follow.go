@@ -7,6 +7,8 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -15,8 +17,17 @@ import (
 // do, so a restarted watch never looks like a deletion), until ctx ends.
 func (l *Lock) followLease(ctx context.Context, kube kubernetes.Interface) cache.Controller {
 	selector := fields.OneTermEqualSelector("metadata.name", l.opts.LeaseName).String()
-	lw := cache.NewFilteredListWatchFromClient(kube.CoordinationV1().RESTClient(), "leases", l.opts.Namespace,
-		func(o *metav1.ListOptions) { o.FieldSelector = selector })
+	leases := kube.CoordinationV1().Leases(l.opts.Namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return leases.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return leases.Watch(ctx, o)
+		},
+	}
 	seen := func(obj any) {
 		if lease, ok := obj.(*coordinationv1.Lease); ok {
 			l.observe(lease.DeepCopy())

@@ -1,0 +1,218 @@
+package arbiterlock
+
+// Request shapes only, against fake clients: what the lock writes and refuses. Behaviour is
+// proven against the real operator and control plane (e2e/tests/go_controllers.rs).
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+func newTestLock(t *testing.T, leases ...runtime.Object) (*Lock, *fake.Clientset, *dynamicfake.FakeDynamicClient) {
+	t.Helper()
+	kube := fake.NewClientset(leases...)
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{CandidateResource: "LeaseCandidateList"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := NewWithClients(ctx, kube, dyn, Options{LeaseName: "l", Namespace: "ns", Identity: "me", BinaryVersion: "1.31.0", TerminationLog: "-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.stop() })
+	return l, kube, dyn
+}
+
+// seen waits until the lock's watch shows lease's resourceVersion.
+func seen(t *testing.T, l *Lock, rv string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		l.mu.Lock()
+		got := l.lease != nil && l.lease.ResourceVersion == rv
+		l.mu.Unlock()
+		if got {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("the watch never showed resourceVersion %s", rv)
+}
+
+func record(l *Lock) resourcelock.LeaderElectionRecord {
+	return resourcelock.LeaderElectionRecord{HolderIdentity: "me", LeaseDurationSeconds: int(l.opts.LeaseDuration / time.Second)}
+}
+
+func TestRegistrationCreatesTheCandidateWithThisProcess(t *testing.T) {
+	_, _, dyn := newTestLock(t)
+	c, err := dyn.Resource(CandidateResource).Namespace("ns").Get(context.Background(), "me", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := c.Object["spec"].(map[string]any)
+	if spec["leaseName"] != "l" || spec["binaryVersion"] != "1.31.0" || spec["emulationVersion"] != "1.31.0" || spec["strategy"] != OldestEmulationVersion || spec["renewTime"] == nil {
+		t.Errorf("spec: %v", spec)
+	}
+	if a := c.GetAnnotations(); a[incarnationAnnotation] == "" || a[leaseDurationAnnotation] != "15" {
+		t.Errorf("annotations: %v", a)
+	}
+}
+
+func TestTheElectorIsShownTheArbitersHolderNeverAnExpiredLease(t *testing.T) {
+	held := lease("you", 4, true, "you/4", "")
+	held.ResourceVersion = "1"
+	long := metav1.NewMicroTime(time.Now().Add(-time.Hour))
+	held.Spec.RenewTime = &long
+	l, _, _ := newTestLock(t, held)
+	seen(t, l, "1")
+	rec, raw, err := l.Get(context.Background())
+	if err != nil || rec.HolderIdentity != "you" || rec.LeaderTransitions != 4 {
+		t.Fatalf("%+v %v", rec, err)
+	}
+	if time.Since(rec.RenewTime.Time) > time.Second {
+		t.Errorf("shown renewed now (the elector never sees it expire), got %v", rec.RenewTime)
+	}
+	// Nothing new: the next Get waits (here, until its context ends).
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, _, err := l.Get(ctx); err == nil {
+		t.Error("a Get with nothing new to show returned at once")
+	}
+	if len(raw) == 0 {
+		t.Error("no raw record")
+	}
+	if err := l.Create(context.Background(), record(l)); err == nil {
+		t.Error("Create is refused: the arbiter creates Leases")
+	}
+}
+
+func TestAnAssignedTermIsTakenWithAnUpdateThatWritesOnlyRenewalMarks(t *testing.T) {
+	assigned := lease("me", 7, true, "me/7", "")
+	assigned.ResourceVersion = "1"
+	l, kube, _ := newTestLock(t, assigned)
+	seen(t, l, "1")
+	rec, _, err := l.Get(context.Background())
+	if err != nil || rec.HolderIdentity != "me" {
+		t.Fatalf("assigned: the elector is shown this replica: %+v %v", rec, err)
+	}
+	kube.ClearActions()
+	r := record(l)
+	r.LeaderTransitions = 99 // the elector's count is not the term
+	if err := l.Update(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	var update k8stesting.UpdateActionImpl
+	for _, a := range kube.Actions() {
+		if u, ok := a.(k8stesting.UpdateActionImpl); ok {
+			update = u
+		}
+	}
+	if update.UpdateOptions.FieldManager != FieldManager {
+		t.Errorf("written as field manager %q", update.UpdateOptions.FieldManager)
+	}
+	w := update.Object.(*coordinationv1.Lease)
+	if holder(w) != "me" || term(w) != 7 || w.ResourceVersion != "1" || w.Annotations[incarnationAnnotation] != l.Incarnation() {
+		t.Errorf("the write: holder %q term %d rv %q (a compare-and-swap on what was read) marks %v", holder(w), term(w), w.ResourceVersion, w.Annotations)
+	}
+	if got, err := l.Term(context.Background()); err != nil || got != 7 {
+		t.Errorf("Term: %d %v", got, err)
+	}
+}
+
+func TestALeaseTheArbiterDidNotAssignIsNeverTaken(t *testing.T) {
+	handMade := lease("me", 1, false, "", "")
+	handMade.ResourceVersion = "1"
+	l, kube, _ := newTestLock(t, handMade)
+	seen(t, l, "1")
+	// Nothing to show: it names this replica, but the arbiter did not assign it.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if rec, _, err := l.Get(ctx); err == nil {
+		t.Fatalf("shown %+v, want a wait for the arbiter", rec)
+	}
+	kube.ClearActions()
+	err := l.Update(context.Background(), record(l))
+	if err == nil || !strings.Contains(err.Error(), "does not name this replica") {
+		t.Errorf("got %v", err)
+	}
+	for _, a := range kube.Actions() {
+		if a.GetVerb() == "update" {
+			t.Errorf("wrote %v", a)
+		}
+	}
+}
+
+func TestTheElectorsReleaseIsNotWrittenAndAMismatchedElectorIsRefused(t *testing.T) {
+	assigned := lease("me", 2, true, "me/2", "")
+	assigned.ResourceVersion = "1"
+	l, kube, _ := newTestLock(t, assigned)
+	seen(t, l, "1")
+	kube.ClearActions()
+	if err := l.Update(context.Background(), resourcelock.LeaderElectionRecord{LeaseDurationSeconds: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if len(kube.Actions()) != 0 {
+		t.Errorf("the elector's release wrote %v", kube.Actions())
+	}
+	r := record(l)
+	r.LeaseDurationSeconds = 60
+	if err := l.Update(context.Background(), r); err == nil || !strings.Contains(err.Error(), "lease duration") {
+		t.Errorf("an elector with other timings: %v", err)
+	}
+}
+
+func TestAHandoverEndsTheTermOrAsksTheProgramToStop(t *testing.T) {
+	for _, wired := range []bool{false, true} {
+		assigned := lease("me", 5, true, "me/5", "")
+		assigned.ResourceVersion = "1"
+		l, kube, _ := newTestLock(t, assigned)
+		seen(t, l, "1")
+		stop := context.Background()
+		if wired {
+			stop = l.StepDownContext(context.Background())
+		}
+		if err := l.Update(context.Background(), record(l)); err != nil {
+			t.Fatal(err)
+		}
+		live, _ := kube.CoordinationV1().Leases("ns").Get(context.Background(), "l", metav1.GetOptions{})
+		live.Annotations[preferredHolderAnnotation] = "you"
+		live.ResourceVersion = "3"
+		if _, err := kube.CoordinationV1().Leases("ns").Update(context.Background(), live, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		seen(t, l, "3")
+		err := l.Update(context.Background(), record(l))
+		if wired {
+			if err != nil || stop.Err() == nil {
+				t.Errorf("wired: renewed while the program stops (%v), and told to stop (%v)", err, stop.Err())
+			}
+			continue
+		}
+		if err == nil {
+			t.Error("not wired: the term ends at the request")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		if _, err := l.Term(ctx); err == nil {
+			t.Error("not wired: no term after a handover")
+		}
+		cancel()
+	}
+}
+
+// The fake clients do not stream a list's end (a bookmark): informers list the old way.
+func TestMain(m *testing.M) {
+	os.Setenv("KUBE_FEATURE_WatchListClient", "false")
+	os.Exit(m.Run())
+}
