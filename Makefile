@@ -22,7 +22,7 @@ endif
 setup:
 	@e2e/setup.sh
 
-## test: everything CI runs: format, lints (with the docs' links and the release workflow), unit
+## test: everything CI runs: format, lints (with the docs' links, the release workflow and go vet), unit
 ## tests and the drift of generated files, the static builds, chaos-short, and end-to-end on a
 ## real cluster, the release (both platforms) installed from a local registry among them
 test: setup
@@ -33,6 +33,7 @@ lint: check-links actionlint
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --test demo --test chaos --test bench --test model -- -D warnings
 	cd e2e && go vet ./lecandidate
+	cd go && gofmt -l . | (! grep .) && go vet ./...
 
 ## check-links: every relative link and anchor in the repository's Markdown resolves
 check-links:
@@ -55,9 +56,10 @@ helm-docs:
 	  --output-file=../../docs/reference/helm-values.md --sort-values-order=file --log-level=warning >/dev/null
 
 ## unit: pure logic, table and property tests, the CRD and CLI reference drift checks, doc
-## tests, and the Helm values reference's drift
+## tests, the Helm values reference's drift, and the Go module's unit tests (go/)
 unit:
 	$(CARGO) test --lib --bins
+	cd go && go test ./...
 	$(CARGO) test --doc
 	@cp docs/reference/helm-values.md target/helm-values.md.committed && $(MAKE) --no-print-directory -s helm-docs \
 	  && if ! diff -u target/helm-values.md.committed docs/reference/helm-values.md; then \

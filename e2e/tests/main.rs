@@ -8,6 +8,7 @@ mod chart;
 mod control_plane;
 mod crd;
 mod docs;
+mod go_controllers;
 mod inject;
 mod operator;
 mod real_node;
@@ -57,6 +58,7 @@ fn tests() -> Vec<(&'static str, TestFn)> {
     all.extend(trust::tests());
     all.extend(tenants::tests());
     all.extend(docs::tests());
+    all.extend(go_controllers::tests());
     all
 }
 

@@ -1,6 +1,7 @@
 //! What every end-to-end test needs: the shared cluster, a namespace of its own, polling.
 
 pub mod agent;
+pub mod go_manager;
 pub mod node;
 pub mod operator;
 pub mod registry;
