@@ -191,7 +191,6 @@ func validate(identity string) admission.HandlerFunc {
 	}
 }
 
-
 // eventLog appends lines to a file (nothing without a path).
 type eventLog struct {
 	path string
