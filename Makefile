@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup promtool image images test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench \
+.PHONY: setup promtool image images go-example test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench \
 	release publish version tool-path docs helm-docs cli-docs check-links actionlint static-amd64 \
 	model model-short e2e-matrix
 
@@ -122,9 +122,11 @@ image: static
 	@if [ -n "$$ARBITER_E2E_DIR" ] && [ -d "$$ARBITER_E2E_DIR/node" ]; then \
 	  e2e/cluster.sh import "$$ARBITER_E2E_DIR" target/images/arbiter.tar && echo "loaded $(IMAGE) into $$ARBITER_E2E_DIR"; fi
 
-## images: the arbiter image and the e2e tests' agent image (arbiter with busybox, for
-## `arbiter run -- sh -c ...` workloads)
-images: image
+## images: the arbiter image, the e2e tests' agent image (arbiter with busybox, for
+## `arbiter run -- sh -c ...` workloads) and the Go module's example manager (go/examples/manager)
+images: image go-example
+	$(BUILD_IMAGE) --tag arbiter-e2e/go-manager:$(VERSION) --out target/images/go-manager.tar \
+	  --add /manager=target/go/example-manager-static --entrypoint '["/manager"]' --user 65532:65532
 	$(BUILD_IMAGE) --tag arbiter-e2e/agent:$(VERSION) --out target/images/agent.tar \
 	  --add /arbiter=target/$(STATIC_TARGET)/release/arbiter --add /bin/busybox=/bin/busybox \
 	  --link /bin/sh=busybox --link /bin/sleep=busybox --link /bin/date=busybox --link /bin/timeout=busybox \
@@ -132,6 +134,10 @@ images: image
 	  --entrypoint '["/arbiter"]' --user 65532:65532
 
 static-amd64: static
+
+## go-example: the Go module's example controller-runtime manager, static (for its image)
+go-example:
+	cd go && CGO_ENABLED=0 go build -trimpath -o ../target/go/example-manager-static ./examples/manager
 
 ## static-arm64: the static arm64 binary (cross-compiled on other machines)
 static-arm64:

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use arbiter::lease;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -18,7 +18,7 @@ use crate::support::go_manager::{
     GoManager, assert_one_at_a_time, first_work_of, last_work_of, works,
 };
 use crate::support::operator::{Operator, wait_for_holder};
-use crate::support::{TestEnv, eventually};
+use crate::support::{TestEnv, eventually, node};
 
 crate::tests![go_controllers:
     the_oldest_go_replica_leads_from_term_one_in_any_start_order,
@@ -26,6 +26,7 @@ crate::tests![go_controllers:
     sigkill_of_the_go_leader_fails_over_after_expiry_and_not_before,
     a_go_leader_cut_from_the_api_stops_reconciling_before_the_next_starts,
     go_and_rust_candidates_follow_the_same_rules_in_one_lease,
+    go_managers_as_pods_hand_over_at_once_when_the_leader_pod_is_deleted_or_its_container_crashes,
 ];
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -342,4 +343,142 @@ async fn go_and_rust_candidates_follow_the_same_rules_in_one_lease(env: Arc<Test
     );
     assert_one_at_a_time(&works(&events));
     drop(go);
+}
+
+/// The example manager's pod on the real node: a 60 s lease (so that a handover within
+/// seconds is not expiry), the events log in `shared`, restarted when its container ends.
+fn manager_pod(name: &str, version: &str, shared: &std::path::Path) -> serde_json::Value {
+    let field = |path: &str| serde_json::json!({"fieldRef": {"fieldPath": path}});
+    let mut spec = serde_json::json!({
+        "serviceAccountName": "manager",
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 40,
+        "containers": [{
+            "name": "manager", "image": node::GO_MANAGER_IMAGE, "imagePullPolicy": "Never",
+            "args": ["--lease", "pods", "--config-map", "pods", "--binary-version", version,
+                     "--log", "/shared/log", "--probe-addr", "0",
+                     "--lease-duration", "60s", "--renew-deadline", "30s", "--retry-period", "2s"],
+            "env": [
+                {"name": "POD_NAME", "valueFrom": field("metadata.name")},
+                {"name": "POD_NAMESPACE", "valueFrom": field("metadata.namespace")},
+                {"name": "POD_UID", "valueFrom": field("metadata.uid")},
+            ],
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+        }],
+        "volumes": [{"name": "shared", "hostPath": {"path": shared.to_str().unwrap(), "type": "Directory"}}],
+    });
+    node::place(&mut spec);
+    // The label is the pod's own word that it runs a candidate of lease "pods": only then is
+    // its stop, or its container's end, taken for the end of a term.
+    serde_json::json!({"metadata": {"name": name, "labels": {"arbiter.dev/lease": "pods"}}, "spec": spec})
+}
+
+/// The manager's ServiceAccount: the candidate's rights (the chart's `arbiter-candidate`
+/// role) and the ConfigMaps it reconciles.
+async fn manager_service_account(env: &TestEnv) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let pp = PostParams::default();
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "manager"}})).unwrap();
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "manager"},
+        "rules": [
+            {"apiGroups": ["arbiter.dev"], "resources": ["leasecandidates"],
+             "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch", "update"]},
+            {"apiGroups": [""], "resources": ["configmaps"],
+             "verbs": ["get", "list", "watch", "update"]},
+        ],
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "manager"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "manager"},
+        "subjects": [{"kind": "ServiceAccount", "name": "manager", "namespace": env.ns}],
+    }))
+    .unwrap();
+    env.api::<ServiceAccount>().create(&pp, &sa).await.unwrap();
+    env.api::<Role>().create(&pp, &role).await.unwrap();
+    env.api::<RoleBinding>()
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+}
+
+/// Within this of the event that ended a term, the next term is not the lease's expiry (60 s).
+const AT_ONCE: f64 = 20.0;
+
+/// As pods on the real node. The leader's pod is deleted: its manager stops its reconciles,
+/// releases, and the standby leads at once. Then the new leader's container is SIGKILLed (its
+/// pod stays, and restarts it): the kubelet's report of the container's end, with the
+/// incarnation the lock wrote to its termination log, hands the lease on without waiting for
+/// it to expire. Never two reconciling at once.
+async fn go_managers_as_pods_hand_over_at_once_when_the_leader_pod_is_deleted_or_its_container_crashes(
+    env: Arc<TestEnv>,
+) {
+    node::ready(&env).await;
+    let op = Operator::start(&env, &["--lease-duration", "60s"]);
+    manager_service_account(&env).await;
+    config_map(&env, "pods").await;
+    let shared = node::shared_dir();
+    let events = shared.path().join("log");
+    let pods: Api<Pod> = env.api();
+    let pp = PostParams::default();
+    for (name, version) in [("go-a", "1.30.0"), ("go-b", "1.31.0")] {
+        let pod: Pod = serde_json::from_value(manager_pod(name, version, shared.path())).unwrap();
+        pods.create(&pp, &pod).await.unwrap();
+    }
+    wait_for_holder(&env, "pods", "go-a", DEADLINE).await;
+    eventually("go-a to reconcile", DEADLINE, || async {
+        first_work_of(&works(&events), "go-a")
+    })
+    .await;
+    op.wait_eligible(&env.ns, "go-b").await;
+
+    // The leader's pod is deleted.
+    pods.delete("go-a", &DeleteParams::default()).await.unwrap();
+    let deleted_at = now();
+    let b_first = eventually("go-b to reconcile", DEADLINE, || async {
+        first_work_of(&works(&events), "go-b")
+    })
+    .await;
+    let a_last = last_work_of(&works(&events), "go-a").unwrap();
+    assert!(a_last.to <= b_first.from, "{a_last:?} then {b_first:?}");
+    assert!(
+        b_first.from - deleted_at < AT_ONCE,
+        "go-b led {:.3} s after go-a's pod was deleted",
+        b_first.from - deleted_at
+    );
+    eprintln!(
+        "pod deleted: {:.3} s between go-a's last reconcile and go-b's first",
+        b_first.from - a_last.to
+    );
+
+    // A standby for the crash, then SIGKILL of the leader's container (its first process).
+    let pod: Pod = serde_json::from_value(manager_pod("go-c", "1.31.0", shared.path())).unwrap();
+    pods.create(&pp, &pod).await.unwrap();
+    op.wait_eligible(&env.ns, "go-c").await;
+    let b_term = b_first.term;
+    let id = node::container_id(&env, "go-b").await;
+    let manager = node::container_init_pid(&env.kubeconfig, &id).expect("the container's task");
+    kill(Pid::from_raw(manager), Signal::SIGKILL).unwrap();
+    let killed_at = now();
+    let next = eventually("a new term's first reconcile", DEADLINE, || async {
+        works(&events).into_iter().find(|w| w.term > b_term)
+    })
+    .await;
+    assert!(
+        next.from - killed_at < AT_ONCE,
+        "the next leader ({}) reconciled {:.3} s after the crash: it waited for expiry",
+        next.id,
+        next.from - killed_at
+    );
+    let b_last = works(&events)
+        .into_iter()
+        .rfind(|w| w.id == "go-b" && w.term == b_term)
+        .unwrap();
+    assert!(b_last.to <= next.from, "{b_last:?} then {next:?}");
+    assert_one_at_a_time(&works(&events));
 }

@@ -546,17 +546,6 @@ async fn restartable_pair(env: &TestEnv, shared: &Path) -> Lease {
 }
 
 /// The running container's id (`containerd://...`) of a pod's only container.
-async fn container_id(env: &TestEnv, pod: &str) -> String {
-    let pods: Api<Pod> = env.api();
-    eventually(&format!("{pod}'s container to run"), DEADLINE, || async {
-        let p = pods.get(pod).await.ok()?;
-        let c = p.status?.container_statuses?.into_iter().next()?;
-        c.state?.running?;
-        c.container_id
-    })
-    .await
-}
-
 async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry(
     env: Arc<TestEnv>,
 ) {
@@ -583,7 +572,7 @@ async fn a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_f
 
     // SIGKILL job-a's agent (its container's first process): the container ends, the kubelet
     // restarts it and reports the end with the message the agent wrote when it started.
-    let id = container_id(&env, "job-a").await;
+    let id = node::container_id(&env, "job-a").await;
     let doomed = node::container_pids(&env, &id);
     assert!(doomed.len() >= 2, "the agent and its workload: {doomed:?}");
     let agent = node::container_init_pid(&env.kubeconfig, &id).expect("the container's task");
@@ -759,7 +748,7 @@ async fn registered_by_running_container(env: &TestEnv, name: &str) {
 }
 
 async fn kill_agent(env: &TestEnv, name: &str) {
-    container_id(env, name).await;
+    node::container_id(env, name).await;
     let agent = node::first_container_pid(&env.client, &env.ns, &env.kubeconfig, name)
         .await
         .expect("the container's task");

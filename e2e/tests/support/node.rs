@@ -5,12 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use serde_json::{Value, json};
 
-use super::{TestEnv, repo_root};
+use super::{TestEnv, eventually, repo_root};
 
 /// The real node's name (e2e/node.sh).
 pub const NAME: &str = "arbiter-node";
@@ -20,6 +21,11 @@ pub const ARBITER_IMAGE: &str = concat!("ghcr.io/arbiter-dev/arbiter:", env!("CA
 pub const AGENT_IMAGE: &str = concat!("docker.io/arbiter-e2e/agent:", env!("CARGO_PKG_VERSION"));
 /// Debian's static busybox (imported by `cluster.sh up --node`).
 pub const BUSYBOX_IMAGE: &str = "docker.io/arbiter-e2e/busybox:1";
+/// The Go module's example manager (go/examples/manager), static (`make images`).
+pub const GO_MANAGER_IMAGE: &str = concat!(
+    "docker.io/arbiter-e2e/go-manager:",
+    env!("CARGO_PKG_VERSION")
+);
 
 /// `helm install` arguments that run the chart's operator on the real node, from the image
 /// `make image` built under the chart's default name, pulled from nowhere.
@@ -69,7 +75,7 @@ pub async fn ready(env: &TestEnv) {
             ));
         }
         let images = repo_root().join("target/images");
-        let tars = ["arbiter.tar", "agent.tar"].map(|t| images.join(t));
+        let tars = ["arbiter.tar", "agent.tar", "go-manager.tar"].map(|t| images.join(t));
         if let Some(missing) = tars.iter().find(|t| !t.is_file()) {
             return Err(format!(
                 "{} is missing: run `make images`",
@@ -225,4 +231,20 @@ pub async fn agent_service_account(client: &kube::Client, ns: &str) {
         .create(&pp, &binding)
         .await
         .expect("creating the agent RoleBinding");
+}
+
+/// The id of `pod`'s first container, once it runs.
+pub async fn container_id(env: &TestEnv, pod: &str) -> String {
+    let pods: Api<Pod> = env.api();
+    eventually(
+        &format!("{pod}'s container to run"),
+        Duration::from_secs(90),
+        || async {
+            let p = pods.get(pod).await.ok()?;
+            let c = p.status?.container_statuses?.into_iter().next()?;
+            c.state?.running?;
+            c.container_id
+        },
+    )
+    .await
 }
