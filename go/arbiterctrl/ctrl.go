@@ -16,10 +16,18 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// Options is opts with leader election under lock: on, the lock as the resource lock, the
-// lease's name as the election's ID and the lock's timings. The elector's own release is off
-// (the lock releases in Shutdown, once mgr.Start returned nil). A GracefulShutdownTimeout longer
-// than the lock's StepDownGrace is cut to it: the lock renews during a handover only that long.
+// Options is opts with leader election under lock:
+//
+//   - leader election on, the lock as the resource lock, the lease's name as the election's ID,
+//     and the lock's timings;
+//   - the elector's own release off: the lock releases in Shutdown, once mgr.Start returned nil;
+//   - a graceful shutdown of at most the lock's StepDownGrace (the lock renews during a handover
+//     only that long). Zero, or negative (wait forever), is StepDownGrace too: with no wait,
+//     mgr.Start returns nil while reconciles may still run, and Shutdown would release under them;
+//   - controllers warm up on standbys (EnableWarmup, unless set): their sources and caches start
+//     before the replica leads, so that a new leader reconciles at once;
+//   - the lock's ExitAtTermEnd on: if a term ends while the manager still runs (its graceful
+//     shutdown outlasting a lost lease), the process exits at the last moment it may act.
 func Options(lock *arbiterlock.Lock, opts ctrl.Options) ctrl.Options {
 	o := lock.Options()
 	lease, deadline, retry := o.LeaseDuration, o.RenewDeadline, o.RetryPeriod
@@ -30,9 +38,15 @@ func Options(lock *arbiterlock.Lock, opts ctrl.Options) ctrl.Options {
 	opts.LeaderElectionReleaseOnCancel = false
 	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = &lease, &deadline, &retry
 	grace := o.StepDownGrace
-	if opts.GracefulShutdownTimeout == nil || *opts.GracefulShutdownTimeout < 0 || *opts.GracefulShutdownTimeout > grace {
-		opts.GracefulShutdownTimeout = &grace
+	if g := opts.GracefulShutdownTimeout; g != nil && *g > 0 && *g < grace {
+		grace = *g
 	}
+	opts.GracefulShutdownTimeout = &grace
+	if opts.Controller.EnableWarmup == nil {
+		warm := true
+		opts.Controller.EnableWarmup = &warm
+	}
+	lock.SetExitAtTermEnd(true)
 	return opts
 }
 

@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
+
+	"github.com/go-logr/logr"
 )
 
 // CandidateResource is arbiter's LeaseCandidate API.
@@ -268,9 +270,14 @@ func (c *candidates) keepFresh(ctx context.Context, answered *time.Time) error {
 	go c.follow(ctx, seen, watchErr)
 	read := time.NewTicker(readEvery)
 	defer read.Stop()
+	// The read in flight, if any: it runs beside the watch, so that a read that hangs (up to
+	// readEvery) holds up no answer to a ping the watch delivers meanwhile.
+	reads := make(chan *unstructured.Unstructured, 1)
+	reading := false
 	backoff := retryBackoff()
 	for {
 		var renew time.Time
+		var obj *unstructured.Unstructured
 		timer := time.NewTimer(time.Until(f.next))
 		select {
 		case <-ctx.Done():
@@ -279,29 +286,27 @@ func (c *candidates) keepFresh(ctx context.Context, answered *time.Time) error {
 		case err := <-watchErr:
 			timer.Stop()
 			return err
-		case obj := <-seen:
-			timer.Stop()
-			r, ok := f.seen(candidateView(obj), time.Now(), time.Now())
-			if !ok {
-				continue
-			}
-			renew = r
+		case obj = <-seen:
+		case obj = <-reads:
+			reading = false
 		case <-read.C:
-			timer.Stop()
-			rctx, cancel := context.WithTimeout(ctx, readEvery)
-			obj, err := c.api.Get(rctx, c.opts.Identity, metav1.GetOptions{ResourceVersion: "0"})
-			cancel()
-			if err != nil {
-				log.V(2).Info("reading the candidate failed", "err", err)
-				continue
+			if !reading {
+				reading = true
+				go c.read(ctx, reads, log)
 			}
-			r, ok := f.seen(candidateView(obj), time.Now(), time.Now())
-			if !ok {
-				continue
-			}
-			renew = r
 		case <-timer.C:
 			renew = f.takePending(time.Now())
+		}
+		timer.Stop()
+		if obj == nil && renew.IsZero() {
+			continue
+		}
+		if obj != nil {
+			r, ok := f.seen(candidateView(obj), time.Now(), time.Now())
+			if !ok {
+				continue
+			}
+			renew = r
 		}
 		err := c.stamp(ctx, renew)
 		switch {
@@ -318,7 +323,21 @@ func (c *candidates) keepFresh(ctx context.Context, answered *time.Time) error {
 	}
 }
 
-// follow watches the candidate, re-establishing the watch when it ends.
+// read reads the candidate from the API server's cache, bounded by readEvery; it delivers
+// nil when the read failed.
+func (c *candidates) read(ctx context.Context, out chan<- *unstructured.Unstructured, log logr.Logger) {
+	rctx, cancel := context.WithTimeout(ctx, readEvery)
+	defer cancel()
+	obj, err := c.api.Get(rctx, c.opts.Identity, metav1.GetOptions{ResourceVersion: "0"})
+	if err != nil {
+		log.V(2).Info("reading the candidate failed", "err", err)
+		obj = nil
+	}
+	out <- obj
+}
+
+// follow watches the candidate, re-establishing the watch when it ends (at most every half
+// second).
 func (c *candidates) follow(ctx context.Context, seen chan<- *unstructured.Unstructured, failed chan<- error) {
 	sel := "metadata.name=" + c.opts.Identity
 	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 1, Steps: 1 << 30, Cap: 2 * time.Second}
@@ -332,6 +351,7 @@ func (c *candidates) follow(ctx context.Context, seen chan<- *unstructured.Unstr
 			}
 			continue
 		}
+		began := time.Now()
 		for ev := range w.ResultChan() {
 			if ev.Type != watch.Added && ev.Type != watch.Modified {
 				continue
@@ -344,6 +364,10 @@ func (c *candidates) follow(ctx context.Context, seen chan<- *unstructured.Unstr
 			}
 		}
 		w.Stop()
+		select {
+		case <-ctx.Done():
+		case <-time.After(500*time.Millisecond - time.Since(began)):
+		}
 	}
 }
 

@@ -47,24 +47,33 @@ type Lock struct {
 	synced bool
 	// changed is closed, and replaced, on every change worth waking a waiter for.
 	changed chan struct{}
-	// The term this process leads, since when it counts as renewed (the last counted
-	// renewal's send time, on the monotonic clock), and the last one it led (never taken again).
-	leading  bool
-	term     int32
-	lastOK   time.Time
-	ended    int32
-	hasEnded bool
+	// The term this process leads, and when its last counted renewal was sent (boot clock).
+	leading bool
+	term    int32
+	lastOK  time.Duration
+	// The last term it led and ended (never taken again), and the last term it wrote.
+	ended     int32
+	hasEnded  bool
+	wroteTerm int32
+	wrote     bool
 	// stepping: the arbiter asked for a handover while this replica leads, since stepSince.
 	stepping  bool
-	stepSince time.Time
-	// stepDown: the contexts StepDownContext made (wired: the program watches one).
-	stepDown []context.CancelFunc
+	stepSince time.Duration
+	// stopCtxs: the contexts StepDownContext made (wired: the program watches one).
+	stopCtxs []context.CancelFunc
 	wired    bool
 	failed   error
 	// shown is the holder Get last showed the elector ("" before any).
 	shown string
 	// mismatch: the elector's lease duration differs from the lock's (reported once).
 	mismatch bool
+	// exitAtTermEnd (SetExitAtTermEnd); exitArmed: a term ended and the process must be gone
+	// by its deadline unless workStopped (Shutdown said so).
+	exitAtTermEnd bool
+	exitArmed     bool
+	workStopped   bool
+	// callbacks: OnStartedTerm and OnEndedTerm calls, in order.
+	callbacks *queue
 }
 
 var _ resourcelock.Interface = (*Lock)(nil)
@@ -94,12 +103,13 @@ func NewWithClients(ctx context.Context, kube kubernetes.Interface, dyn dynamic.
 	}
 	me := self{identity: opts.Identity, incarnation: newIncarnation(), podUID: opts.PodUID}
 	l := &Lock{
-		opts:    opts,
-		me:      me,
-		leases:  kube.CoordinationV1().Leases(opts.Namespace),
-		cands:   newCandidates(dyn, opts, me),
-		changed: make(chan struct{}),
-		done:    make(chan struct{}),
+		opts:      opts,
+		me:        me,
+		leases:    kube.CoordinationV1().Leases(opts.Namespace),
+		cands:     newCandidates(dyn, opts, me),
+		changed:   make(chan struct{}),
+		done:      make(chan struct{}),
+		callbacks: newQueue(),
 	}
 	log := klog.FromContext(ctx).WithValues("lease", opts.LeaseName, "identity", opts.Identity)
 	if opts.TerminationLog != "-" {
@@ -124,6 +134,7 @@ func NewWithClients(ctx context.Context, kube kubernetes.Interface, dyn dynamic.
 		}
 	}()
 	go l.watchdog(bg)
+	go l.callbacks.run()
 	return l, nil
 }
 
@@ -171,40 +182,32 @@ func (l *Lock) LeaderElectionConfig(callbacks leaderelection.LeaderCallbacks) le
 }
 
 // Get is the elector's view of the Lease. It shows the Lease as it is only when the arbiter
-// named this replica holder (then the elector goes on to Update, which takes or renews the term).
-// Otherwise it shows the arbiter's holder (or Nobody) freshly renewed, so the elector's own expiry
-// logic never tries to take a lease the arbiter did not assign. Before this process first leads,
-// it waits until there is something new to show: an assignment reaches the elector at once,
-// not a retry period later.
+// named this process holder (then the elector goes on to Update, which takes or renews the
+// term). Otherwise it shows the arbiter's holder (or Nobody) freshly renewed, so the elector's
+// own expiry logic never tries to take a lease the arbiter did not assign. Before this process
+// first leads, it waits until there is something new to show: an assignment reaches the elector
+// at once, not a retry period later. (It never waits while this process leads or after: the
+// elector's stop and its release path are never held up.)
 func (l *Lock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	for {
 		l.mu.Lock()
 		if l.failed != nil {
 			err := l.failed
 			l.mu.Unlock()
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("arbiterlock: %w", err)
 		}
-		s := standingOf(l.lease, l.me)
-		takeable := s == ours && !(l.hasEnded && term(l.lease) == l.ended)
-		if takeable || l.leading && (s == ours || s == handover) {
+		if l.takeable(l.lease) || l.leading && standingOf(l.lease, l.me) == handover {
 			rec := recordOf(l.lease, l.opts)
 			l.mu.Unlock()
 			return marshal(rec)
 		}
-		if s == handover && !l.leading {
-			// A fresh assignment the arbiter already wants moved on: give it back unled.
+		if l.givesBack(l.lease) {
 			l.mu.Unlock()
-			klog.FromContext(ctx).Info("the lease names this replica but the arbiter wants another holder; releasing it")
-			if _, err := l.releaseLive(ctx); err != nil {
-				klog.FromContext(ctx).Info("releasing the lease failed", "err", err)
-			}
+			l.giveBack(ctx)
 			l.mu.Lock()
 		}
 		shown := holder(l.lease)
-		if shown == l.me.identity {
-			shown = ""
-		}
-		if shown == "" {
+		if shown == l.me.identity || shown == "" {
 			shown = l.shown
 		}
 		mayWait := !l.hasEnded && !l.leading && l.synced
@@ -226,6 +229,15 @@ func (l *Lock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []b
 		rec := shownRecord(l.lease, l.opts, shown)
 		l.mu.Unlock()
 		return marshal(rec)
+	}
+}
+
+// giveBack releases a fresh assignment the arbiter already wants moved on, unled.
+func (l *Lock) giveBack(ctx context.Context) {
+	log := klog.FromContext(ctx)
+	log.Info("the lease names this replica but the arbiter wants another holder; giving it back unled")
+	if _, err := l.releaseLive(ctx, (*Lock).givesBack); err != nil {
+		log.Info("giving the lease back failed", "err", err)
 	}
 }
 
@@ -252,7 +264,7 @@ func (l *Lock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord
 	if err := l.mayRenew(log, rec); err != nil {
 		return err
 	}
-	sent := time.Now()
+	sent := boot()
 	live, err := l.leases.Get(ctx, l.opts.LeaseName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		l.endIfLeading("the lease was deleted")
@@ -270,10 +282,15 @@ func (l *Lock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord
 	if err != nil {
 		return err
 	}
-	if took := time.Since(sent); took > maxRenewLatency(l.opts) {
+	l.mu.Lock()
+	l.wrote, l.wroteTerm = true, term(written)
+	l.mu.Unlock()
+	if took := boot() - sent; took > maxRenewLatency(l.opts) {
 		return fmt.Errorf("arbiterlock: the renewal took %v, longer than %v: not counted", took, maxRenewLatency(l.opts))
 	}
-	l.renewed(log, term(written), sent)
+	if !l.renewed(log, term(written), sent) {
+		return errors.New("arbiterlock: the term ended while it was being renewed")
+	}
 	return nil
 }
 
@@ -282,7 +299,7 @@ func (l *Lock) mayRenew(log klog.Logger, rec resourcelock.LeaderElectionRecord) 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.failed != nil {
-		return l.failed
+		return fmt.Errorf("arbiterlock: %w", l.failed)
 	}
 	if want := int(l.opts.LeaseDuration / time.Second); rec.LeaseDurationSeconds != want {
 		if !l.mismatch {
@@ -291,102 +308,45 @@ func (l *Lock) mayRenew(log klog.Logger, rec resourcelock.LeaderElectionRecord) 
 		}
 		return fmt.Errorf("arbiterlock: the elector's lease duration (%ds) is not the lock's (%ds)", rec.LeaseDurationSeconds, want)
 	}
-	if l.leading && time.Since(l.lastOK) > l.opts.RenewDeadline {
+	if l.leading && !l.counts() {
 		l.endTerm("no renewal for the renew deadline")
-		return errors.New("arbiterlock: the term ended at the renew deadline")
 	}
-	if l.stepping && (!l.wired || time.Since(l.stepSince) > l.opts.StepDownGrace) {
-		l.endTerm("handed over")
-		return errors.New("arbiterlock: the arbiter asked for a handover")
+	if l.stepping && (!l.wired || boot()-l.stepSince > l.opts.StepDownGrace) {
+		l.endTerm("handed over: the work did not stop within StepDownGrace")
+	}
+	if !l.leading && l.hasEnded && holder(l.lease) == l.me.identity && term(l.lease) == l.ended {
+		return fmt.Errorf("arbiterlock: term %d ended", l.ended)
 	}
 	return nil
 }
 
 // mayWrite checks the live Lease before a write: the arbiter names this process, for a term it
-// has not led and ended.
+// may take or renew.
 func (l *Lock) mayWrite(ctx context.Context, live *coordinationv1.Lease) error {
+	l.mu.Lock()
 	s := standingOf(live, l.me)
-	l.mu.Lock()
-	leading, current, stepping := l.leading, l.term, l.stepping
-	ended := l.hasEnded && term(live) == l.ended
-	l.mu.Unlock()
 	switch {
-	case leading && term(live) != current:
-		l.endIfLeading("the term moved on")
-	case s == ours && !ended:
-		return nil
-	case s == handover && leading && stepping:
-		// Renewed while the program stops its work (StepDownGrace); mayRenew bounds it.
-		return nil
-	case s == handover && leading:
+	case l.leading && term(live) != l.term:
+		l.endTerm("the term moved on")
+	case l.leading && s == handover:
 		// Seen here before the watch showed it: the same step-down.
-		if l.stepDownNow() {
-			return nil
-		}
-	case s == handover:
-		if _, err := l.releaseLive(ctx); err != nil {
-			klog.FromContext(ctx).Info("releasing the lease failed", "err", err)
-		}
-	default:
-		l.endIfLeading("the lease names " + holder(live))
-	}
-	return fmt.Errorf("arbiterlock: the arbiter does not name this replica holder of %s (%s)", l.opts.LeaseName, s)
-}
-
-// renewed counts a renewal of term sent at sent.
-func (l *Lock) renewed(log klog.Logger, t int32, sent time.Time) {
-	l.mu.Lock()
-	started := !l.leading
-	l.leading, l.term, l.lastOK = true, t, sent
-	if started {
-		l.notify()
-	}
-	l.mu.Unlock()
-	if started {
-		log.Info("leading", "term", t)
-		if l.opts.OnStartedTerm != nil {
-			go l.opts.OnStartedTerm(t)
-		}
-	}
-}
-
-// Term is the term this replica leads at (the fencing token); while it leads none, Term waits
-// for one until ctx ends (ErrNotLeading). A term counts until the lock ends it: the renew
-// deadline after its last renewal, a handover (after StepDownGrace), another holder.
-func (l *Lock) Term(ctx context.Context) (int32, error) {
-	for {
-		l.mu.Lock()
-		if l.leading && time.Since(l.lastOK) < l.opts.RenewDeadline {
-			t := l.term
+		l.stepDown()
+		if l.leading && l.stepping {
 			l.mu.Unlock()
-			return t, nil
+			return nil // renewed while the program stops its work (StepDownGrace)
 		}
-		ch := l.changed
+	case l.takeable(live):
 		l.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return 0, ErrNotLeading
-		case <-ch:
-		case <-time.After(l.opts.RetryPeriod):
-		}
+		return nil
+	case l.givesBack(live):
+		l.mu.Unlock()
+		l.giveBack(ctx)
+		l.mu.Lock()
+	case l.leading:
+		l.endTerm("the lease names " + holder(live))
 	}
-}
-
-// StepDownContext is parent, also cancelled when this replica should stop: the arbiter asked
-// it to hand over while it leads (the lock then keeps renewing for StepDownGrace while the
-// program stops its work; call Shutdown(ctx, true) after), or the lock failed while it was a
-// standby. Give it to the manager (mgr.Start) or to whatever runs the elector.
-func (l *Lock) StepDownContext(parent context.Context) context.Context {
-	ctx, cancel := context.WithCancel(parent)
-	l.mu.Lock()
-	l.wired = true
-	l.stepDown = append(l.stepDown, cancel)
-	now := l.stepping || l.failed != nil && !l.leading
 	l.mu.Unlock()
-	if now {
-		cancel()
-	}
-	return ctx
+	return fmt.Errorf("arbiterlock: the arbiter does not name this replica holder of %s (%s)", l.opts.LeaseName, s)
 }
 
 // Err is why the lock stopped following the lease, if it did (the candidate was deleted, say):
@@ -397,36 +357,56 @@ func (l *Lock) Err() error {
 	return l.failed
 }
 
-// Shutdown leaves: it stops following, releases the lease if this process led and workStopped
-// (so the next holder starts at once), and deletes the candidate. Call it after the work
-// guarded by the lease has stopped: for controller-runtime, with workStopped = (mgr.Start
-// returned nil). Without workStopped the lease is not released: the arbiter waits its
-// expiry. Returns whether it released.
+// shutdownTimeout bounds each of Shutdown's requests (the process is on its way out).
+const shutdownTimeout = 2 * time.Second
+
+// Shutdown leaves. Call it once the program's work guarded by the lease has stopped, or is
+// abandoned.
+//
+// With workStopped (for controller-runtime: mgr.Start returned nil), it releases the lease if
+// this process still leads, so that the next holder starts at once, and deletes the candidate.
+// Without, it neither releases nor (if this process led) withdraws: the work may still run, so
+// the process should exit at once, and the arbiter waits for the lease to expire. Each request
+// is bounded by 2 s. Returns whether it released.
 func (l *Lock) Shutdown(ctx context.Context, workStopped bool) (bool, error) {
-	l.stop()
-	<-l.done
 	l.mu.Lock()
+	mayRelease := workStopped && l.counts()
 	led := l.leading || l.hasEnded
+	if workStopped {
+		l.workStopped = true
+	}
+	// No renewal from now on; with ExitAtTermEnd and work that may still run, the exit is armed.
 	l.endTerm("shut down")
 	l.mu.Unlock()
+	l.stop()
+	<-l.done
 	var errs []error
 	released := false
-	if led && workStopped {
+	if mayRelease {
+		rctx, cancel := context.WithTimeout(ctx, shutdownTimeout)
 		var err error
-		released, err = l.releaseLive(ctx)
+		released, err = l.releaseLive(rctx, func(l *Lock, lease *coordinationv1.Lease) bool {
+			return lease.Annotations[incarnationAnnotation] == l.me.incarnation
+		})
+		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("releasing the lease (it will expire): %w", err))
 		}
 	}
-	if err := l.cands.withdraw(ctx, false); err != nil {
-		errs = append(errs, fmt.Errorf("withdrawing the candidate: %w", err))
+	if workStopped || !led {
+		wctx, cancel := context.WithTimeout(ctx, shutdownTimeout)
+		if err := l.cands.withdraw(wctx, false); err != nil {
+			errs = append(errs, fmt.Errorf("withdrawing the candidate: %w", err))
+		}
+		cancel()
 	}
 	return released, errors.Join(errs...)
 }
 
-// releaseLive gives the lease up (holder "") if it still names this process; a compare-and-swap
-// on the Lease as read just before, retried when a renewal in flight won.
-func (l *Lock) releaseLive(ctx context.Context) (bool, error) {
+// releaseLive gives the lease up (holder "") if it still names this process and may(live)
+// holds; a compare-and-swap on the Lease as read just before, retried when a renewal in flight
+// won.
+func (l *Lock) releaseLive(ctx context.Context, may func(*Lock, *coordinationv1.Lease) bool) (bool, error) {
 	for range 3 {
 		live, err := l.leases.Get(ctx, l.opts.LeaseName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -435,7 +415,10 @@ func (l *Lock) releaseLive(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if !mayRelease(live, l.me) {
+		l.mu.Lock()
+		ok := mayRelease(live, l.me) && may(l, live)
+		l.mu.Unlock()
+		if !ok {
 			return false, nil
 		}
 		released := live.DeepCopy()
@@ -468,37 +451,9 @@ func (l *Lock) observe(lease *coordinationv1.Lease) {
 	case term(lease) != l.term:
 		l.endTerm("the term moved on")
 	case s == handover:
-		l.stepDownLocked()
+		l.stepDown()
 	case s != ours:
 		l.endTerm("the lease names " + holder(lease))
-	}
-}
-
-// stepDownNow steps down; true while renewals go on (the program watches StepDownContext).
-func (l *Lock) stepDownNow() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stepDownLocked()
-	return l.leading && l.stepping
-}
-
-// stepDownLocked: the arbiter asked this leader to hand over. A program that watches
-// StepDownContext is told to stop, and renewals go on for StepDownGrace while it does;
-// otherwise the term ends now (the elector then stops at its renew deadline).
-func (l *Lock) stepDownLocked() {
-	if l.stepping || !l.leading {
-		return
-	}
-	l.stepping, l.stepSince = true, time.Now()
-	l.cancelStepDown()
-	if !l.wired {
-		l.endTerm("handed over")
-	}
-}
-
-func (l *Lock) cancelStepDown() {
-	for _, cancel := range l.stepDown {
-		cancel()
 	}
 }
 
@@ -506,62 +461,6 @@ func (l *Lock) endIfLeading(why string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.endTerm(why)
-}
-
-// endTerm ends the term this process leads, if any (l.mu held).
-func (l *Lock) endTerm(why string) {
-	if !l.leading {
-		return
-	}
-	t := l.term
-	l.leading, l.stepping = false, false
-	l.ended, l.hasEnded = t, true
-	l.notify()
-	klog.Background().Info("leadership ended", "lease", l.opts.LeaseName, "term", t, "reason", why)
-	if l.opts.OnEndedTerm != nil {
-		go l.opts.OnEndedTerm(t, why)
-	}
-}
-
-// fail: a background task died; the lock never leads again. A standby is told to stop (its
-// program may restart and register again); a leader's term ends, and the elector stops at its
-// renew deadline (controller-runtime then exits at once, without its graceful shutdown).
-func (l *Lock) fail(err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	klog.Background().Error(err, "the lock stopped following the lease", "lease", l.opts.LeaseName)
-	l.failed = fmt.Errorf("arbiterlock: %w", err)
-	if l.leading {
-		l.endTerm("the lock failed")
-	} else {
-		l.cancelStepDown()
-	}
-	l.notify()
-}
-
-// watchdog ends the term at the renew deadline after its last renewal, even if the elector
-// stops calling (Term and OnEndedTerm then say so at once).
-func (l *Lock) watchdog(ctx context.Context) {
-	tick := time.NewTicker(l.opts.RetryPeriod / 2)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			l.mu.Lock()
-			if l.leading && time.Since(l.lastOK) > l.opts.RenewDeadline {
-				l.endTerm("no renewal for the renew deadline")
-			}
-			l.mu.Unlock()
-		}
-	}
-}
-
-// notify wakes every waiter (l.mu held).
-func (l *Lock) notify() {
-	close(l.changed)
-	l.changed = make(chan struct{})
 }
 
 // recordOf is the Lease as it is, for the elector.

@@ -18,16 +18,23 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 )
 
 func newTestLock(t *testing.T, leases ...runtime.Object) (*Lock, *fake.Clientset, *dynamicfake.FakeDynamicClient) {
 	t.Helper()
+	return newTestLockWith(t, Options{}, leases...)
+}
+
+func newTestLockWith(t *testing.T, o Options, leases ...runtime.Object) (*Lock, *fake.Clientset, *dynamicfake.FakeDynamicClient) {
+	t.Helper()
+	o.LeaseName, o.Namespace, o.Identity, o.BinaryVersion, o.TerminationLog = "l", "ns", "me", "1.31.0", "-"
 	kube := fake.NewClientset(leases...)
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{CandidateResource: "LeaseCandidateList"})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := NewWithClients(ctx, kube, dyn, Options{LeaseName: "l", Namespace: "ns", Identity: "me", BinaryVersion: "1.31.0", TerminationLog: "-"})
+	l, err := NewWithClients(ctx, kube, dyn, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,4 +222,169 @@ func TestAHandoverEndsTheTermOrAsksTheProgramToStop(t *testing.T) {
 func TestMain(m *testing.M) {
 	os.Setenv("KUBE_FEATURE_WatchListClient", "false")
 	os.Exit(m.Run())
+}
+
+// edit replaces the Lease as a hand edit would (and waits for the lock's watch to show it).
+func edit(t *testing.T, l *Lock, kube *fake.Clientset, rv string, change func(*coordinationv1.Lease)) {
+	t.Helper()
+	live, err := kube.CoordinationV1().Leases("ns").Get(context.Background(), "l", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(live)
+	live.ResourceVersion = rv
+	if _, err := kube.CoordinationV1().Leases("ns").Update(context.Background(), live, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	seen(t, l, rv)
+}
+
+// writes: the Lease updates the lock sent.
+func writes(kube *fake.Clientset) []*coordinationv1.Lease {
+	var out []*coordinationv1.Lease
+	for _, a := range kube.Actions() {
+		if u, ok := a.(k8stesting.UpdateActionImpl); ok && u.GetResource().Resource == "leases" {
+			out = append(out, u.Object.(*coordinationv1.Lease))
+		}
+	}
+	return out
+}
+
+// takeTerm: the lock takes the term the Lease assigns.
+func takeTerm(t *testing.T, l *Lock) {
+	t.Helper()
+	if err := l.Update(context.Background(), record(l)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestATermEditedInUnderThisProcesssIncarnationIsNeverTaken(t *testing.T) {
+	assigned := lease("me", 3, true, "me/3", "")
+	assigned.ResourceVersion = "1"
+	l, kube, _ := newTestLock(t, assigned)
+	seen(t, l, "1")
+	takeTerm(t, l)
+	// The lease goes to someone else (the term ends), then a hand edit names this process
+	// again at a term the arbiter never assigned, keeping its incarnation, label and mark gone.
+	edit(t, l, kube, "5", func(x *coordinationv1.Lease) { x.Spec.HolderIdentity = ptr("you") })
+	edit(t, l, kube, "6", func(x *coordinationv1.Lease) {
+		x.Spec.HolderIdentity, x.Spec.LeaseTransitions = ptr("me"), ptr(int32(900))
+		delete(x.Labels, ManagedLabel)
+		delete(x.Annotations, assignedAnnotation)
+	})
+	kube.ClearActions()
+	if err := l.Update(context.Background(), record(l)); err == nil {
+		t.Fatal("took a term the arbiter never assigned")
+	}
+	if w := writes(kube); len(w) != 0 {
+		t.Errorf("wrote %v", w)
+	}
+	if _, err := l.Term(quick()); err == nil {
+		t.Error("a term after the edit")
+	}
+}
+
+func TestATermThisProcessLedIsNeverReleasedUnderItsWork(t *testing.T) {
+	assigned := lease("me", 5, true, "me/5", "")
+	assigned.ResourceVersion = "1"
+	l, kube, _ := newTestLock(t, assigned)
+	seen(t, l, "1")
+	takeTerm(t, l)
+	// A handover request; the program does not watch StepDownContext: the term ends, but the
+	// elector may still lead for its renew deadline, so nothing may release the lease.
+	edit(t, l, kube, "3", func(x *coordinationv1.Lease) { x.Annotations[preferredHolderAnnotation] = "you" })
+	kube.ClearActions()
+	if err := l.Update(context.Background(), record(l)); err == nil {
+		t.Error("renewed after the handover request")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, _, _ = l.Get(ctx)
+	if _, err := l.Shutdown(context.Background(), true); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range writes(kube) {
+		if holder(w) == "" {
+			t.Errorf("released a term it led after the term ended: %+v", w.Annotations)
+		}
+	}
+}
+
+func TestShutdownReleasesOnlyATermThatStillCountsAndOnlyWhenTheWorkStopped(t *testing.T) {
+	for _, workStopped := range []bool{true, false} {
+		assigned := lease("me", 2, true, "me/2", "")
+		assigned.ResourceVersion = "1"
+		l, kube, dyn := newTestLock(t, assigned)
+		seen(t, l, "1")
+		takeTerm(t, l)
+		kube.ClearActions()
+		released, err := l.Shutdown(context.Background(), workStopped)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := writes(kube)
+		if workStopped != released || workStopped != (len(w) == 1 && holder(w[0]) == "" && w[0].Annotations[releasedByAnnotation] == "me") {
+			t.Errorf("work stopped %v: released %v, wrote %v", workStopped, released, w)
+		}
+		_, err = dyn.Resource(CandidateResource).Namespace("ns").Get(context.Background(), "me", metav1.GetOptions{})
+		if workStopped == (err == nil) {
+			t.Errorf("work stopped %v: the candidate withdrawn: %v", workStopped, err)
+		}
+	}
+}
+
+func TestAnEndedTermIsNotBroughtBackByARenewalInFlight(t *testing.T) {
+	assigned := lease("me", 4, true, "me/4", "")
+	assigned.ResourceVersion = "1"
+	l, _, _ := newTestLock(t, assigned)
+	seen(t, l, "1")
+	takeTerm(t, l)
+	l.endIfLeading("test")
+	if l.renewed(klog.Background(), 4, boot()) {
+		t.Fatal("an ended term counted again")
+	}
+}
+
+func TestAnOverdueTermExitsTheProcessUnlessItsWorkStopped(t *testing.T) {
+	exited := make(chan time.Duration, 1)
+	exit = func(int) { exited <- boot() }
+	defer func() { exit = os.Exit }()
+	for _, stopped := range []bool{false, true} {
+		assigned := lease("me", 1, true, "me/1", "")
+		assigned.ResourceVersion = "1"
+		o := Options{LeaseDuration: 4 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: time.Second}
+		l, _, _ := newTestLockWith(t, o, assigned)
+		l.SetExitAtTermEnd(true)
+		seen(t, l, "1")
+		takeTerm(t, l)
+		l.mu.Lock()
+		last := l.lastOK
+		l.mu.Unlock()
+		if stopped {
+			if _, err := l.Shutdown(context.Background(), true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case at := <-exited:
+			if stopped {
+				t.Fatal("exited after Shutdown said the work stopped")
+			}
+			if d := at - last; d < 3500*time.Millisecond || d >= 4*time.Second {
+				t.Errorf("exited %v after the last renewal, want from 3.5 s, before the 4 s lease", d)
+			}
+		case <-time.After(5 * time.Second):
+			if !stopped {
+				t.Fatal("an overdue term did not exit")
+			}
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func quick() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_ = cancel
+	return ctx
 }
