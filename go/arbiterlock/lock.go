@@ -278,13 +278,14 @@ func (l *Lock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord
 	}
 	renewed := live.DeepCopy()
 	renew(renewed, l.me, l.opts.LeaseDuration, time.Now())
+	// Before the write: a take whose answer is lost is retaken, at this term only.
+	l.mu.Lock()
+	l.wrote, l.wroteTerm = true, term(live)
+	l.mu.Unlock()
 	written, err := l.leases.Update(ctx, renewed, metav1.UpdateOptions{FieldManager: FieldManager})
 	if err != nil {
 		return err
 	}
-	l.mu.Lock()
-	l.wrote, l.wroteTerm = true, term(written)
-	l.mu.Unlock()
 	if took := boot() - sent; took > maxRenewLatency(l.opts) {
 		return fmt.Errorf("arbiterlock: the renewal took %v, longer than %v: not counted", took, maxRenewLatency(l.opts))
 	}

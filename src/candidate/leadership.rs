@@ -35,7 +35,10 @@ enum Standing {
     HandoverTo(String),
 }
 
-fn standing(l: &Lease, config: &Config, incarnation: &str) -> Standing {
+/// `took`: the term this process is taking or leads (none while it follows): a Lease that
+/// carries this process's incarnation is its own only at that term; at any other, the term was
+/// edited in by hand under its stamp, and is nobody's assignment.
+fn standing(l: &Lease, config: &Config, incarnation: &str, took: Option<i32>) -> Standing {
     if lease::holder(l) != Some(config.identity.as_str()) {
         return Standing::Other;
     }
@@ -45,6 +48,9 @@ fn standing(l: &Lease, config: &Config, incarnation: &str) -> Standing {
         .map(String::as_str)
     {
         Some(i) if !i.is_empty() && i != incarnation => return Standing::Stale,
+        Some(i) if i == incarnation && took != Some(lease::term(l)) => {
+            return Standing::Unassigned;
+        }
         // Taken by this process already: its term, whatever marks were edited since.
         Some(i) if i == incarnation => {}
         // A fresh assignment: only the arbiter's, and only in the pod it was made for.
@@ -78,11 +84,12 @@ async fn renew(
     store: &LeaseStore,
     config: &Config,
     incarnation: &str,
+    took: Option<i32>,
 ) -> anyhow::Result<Result<i32, EndReason>> {
     let Some(mut l) = store.get(&config.lease).await? else {
         return Ok(Err(EndReason::LeaseDeleted));
     };
-    match standing(&l, config, incarnation) {
+    match standing(&l, config, incarnation, took) {
         Standing::Ours => {}
         Standing::HandoverTo(to) => return Ok(Err(EndReason::Handover { to })),
         Standing::Other | Standing::Stale | Standing::OtherPod(_) | Standing::Unassigned => {
@@ -152,6 +159,9 @@ pub async fn run(
         .backoff(crate::client::reconnect_backoff())
         .boxed();
     let mut latest = Latest::default();
+    // The term this process is taking (set when it tries to, cleared when a term ends): a
+    // take whose answer was lost is retaken, a term edited in under its stamp never is.
+    let mut taking: Option<i32> = None;
     loop {
         // Following: wait for the arbiter to name us.
         state.send_replace(State::Following);
@@ -165,7 +175,7 @@ pub async fn run(
             match latest
                 .lease
                 .as_ref()
-                .map(|l| standing(l, &config, &incarnation))
+                .map(|l| standing(l, &config, &incarnation, taking))
             {
                 Some(Standing::Ours) => break,
                 Some(Standing::Stale) => {
@@ -210,7 +220,8 @@ pub async fn run(
 
         // Assigned: take it with one renew, then keep renewing.
         let started = (Instant::now(), crate::clock::boottime_now());
-        let term = match renew(&store, &config, &incarnation).await {
+        taking = latest.lease.as_ref().map(lease::term);
+        let term = match renew(&store, &config, &incarnation, taking).await {
             Ok(Ok(term)) => term,
             Ok(Err(why)) => {
                 tracing::info!(?why, "the assignment ended before it was taken");
@@ -249,6 +260,7 @@ pub async fn run(
         lost.cancel();
         tracing::warn!(lease = %config.lease, term, reason = ?why, "leadership ended");
         state.send_replace(State::Ended { term, why });
+        taking = None;
         // Do not take the lease again until it has moved on from this term.
         loop {
             if latest.lease.as_ref().is_none_or(|l| {
@@ -287,7 +299,7 @@ async fn lead(
             _ = tokio::time::sleep_until(deadline) => return EndReason::RenewDeadline,
             _ = tick.tick() => {
                 let (sent, sent_boot_ns) = (Instant::now(), crate::clock::boottime_now());
-                match tokio::time::timeout_at(deadline, renew(store, config, incarnation)).await {
+                match tokio::time::timeout_at(deadline, renew(store, config, incarnation, Some(term))).await {
                     Err(_) => return EndReason::RenewDeadline,
                     Ok(Ok(Ok(_))) => {
                         last_ok = sent;
@@ -305,7 +317,7 @@ async fn lead(
                         continue;
                     }
                     // React at once to a handover request or a new holder.
-                    match latest.lease.as_ref().map(|l| standing(l, config, incarnation)) {
+                    match latest.lease.as_ref().map(|l| standing(l, config, incarnation, Some(term))) {
                         None => return EndReason::LeaseDeleted,
                         Some(Standing::HandoverTo(to)) => return EndReason::Handover { to },
                         Some(Standing::Other | Standing::Stale | Standing::OtherPod(_) | Standing::Unassigned) => {
@@ -353,6 +365,11 @@ pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The standing of a process taking or leading term 3.
+    fn standing(l: &Lease, c: &Config, incarnation: &str) -> Standing {
+        super::standing(l, c, incarnation, Some(3))
+    }
 
     fn config() -> Config {
         Config {
@@ -425,6 +442,14 @@ mod tests {
             ours(&lease("me", 3, false, None, Some("inc"))),
             "taken by this process already: its own term, whatever was edited since"
         );
+        // A term edited in under this process's stamp (the label and mark gone, or not) is
+        // nobody's assignment: only the term this process is taking or leads is its own.
+        assert!(unassigned(&lease("me", 900, false, None, Some("inc"))));
+        assert!(unassigned(&lease("me", 900, true, Some("me/900"), Some("inc"))));
+        assert!(matches!(
+            super::standing(&lease("me", 3, true, Some("me/3"), Some("inc")), &c, "inc", None),
+            Standing::Unassigned
+        ));
         assert!(matches!(
             standing(
                 &lease("me", 3, true, Some("me/3"), Some("other")),
