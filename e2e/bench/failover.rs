@@ -29,6 +29,12 @@ pub enum System {
     /// client-go `NewCandidate` + a coordinated `LeaderElector`, elected by kube-apiserver's
     /// CoordinatedLeaderElection controller.
     Upstream,
+    /// A controller-runtime manager (the Go module's example) whose leader election is
+    /// arbiter's (`arbiterlock`), default timings. Its workload is its reconciles.
+    GoArbiter,
+    /// The same manager under controller-runtime's own leader election (LeaseLock, 15 s /
+    /// 10 s / 2 s, ReleaseOnCancel).
+    GoPlain,
 }
 
 impl System {
@@ -37,6 +43,9 @@ impl System {
             System::Arbiter => "bench-arbiter",
             System::ClientGo => "bench-clientgo",
             System::Upstream => "bench-upstream",
+            // Watched by the same operator as the agents.
+            System::GoArbiter => "bench-arbiter",
+            System::GoPlain => "bench-crplain",
         }
     }
     pub fn label(self) -> &'static str {
@@ -44,7 +53,14 @@ impl System {
             System::Arbiter => "arbiter",
             System::ClientGo => "client-go leader election",
             System::Upstream => "upstream coordinated election",
+            System::GoArbiter => "controller-runtime via arbiter",
+            System::GoPlain => "controller-runtime leader election",
         }
+    }
+
+    /// A controller-runtime manager: its workload is its reconciles (`work` lines).
+    pub fn is_go(self) -> bool {
+        matches!(self, System::GoArbiter | System::GoPlain)
     }
 }
 
@@ -78,7 +94,7 @@ impl Scenario {
 
 /// What each system can do. client-go has no notion of a better candidate, and only arbiter
 /// looks at pods.
-pub const CASES: [(System, Scenario); 10] = [
+pub const CASES: [(System, Scenario); 15] = [
     (System::Arbiter, Scenario::Graceful),
     (System::ClientGo, Scenario::Graceful),
     (System::Upstream, Scenario::Graceful),
@@ -89,6 +105,11 @@ pub const CASES: [(System, Scenario); 10] = [
     (System::Upstream, Scenario::Crash),
     (System::Arbiter, Scenario::CrashPodGone),
     (System::Arbiter, Scenario::CrashContainerRestarts),
+    (System::GoArbiter, Scenario::Graceful),
+    (System::GoPlain, Scenario::Graceful),
+    (System::GoArbiter, Scenario::Preempt),
+    (System::GoArbiter, Scenario::Crash),
+    (System::GoPlain, Scenario::Crash),
 ];
 
 /// Builds `e2e/lecandidate` (the client-go baseline) into `target/bench/`.
@@ -214,6 +235,19 @@ fn command_for(
                 .arg(log);
             c
         }
+        System::GoArbiter | System::GoPlain => {
+            let mut c = Command::new(support::go_manager::binary());
+            let election = if system == System::GoArbiter {
+                "arbiter"
+            } else {
+                "plain"
+            };
+            c.args(["--election", election, "--namespace", ns, "--lease", lease])
+                .args(["--identity", id, "--binary-version", version])
+                .args(["--config-map", lease, "--probe-addr", "0", "--log"])
+                .arg(log);
+            c
+        }
         System::ClientGo | System::Upstream => {
             let mut c = Command::new(&env.lecandidate);
             let mode = if system == System::Upstream {
@@ -294,20 +328,29 @@ async fn spawn(
     Proc::Plain(cmd.spawn().expect("starting a candidate"))
 }
 
-/// `start`/`stop` lines: (what, identity, seconds since the epoch).
+/// `start`/`stop` lines: (what, identity, seconds since the epoch: the line's last field).
+/// A manager's `work ID TERM FROM TO` lines come as two: (`work`, ID, FROM) and (`worked`, ID,
+/// TO).
 fn read_log(log: &Path) -> Vec<(String, String, f64)> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            Some((
-                f.first()?.to_string(),
-                f.get(1)?.to_string(),
-                f.get(2)?.parse().ok()?,
-            ))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for l in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (Some(what), Some(id), Some(Ok(last))) =
+            (f.first(), f.get(1), f.last().map(|t| t.parse()))
+        else {
+            continue;
+        };
+        if *what == "work" {
+            let Some(Ok(from)) = f.get(3).map(|t| t.parse()) else {
+                continue;
+            };
+            out.push(("work".to_string(), id.to_string(), from));
+            out.push(("worked".to_string(), id.to_string(), last));
+        } else {
+            out.push((what.to_string(), id.to_string(), last));
+        }
+    }
+    out
 }
 
 async fn poll<T>(deadline: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
@@ -356,6 +399,16 @@ pub async fn sample(
     } else {
         "1.30.0"
     };
+    if system.is_go() {
+        // The ConfigMap the managers reconcile.
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(env.client.clone(), system.namespace());
+        let mut cm = k8s_openapi::api::core::v1::ConfigMap::default();
+        cm.metadata.name = Some(lease.clone());
+        cms.create(&Default::default(), &cm)
+            .await
+            .map_err(|e| format!("creating the ConfigMap: {e}"))?;
+    }
     let mut procs = BTreeMap::new();
     for i in 0..3 {
         let id = format!("{lease}-c{i}");
@@ -426,19 +479,31 @@ async fn measure(
             let _ = kill(Pid::from_raw(agent.unwrap()), Signal::SIGKILL);
         }
     }
+    // A manager's workload starts with its first reconcile and ends with its last.
+    let (begins, ends) = if system.is_go() {
+        ("work", "worked")
+    } else {
+        ("start", "stop")
+    };
     // After a container restart the same candidate, restarted, may lead again.
     let next = poll(Duration::from_secs(120), || {
         read_log(log)
             .into_iter()
-            .find(|e| e.0 == "start" && (e.1 != holder || real) && e.2 > fault)
+            .find(|e| e.0 == begins && (e.1 != holder || real) && e.2 > fault)
     })
     .await
     .ok_or("no new holder within 120 s of the fault")?;
     let l = read_log(log);
-    let stopped = l
-        .iter()
-        .find(|e| e.0 == "stop" && e.1 == holder && e.2 >= fault)
-        .map(|e| e.2);
+    let stopped = if system.is_go() {
+        l.iter()
+            .filter(|e| e.0 == ends && e.1 == holder)
+            .map(|e| e.2)
+            .reduce(f64::max)
+    } else {
+        l.iter()
+            .find(|e| e.0 == ends && e.1 == holder && e.2 >= fault)
+            .map(|e| e.2)
+    };
     let old_end = match scenario {
         // A killed holder is gone at the fault.
         Scenario::Crash | Scenario::CrashPodGone | Scenario::CrashContainerRestarts => fault,
@@ -466,7 +531,7 @@ async fn registration(
     let until = tokio::time::Instant::now() + Duration::from_secs(60);
     while tokio::time::Instant::now() < until {
         let exists = match system {
-            System::Arbiter => ours.get_opt(id).await.ok().flatten().is_some(),
+            System::Arbiter | System::GoArbiter => ours.get_opt(id).await.ok().flatten().is_some(),
             _ => upstream.get_opt(id).await.ok().flatten().is_some(),
         };
         if exists {
@@ -488,6 +553,8 @@ async fn cleanup(env: &Env, system: System, lease: &str) {
     let upstream: Api<k8s_openapi::api::coordination::v1beta1::LeaseCandidate> =
         Api::namespaced(env.client.clone(), ns);
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client.clone(), ns);
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(env.client.clone(), ns);
+    let _ = cms.delete(lease, &dp).await;
     for i in 0..4 {
         let _ = pods.delete(&format!("{lease}-c{i}"), &dp).await;
         let _ = ours.delete(&format!("{lease}-c{i}"), &dp).await;

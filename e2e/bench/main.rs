@@ -1,8 +1,10 @@
 //! `make bench`: numbers, printed, never asserted.
 //!
 //! - **failover**: the leaderless gap of arbiter against plain client-go leader election and
-//!   upstream coordinated leader election, per scenario, over `--runs` rounds (default 20), with
-//!   the ratio arbiter ÷ each baseline.
+//!   upstream coordinated leader election, and of a controller-runtime manager via arbiter
+//!   (the Go module's example) against the same manager under controller-runtime's own leader
+//!   election, per scenario, over `--runs` rounds (default 20), with the ratio ours ÷ each
+//!   baseline.
 //! - **scale**: one operator arbitrating `--leases` leases (default 1000) × 3 simulated
 //!   candidates: its peak RSS and CPU seconds, the API requests it makes per lease-hour in steady
 //!   state (counted from the API server's audit log), and election latency when 10% of the
@@ -155,7 +157,12 @@ async fn failover_bench(cluster: &Cluster, runs: usize) {
         .await
         .expect("installing the CRD");
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    for system in [System::Arbiter, System::ClientGo, System::Upstream] {
+    for system in [
+        System::Arbiter,
+        System::ClientGo,
+        System::Upstream,
+        System::GoPlain,
+    ] {
         let mut ns = Namespace::default();
         ns.metadata.name = Some(system.namespace().into());
         let _ = namespaces.create(&PostParams::default(), &ns).await;
@@ -227,13 +234,14 @@ async fn failover_bench(cluster: &Cluster, runs: usize) {
 
 type Samples = BTreeMap<(Scenario, System), Vec<failover::Sample>>;
 
-/// One table: per scenario and system, n, p50, p95, p99, max, and arbiter ÷ each baseline.
-/// `metric` is `None` for a sample that does not have it (a scenario's row is left out when
-/// none has).
+/// One table: per scenario and system, n, p50, p95, p99, max, and ours ÷ each baseline: the
+/// agent's against client-go's and upstream's, controller-runtime's via arbiter against its
+/// own leader election. `metric` is `None` for a sample that does not have it (a scenario's
+/// row is left out when none has).
 fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> Option<f64>) {
     println!("\n{title} (seconds)\n");
     println!(
-        "| scenario | system | n | overlaps | p50 | p95 | p99 | max | arbiter ÷ this, p50 | arbiter ÷ this, p95 |"
+        "| scenario | system | n | overlaps | p50 | p95 | p99 | max | ours ÷ this, p50 | ours ÷ this, p95 |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     // Overlaps: samples where the new workload started before the old one ended.
@@ -242,6 +250,20 @@ fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> Optio
         let v: Vec<f64> = s.iter().filter_map(metric).collect();
         (!v.is_empty()).then(|| (stats::summary(&v), s.iter().filter(|x| x.gap < 0.0).count()))
     };
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.3}", a / b)
+        } else {
+            "-".into()
+        }
+    };
+    let families = [
+        (
+            System::Arbiter,
+            [System::ClientGo, System::Upstream].as_slice(),
+        ),
+        (System::GoArbiter, [System::GoPlain].as_slice()),
+    ];
     for scenario in [
         Scenario::Graceful,
         Scenario::Preempt,
@@ -249,54 +271,54 @@ fn report(samples: &Samples, title: &str, metric: fn(&failover::Sample) -> Optio
         Scenario::CrashPodGone,
         Scenario::CrashContainerRestarts,
     ] {
-        let Some((ours, overlaps)) = summary(scenario, System::Arbiter) else {
-            continue;
-        };
-        println!(
-            "| {} | {} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {:.2} | | |",
-            scenario.label(),
-            System::Arbiter.label(),
-            ours.n,
-            ours.p50,
-            ours.p95,
-            ours.p99,
-            ours.max
-        );
-        // Pod-gone has no baseline of its own: the baselines can only wait for expiry.
-        let base = if matches!(
-            scenario,
-            Scenario::CrashPodGone | Scenario::CrashContainerRestarts
-        ) {
-            Scenario::Crash
-        } else {
-            scenario
-        };
-        for system in [System::ClientGo, System::Upstream] {
-            let Some((s, overlaps)) = summary(base, system) else {
+        let mut first = true;
+        for (ours_system, baselines) in families {
+            let Some((ours, overlaps)) = summary(scenario, ours_system) else {
                 continue;
             };
-            let ratio = |a: f64, b: f64| {
-                if b > 0.0 {
-                    format!("{:.3}", a / b)
-                } else {
-                    "-".into()
-                }
-            };
-            let name = if base == scenario {
-                system.label().to_string()
+            let label = if std::mem::take(&mut first) {
+                scenario.label()
             } else {
-                format!("{} ({})", system.label(), base.label())
+                ""
             };
             println!(
-                "| | {name} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
-                s.n,
-                s.p50,
-                s.p95,
-                s.p99,
-                s.max,
-                ratio(ours.p50, s.p50),
-                ratio(ours.p95, s.p95)
+                "| {label} | {} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {:.2} | | |",
+                ours_system.label(),
+                ours.n,
+                ours.p50,
+                ours.p95,
+                ours.p99,
+                ours.max
             );
+            // Pod-gone has no baseline of its own: the baselines can only wait for expiry.
+            let base = if matches!(
+                scenario,
+                Scenario::CrashPodGone | Scenario::CrashContainerRestarts
+            ) {
+                Scenario::Crash
+            } else {
+                scenario
+            };
+            for &system in baselines {
+                let Some((s, overlaps)) = summary(base, system) else {
+                    continue;
+                };
+                let name = if base == scenario {
+                    system.label().to_string()
+                } else {
+                    format!("{} ({})", system.label(), base.label())
+                };
+                println!(
+                    "| | {name} | {} | {overlaps} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
+                    s.n,
+                    s.p50,
+                    s.p95,
+                    s.p99,
+                    s.max,
+                    ratio(ours.p50, s.p50),
+                    ratio(ours.p95, s.p95)
+                );
+            }
         }
     }
 }

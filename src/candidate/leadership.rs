@@ -445,9 +445,20 @@ mod tests {
         // A term edited in under this process's stamp (the label and mark gone, or not) is
         // nobody's assignment: only the term this process is taking or leads is its own.
         assert!(unassigned(&lease("me", 900, false, None, Some("inc"))));
-        assert!(unassigned(&lease("me", 900, true, Some("me/900"), Some("inc"))));
+        assert!(unassigned(&lease(
+            "me",
+            900,
+            true,
+            Some("me/900"),
+            Some("inc")
+        )));
         assert!(matches!(
-            super::standing(&lease("me", 3, true, Some("me/3"), Some("inc")), &c, "inc", None),
+            super::standing(
+                &lease("me", 3, true, Some("me/3"), Some("inc")),
+                &c,
+                "inc",
+                None
+            ),
             Standing::Unassigned
         ));
         assert!(matches!(

@@ -56,6 +56,7 @@ func main() {
 		probeAddr   string
 		webhookPort int
 		workFor     time.Duration
+		election    string
 	)
 	flag.StringVar(&opts.LeaseName, "lease", "example-manager", "the Lease arbiter assigns")
 	flag.StringVar(&opts.Namespace, "namespace", "", "the namespace of the Lease, the candidate and the ConfigMap (default $POD_NAMESPACE)")
@@ -71,10 +72,19 @@ func main() {
 	flag.StringVar(&probeAddr, "probe-addr", ":8081", "the address of /healthz and /readyz")
 	flag.IntVar(&webhookPort, "webhook-port", 0, "serve the validating webhook (/validate-configmap) on this port with a self-signed certificate (0: no webhook)")
 	flag.DurationVar(&workFor, "work-for", 20*time.Millisecond, "how long each reconcile works")
+	flag.StringVar(&election, "election", "arbiter", "arbiter, or plain: controller-runtime's own leader election (a Lease it takes itself, released on cancel), the bench's baseline")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	if election == "plain" {
+		err := runPlain(opts, configMap, logPath, probeAddr, workFor)
+		if err != nil {
+			ctrl.Log.Error(err, "exiting")
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(opts, configMap, logPath, probeAddr, webhookPort, workFor); err != nil {
 		ctrl.Log.Error(err, "exiting")
 		os.Exit(1)
@@ -155,13 +165,17 @@ type reconciler struct {
 
 func (r *reconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	start := time.Now()
-	term, err := r.lock.Term(ctx)
-	if err != nil {
-		return reconcile.Result{}, err
+	var term int32
+	if r.lock != nil {
+		t, err := r.lock.Term(ctx)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		term = t
 	}
 	cm := &corev1.ConfigMap{}
 	cm.Name, cm.Namespace = req.Name, req.Namespace
-	err = arbiterctrl.FencedUpdate(ctx, r.client, cm, term, func() error {
+	err := arbiterctrl.FencedUpdate(ctx, r.client, cm, term, func() error {
 		n, _ := strconv.Atoi(cm.Data["reconciles"])
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
@@ -249,4 +263,52 @@ func selfSigned() (string, error) {
 		return "", err
 	}
 	return dir, write("tls.key", "EC PRIVATE KEY", keyDER)
+}
+
+// runPlain is the same manager under controller-runtime's own leader election: the baseline
+// `make bench` compares with. Its reconciles log term 0 (there is no fencing token).
+func runPlain(opts arbiterlock.Options, configMap, logPath, probeAddr string, workFor time.Duration) error {
+	events := &eventLog{path: logPath}
+	ctx := ctrl.SetupSignalHandler()
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return err
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	lease, deadline, retry := opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                        scheme,
+		HealthProbeBindAddress:        probeAddr,
+		Metrics:                       server.Options{BindAddress: "0"},
+		Cache:                         cache.Options{DefaultNamespaces: map[string]cache.Config{opts.Namespace: {}}},
+		LeaderElection:                true,
+		LeaderElectionID:              opts.LeaseName,
+		LeaderElectionNamespace:       opts.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &lease,
+		RenewDeadline:                 &deadline,
+		RetryPeriod:                   &retry,
+	})
+	if err != nil {
+		return err
+	}
+	r := &reconciler{client: mgr.GetClient(), events: events, identity: opts.Identity, workFor: workFor}
+	err = builder.ControllerManagedBy(mgr).For(&corev1.ConfigMap{}, builder.WithPredicates(predicate.NewPredicateFuncs(
+		func(o client.Object) bool { return o.GetName() == configMap }))).Complete(r)
+	if err != nil {
+		return err
+	}
+	go func() {
+		select {
+		case <-mgr.Elected():
+			events.line("start %s 0 %d %s", opts.Identity, os.Getpid(), stamp(time.Now()))
+		case <-ctx.Done():
+		}
+	}()
+	err = mgr.Start(ctx)
+	events.line("stop %s %s", opts.Identity, stamp(time.Now()))
+	return err
 }
