@@ -18,12 +18,14 @@ use crate::support::go_manager::{
     GoManager, assert_one_at_a_time, first_work_of, last_work_of, works,
 };
 use crate::support::operator::{Operator, wait_for_holder};
+use crate::support::standin::{StandIn, kill_container};
 use crate::support::{TestEnv, eventually, node};
 
 crate::tests![go_controllers:
     the_oldest_go_replica_leads_from_term_one_in_any_start_order,
     a_rollback_hands_over_with_the_newer_replicas_reconciles_stopped_first,
     sigkill_of_the_go_leader_fails_over_after_expiry_and_not_before,
+    sigkill_of_the_go_leader_then_its_pod_gone_fails_over_at_once,
     a_go_leader_cut_from_the_api_stops_reconciling_before_the_next_starts,
     go_and_rust_candidates_follow_the_same_rules_in_one_lease,
     go_managers_as_pods_hand_over_at_once_when_the_leader_pod_is_deleted_or_its_container_crashes,
@@ -51,7 +53,7 @@ async fn config_map(env: &TestEnv, name: &str) {
         .unwrap();
 }
 
-/// Replicas of three versions started together, in two orders: the oldest version leads, and
+/// Replicas of three versions started together, in three orders: the oldest version leads, and
 /// from the first term (a newer one never leads first); the standbys are Ready and answer the
 /// webhook while the leader reconciles.
 async fn the_oldest_go_replica_leads_from_term_one_in_any_start_order(env: Arc<TestEnv>) {
@@ -120,7 +122,11 @@ async fn a_rollback_hands_over_with_the_newer_replicas_reconciles_stopped_first(
         first_work_of(&works(&events), "newer")
     })
     .await;
-    let _older = spawn("older", "1.30.0");
+    let older = spawn("older", "1.30.0");
+    eventually("the older replica to be Ready", DEADLINE, || async {
+        (older.ready().await == Some(200)).then_some(())
+    })
+    .await;
     let l = wait_for_holder(&env, "rollback", "older", DEADLINE).await;
     assert!(lease::term(&l) > first, "the term went up");
     let older_first = eventually("the older replica to reconcile", DEADLINE, || async {
@@ -128,6 +134,12 @@ async fn a_rollback_hands_over_with_the_newer_replicas_reconciles_stopped_first(
     })
     .await;
     assert_eq!(older_first.term, lease::term(&l), "it works at its term");
+    assert_eq!(older.ready().await, Some(200), "Ready throughout");
+    assert_eq!(
+        older.admit().await.as_deref(),
+        Some("checked by older"),
+        "its webhook answers as it leads"
+    );
     assert_eq!(
         newer.wait_exit(DEADLINE).await,
         Some(0),
@@ -203,6 +215,83 @@ async fn sigkill_of_the_go_leader_fails_over_after_expiry_and_not_before(env: Ar
         next.from - expiry
     );
     assert!(next.term > term);
+    assert_one_at_a_time(&works(&events));
+}
+
+/// A leader in a pod (a stand-in process on a kwok node) is SIGKILLed and its pod is then
+/// deleted, as a kubelet reports a dead container: the pod's end, not the lease's expiry,
+/// hands the lease on. (The pod declares its lease with the label `arbiter.dev/lease`.)
+async fn sigkill_of_the_go_leader_then_its_pod_gone_fails_over_at_once(env: Arc<TestEnv>) {
+    let op = Operator::start(&env, &["--lease-duration", "60s"]);
+    config_map(&env, "gone").await;
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.log");
+    let kubeconfig = env.kubeconfig.to_str().unwrap().to_string();
+    let labels: std::collections::BTreeMap<String, String> =
+        [("arbiter.dev/lease".to_string(), "gone".to_string())].into();
+    let mut pods = Vec::new();
+    for (name, version) in [("gone-a", "1.30.0"), ("gone-b", "1.31.0")] {
+        let log = events.to_str().unwrap().to_string();
+        let args = [
+            "--namespace",
+            &env.ns,
+            "--lease",
+            "gone",
+            "--config-map",
+            "gone",
+            "--binary-version",
+            version,
+            "--log",
+            &log,
+            "--probe-addr",
+            "0",
+            "--lease-duration",
+            "60s",
+            "--renew-deadline",
+            "30s",
+            "--retry-period",
+            "2s",
+        ];
+        let binary = crate::support::go_manager::binary()
+            .to_str()
+            .unwrap()
+            .to_string();
+        pods.push(
+            StandIn::spawn_with_env(
+                env.client.clone(),
+                &env.ns,
+                name,
+                labels.clone(),
+                5,
+                &binary,
+                &args,
+                &[("KUBECONFIG", kubeconfig.as_str())],
+            )
+            .await,
+        );
+    }
+    wait_for_holder(&env, "gone", "gone-a", DEADLINE).await;
+    eventually("gone-a to reconcile", DEADLINE, || async {
+        first_work_of(&works(&events), "gone-a")
+    })
+    .await;
+    op.wait_eligible(&env.ns, "gone-b").await;
+    kill_container(pods[0].pid);
+    let killed_at = now();
+    let pods_api: Api<Pod> = env.api();
+    pods_api
+        .delete("gone-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    let next = eventually("gone-b to reconcile", DEADLINE, || async {
+        first_work_of(&works(&events), "gone-b")
+    })
+    .await;
+    assert!(
+        next.from - killed_at < 20.0,
+        "gone-b reconciled {:.3} s after the crash, on a 60 s lease: it waited for expiry",
+        next.from - killed_at
+    );
     assert_one_at_a_time(&works(&events));
 }
 

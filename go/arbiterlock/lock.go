@@ -185,9 +185,10 @@ func (l *Lock) LeaderElectionConfig(callbacks leaderelection.LeaderCallbacks) le
 // named this process holder (then the elector goes on to Update, which takes or renews the
 // term). Otherwise it shows the arbiter's holder (or Nobody) freshly renewed, so the elector's
 // own expiry logic never tries to take a lease the arbiter did not assign. Before this process
-// first leads, it waits until there is something new to show: an assignment reaches the elector
-// at once, not a retry period later. (It never waits while this process leads or after: the
-// elector's stop and its release path are never held up.)
+// first leads, it returns only once the arbiter assigns it the lease (or ctx ends): the
+// assignment reaches the elector at once, not a retry period later, and the elector does not
+// learn of other holders (OnNewLeader is not called for them). It never waits while this
+// process leads or after: the elector's stop and its release path are never held up.
 func (l *Lock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	for {
 		l.mu.Lock()
@@ -210,8 +211,11 @@ func (l *Lock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []b
 		if shown == l.me.identity || shown == "" {
 			shown = l.shown
 		}
+		// Until this process first leads, Get returns only with an assignment: were it to return
+		// with a new holder's name, the elector would sleep a retry period or more before it asked
+		// again, and an assignment made meanwhile would wait for it.
 		mayWait := !l.hasEnded && !l.leading && l.synced
-		if mayWait && shown == l.shown {
+		if mayWait {
 			ch := l.changed
 			l.mu.Unlock()
 			select {

@@ -77,28 +77,45 @@ func TestRegistrationCreatesTheCandidateWithThisProcess(t *testing.T) {
 	}
 }
 
-func TestTheElectorIsShownTheArbitersHolderNeverAnExpiredLease(t *testing.T) {
+func TestTheElectorWaitsForAnAssignmentAndIsNeverShownAnExpiredLease(t *testing.T) {
 	held := lease("you", 4, true, "you/4", "")
 	held.ResourceVersion = "1"
 	long := metav1.NewMicroTime(time.Now().Add(-time.Hour))
 	held.Spec.RenewTime = &long
-	l, _, _ := newTestLock(t, held)
+	l, kube, _ := newTestLock(t, held)
 	seen(t, l, "1")
-	rec, raw, err := l.Get(context.Background())
-	if err != nil || rec.HolderIdentity != "you" || rec.LeaderTransitions != 4 {
-		t.Fatalf("%+v %v", rec, err)
-	}
-	if time.Since(rec.RenewTime.Time) > time.Second {
-		t.Errorf("shown renewed now (the elector never sees it expire), got %v", rec.RenewTime)
-	}
-	// Nothing new: the next Get waits (here, until its context ends).
+	// Before it first leads, Get returns only with an assignment.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, _, err := l.Get(ctx); err == nil {
-		t.Error("a Get with nothing new to show returned at once")
+	if rec, _, err := l.Get(ctx); err == nil {
+		t.Fatalf("returned %+v with nothing assigned", rec)
 	}
-	if len(raw) == 0 {
-		t.Error("no raw record")
+	got := make(chan *resourcelock.LeaderElectionRecord, 1)
+	go func() {
+		rec, _, _ := l.Get(context.Background())
+		got <- rec
+	}()
+	edit(t, l, kube, "2", func(x *coordinationv1.Lease) {
+		x.Spec.HolderIdentity, x.Spec.LeaseTransitions = ptr("me"), ptr(int32(5))
+		x.Annotations[assignedAnnotation] = "me/5"
+	})
+	select {
+	case rec := <-got:
+		if rec == nil || rec.HolderIdentity != "me" || rec.LeaderTransitions != 5 {
+			t.Fatalf("shown %+v", rec)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("an assignment did not reach the waiting Get")
+	}
+	// After a term (no more waiting), someone else's Lease is shown renewed now, whatever its
+	// renewTime says: the elector never finds it expired.
+	edit(t, l, kube, "3", func(x *coordinationv1.Lease) { x.Spec.HolderIdentity, x.Spec.RenewTime = ptr("you"), &long })
+	l.mu.Lock()
+	l.hasEnded = true
+	l.mu.Unlock()
+	rec, raw, err := l.Get(context.Background())
+	if err != nil || rec.HolderIdentity != "you" || time.Since(rec.RenewTime.Time) > time.Second || len(raw) == 0 {
+		t.Fatalf("%+v %v", rec, err)
 	}
 	if err := l.Create(context.Background(), record(l)); err == nil {
 		t.Error("Create is refused: the arbiter creates Leases")
