@@ -28,6 +28,9 @@ import (
 // instead of trying to take the lease.
 const Nobody = "arbiter.dev/nobody"
 
+// errShutDown: the lock was shut down.
+var errShutDown = errors.New("the lock was shut down")
+
 // ErrNotLeading is returned by Term when ctx ends before this replica leads.
 var ErrNotLeading = errors.New("arbiterlock: this replica does not lead")
 
@@ -72,6 +75,8 @@ type Lock struct {
 	exitAtTermEnd bool
 	exitArmed     bool
 	workStopped   bool
+	// stopping: a StepDownContext is done (the program is stopping): no term is taken.
+	stopping bool
 	// callbacks: OnStartedTerm and OnEndedTerm calls, in order.
 	callbacks *queue
 }
@@ -217,13 +222,19 @@ func (l *Lock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []b
 		mayWait := !l.hasEnded && !l.leading && l.synced
 		if mayWait {
 			ch := l.changed
+			// A give-back that failed is tried again a retry period later.
+			var retry <-chan time.Time
+			if l.givesBack(l.lease) {
+				retry = time.After(l.opts.RetryPeriod)
+			}
 			l.mu.Unlock()
 			select {
 			case <-ctx.Done():
 				return nil, nil, ctx.Err()
 			case <-ch:
-				continue
+			case <-retry:
 			}
+			continue
 		}
 		if shown != "" {
 			l.shown = shown
@@ -377,11 +388,18 @@ func (l *Lock) Shutdown(ctx context.Context, workStopped bool) (bool, error) {
 	l.mu.Lock()
 	mayRelease := workStopped && l.counts()
 	led := l.leading || l.hasEnded
-	if workStopped {
+	// The program's word that its work stopped counts only for a term that still counts: once a
+	// term ended, the elector may have stopped leading without waiting for the work (controller-
+	// runtime's graceful stop then returns nil at its deadline whatever still runs), and an
+	// armed exit stays armed.
+	if workStopped && (mayRelease || !led) {
 		l.workStopped = true
 	}
-	// No renewal from now on; with ExitAtTermEnd and work that may still run, the exit is armed.
+	// No renewal, and no Get, from now on; with ExitAtTermEnd and work that may still run, the
+	// exit is armed.
 	l.endTerm("shut down")
+	l.failed = errShutDown
+	l.notify()
 	l.mu.Unlock()
 	l.stop()
 	<-l.done
@@ -398,6 +416,7 @@ func (l *Lock) Shutdown(ctx context.Context, workStopped bool) (bool, error) {
 			errs = append(errs, fmt.Errorf("releasing the lease (it will expire): %w", err))
 		}
 	}
+	l.callbacks.close()
 	if workStopped || !led {
 		wctx, cancel := context.WithTimeout(ctx, shutdownTimeout)
 		if err := l.cands.withdraw(wctx, false); err != nil {

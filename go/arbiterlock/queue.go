@@ -8,6 +8,7 @@ import "sync"
 type queue struct {
 	mu      sync.Mutex
 	pending []func()
+	closed  bool
 	wake    chan struct{}
 }
 
@@ -17,15 +18,30 @@ func newQueue() *queue {
 
 func (q *queue) push(f func()) {
 	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return
+	}
 	q.pending = append(q.pending, f)
-	q.mu.Unlock()
+	// Under the lock: close cannot come between the check and the send.
 	select {
 	case q.wake <- struct{}{}:
 	default:
 	}
+	q.mu.Unlock()
 }
 
-// run calls what is pushed, forever.
+// close ends run once what was pushed has been called; later pushes are dropped.
+func (q *queue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		q.closed = true
+		close(q.wake)
+	}
+}
+
+// run calls what is pushed, until close.
 func (q *queue) run() {
 	for range q.wake {
 		for {

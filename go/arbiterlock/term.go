@@ -26,7 +26,7 @@ func (l *Lock) counts() bool {
 // A term it took before is only ever the one it wrote last; a term it led and ended is never
 // taken again; otherwise only a fresh assignment of the arbiter's (standingOf).
 func (l *Lock) takeable(lease *coordinationv1.Lease) bool {
-	if standingOf(lease, l.me) != ours {
+	if standingOf(lease, l.me) != ours || l.stopping && !l.leading {
 		return false
 	}
 	t := term(lease)
@@ -41,12 +41,19 @@ func (l *Lock) takeable(lease *coordinationv1.Lease) bool {
 }
 
 // givesBack: the Lease, as read, is a fresh assignment to this process (no process took it
-// yet) that the arbiter already wants handed over: given back unled (l.mu held). Never a term
+// yet) that the arbiter already wants handed over, or that came while the program stops: given
+// back unled (l.mu held). Never a term
 // this process took: that one is released only by Shutdown, once the work stopped.
 func (l *Lock) givesBack(lease *coordinationv1.Lease) bool {
-	return standingOf(lease, l.me) == handover && !l.leading &&
-		lease.Annotations[incarnationAnnotation] == "" &&
-		!(l.hasEnded && term(lease) == l.ended)
+	s := standingOf(lease, l.me)
+	wanted := s == handover || s == ours && l.stopping // a stopping program could not use it
+	if !wanted || l.leading || l.hasEnded && term(lease) == l.ended {
+		return false
+	}
+	// Untaken, or taken by a write of this process that never counted (its answer lost, or
+	// too slow): no work ran under it.
+	inc := lease.Annotations[incarnationAnnotation]
+	return inc == "" || inc == l.me.incarnation && l.wrote && term(lease) == l.wroteTerm
 }
 
 // renewed counts a renewal of term t sent at sent (boot clock); false if the term already ended
@@ -82,16 +89,20 @@ func (l *Lock) endTerm(why string) {
 	l.exitArmed = l.exitAtTermEnd && !l.workStopped
 	l.notify()
 	klog.Background().Info("leadership ended", "lease", l.opts.LeaseName, "term", t, "reason", why)
+	if l.exitArmed {
+		klog.Background().Info("ExitAtTermEnd: this process exits unless Shutdown says its work stopped first", "lease", l.opts.LeaseName, "within", l.opts.LeaseDuration-Margin-(boot()-l.lastOK))
+	}
 	if cb := l.opts.OnEndedTerm; cb != nil {
 		l.callbacks.push(func() { cb(t, why) })
 	}
 }
 
 // overdue: the last moment this process may act under the term it led has passed (l.mu
-// held): LeaseDuration − Margin/2 after its last counted renewal, before the arbiter, waiting a
-// lease duration from when it saw that renewal, may name anyone else.
+// held): LeaseDuration − Margin after its last counted renewal, a second before the arbiter,
+// waiting a lease duration from when it saw that renewal, may name anyone else (the watchdog's
+// tick, at most a quarter second, and the exit itself fit in that second).
 func (l *Lock) overdue() bool {
-	return boot()-l.lastOK >= l.opts.LeaseDuration-Margin/2
+	return boot()-l.lastOK >= l.opts.LeaseDuration-Margin
 }
 
 // watchdog keeps the term's deadlines even when nobody calls: the renew deadline, the
@@ -169,6 +180,12 @@ func (l *Lock) StepDownContext(parent context.Context) context.Context {
 	if now {
 		cancel()
 	}
+	// Once the program is stopping, a standby takes no term (it could not use it).
+	context.AfterFunc(ctx, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.stopping = true
+	})
 	return ctx
 }
 
@@ -194,10 +211,15 @@ func (l *Lock) stepDown() {
 	}
 }
 
+// cancelStepDown cancels every StepDownContext (l.mu held): on a goroutine of its own, since
+// a context's cancellation may run code of the program's (its parent's AfterFunc hooks).
 func (l *Lock) cancelStepDown() {
-	for _, cancel := range l.stopCtxs {
-		cancel()
-	}
+	cancels := append([]context.CancelFunc(nil), l.stopCtxs...)
+	go func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+	}()
 }
 
 // fail: a background task died; the lock never leads again (l.mu not held). A standby is told
