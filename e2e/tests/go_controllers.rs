@@ -24,10 +24,12 @@ use crate::support::{TestEnv, eventually, node};
 crate::tests![go_controllers:
     the_oldest_go_replica_leads_from_term_one_in_any_start_order,
     a_rollback_hands_over_with_the_newer_replicas_reconciles_stopped_first,
+    a_leader_that_ignores_the_handover_request_is_waited_out_never_released_under,
     sigkill_of_the_go_leader_fails_over_after_expiry_and_not_before,
     sigkill_of_the_go_leader_then_its_pod_gone_fails_over_at_once,
     a_go_leader_cut_from_the_api_stops_reconciling_before_the_next_starts,
     go_and_rust_candidates_follow_the_same_rules_in_one_lease,
+    plain_client_go_under_arbiter_hands_over_with_its_work_stopped_first,
     go_managers_as_pods_hand_over_at_once_when_the_leader_pod_is_deleted_or_its_container_crashes,
 ];
 
@@ -159,6 +161,71 @@ async fn a_rollback_hands_over_with_the_newer_replicas_reconciles_stopped_first(
         "rollback: {:.3} s between the newer replica's last reconcile and the older's first",
         older_first.from - newer_last.to
     );
+}
+
+/// A program that does not watch StepDownContext: the handover request ends its term in the
+/// lock, its elector stops at the renew deadline and controller-runtime exits; nothing releases
+/// the lease under reconciles that may still run, so the older replica leads only once the
+/// lease expired, and never beside it.
+async fn a_leader_that_ignores_the_handover_request_is_waited_out_never_released_under(
+    env: Arc<TestEnv>,
+) {
+    let _op = operator(&env);
+    config_map(&env, "unwired").await;
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.log");
+    let mut newer = GoManager::spawn(
+        &env.kubeconfig,
+        &env.ns,
+        "newer",
+        "unwired",
+        "1.31.0",
+        &events,
+        &["--no-step-down"],
+    );
+    wait_for_holder(&env, "unwired", "newer", DEADLINE).await;
+    eventually("the newer replica to reconcile", DEADLINE, || async {
+        first_work_of(&works(&events), "newer")
+    })
+    .await;
+    let _older = GoManager::spawn(
+        &env.kubeconfig,
+        &env.ns,
+        "older",
+        "unwired",
+        "1.30.0",
+        &events,
+        &[],
+    );
+    let leases: Api<Lease> = env.api();
+    let asked = eventually("the handover request", DEADLINE, || async {
+        let l = leases.get("unwired").await.ok()?;
+        lease::preferred_holder(&l).map(|_| now())
+    })
+    .await;
+    assert_eq!(
+        newer.wait_exit(DEADLINE).await,
+        Some(1),
+        "controller-runtime exits on the lost lease"
+    );
+    assert!(
+        !newer.output().contains("\"released\":true"),
+        "the lease was released under reconciles that may have run"
+    );
+    let older_first = eventually("the older replica to reconcile", DEADLINE, || async {
+        first_work_of(&works(&events), "older")
+    })
+    .await;
+    let newer_last = last_work_of(&works(&events), "newer").unwrap();
+    assert!(newer_last.to <= older_first.from, "{newer_last:?} then {older_first:?}");
+    // Waited out: a lease duration (10 s) after the last renewal, which came at most a retry
+    // period before the request.
+    assert!(
+        older_first.from - asked >= 10.0 - 1.0 - 0.5,
+        "the older replica reconciled {:.3} s after the handover request: the lease was not waited out",
+        older_first.from - asked
+    );
+    assert_one_at_a_time(&works(&events));
 }
 
 /// SIGKILL of the leading replica: the standby leads only once the lease expired (a lease
@@ -570,4 +637,67 @@ async fn go_managers_as_pods_hand_over_at_once_when_the_leader_pod_is_deleted_or
         .unwrap();
     assert!(b_last.to <= next.from, "{b_last:?} then {next:?}");
     assert_one_at_a_time(&works(&events));
+}
+
+/// The guide's plain client-go program (`leaderelection.RunOrDie` with the lock): the oldest
+/// leads; SIGTERM stops its work, then releases, and the standby leads at once; a rollback hands
+/// over with the newer replica's work stopped first.
+async fn plain_client_go_under_arbiter_hands_over_with_its_work_stopped_first(env: Arc<TestEnv>) {
+    let _op = operator(&env);
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.log");
+    let spawn = |id: &str, version: &str| {
+        let out = std::fs::File::create(dir.path().join(format!("{id}.out"))).unwrap();
+        std::process::Command::new(crate::support::go_manager::clientgo_binary())
+            .args(["--namespace", &env.ns, "--lease", "plain", "--identity", id])
+            .args(["--binary-version", version, "--log"])
+            .arg(&events)
+            .args(crate::support::go_manager::TIMINGS)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap()
+    };
+    let mut first = spawn("first", "1.30.0");
+    wait_for_holder(&env, "plain", "first", DEADLINE).await;
+    let mut second = spawn("second", "1.31.0");
+    eventually("the first to work and the second to register", DEADLINE, || async {
+        first_work_of(&works(&events), "first")?;
+        env.api::<arbiter::api::LeaseCandidate>()
+            .get_opt("second")
+            .await
+            .ok()?
+    })
+    .await;
+    kill(Pid::from_raw(first.id() as i32), Signal::SIGTERM).unwrap();
+    let sigterm = now();
+    let status = tokio::task::spawn_blocking(move || first.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "the first exits cleanly: {status}");
+    let next = eventually("the second to work", DEADLINE, || async {
+        first_work_of(&works(&events), "second")
+    })
+    .await;
+    let last = last_work_of(&works(&events), "first").unwrap();
+    assert!(last.to <= next.from, "{last:?} then {next:?}");
+    assert!(
+        next.from - sigterm < 5.0,
+        "the second worked {:.3} s after the SIGTERM: the release was not used",
+        next.from - sigterm
+    );
+    // A rollback: an older replica joins.
+    let mut older = spawn("older", "1.29.0");
+    let l = wait_for_holder(&env, "plain", "older", DEADLINE).await;
+    let older_first = eventually("the older to work", DEADLINE, || async {
+        first_work_of(&works(&events), "older")
+    })
+    .await;
+    assert_eq!(older_first.term, lease::term(&l));
+    let second_last = last_work_of(&works(&events), "second").unwrap();
+    assert!(second_last.to <= older_first.from, "{second_last:?} then {older_first:?}");
+    assert_one_at_a_time(&works(&events));
+    for p in [&mut second, &mut older] {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
 }

@@ -20,19 +20,27 @@ pub const TIMINGS: [&str; 6] = [
 /// makes it seconds when nothing changed).
 pub fn binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = super::repo_root();
-        let out = root.join("target/go/example-manager");
-        let status = Command::new("go")
-            .args(["build", "-o"])
-            .arg(&out)
-            .arg("./examples/manager")
-            .current_dir(root.join("go"))
-            .status()
-            .expect("running go build (is Go installed? `make setup`)");
-        assert!(status.success(), "go build of go/examples/manager failed");
-        out
-    })
+    BIN.get_or_init(|| build("manager"))
+}
+
+/// The plain client-go example's binary (go/examples/clientgo), built likewise.
+pub fn clientgo_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("clientgo"))
+}
+
+fn build(example: &str) -> PathBuf {
+    let root = super::repo_root();
+    let out = root.join(format!("target/go/example-{example}"));
+    let status = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(format!("./examples/{example}"))
+        .current_dir(root.join("go"))
+        .status()
+        .expect("running go build (is Go installed? `make setup`)");
+    assert!(status.success(), "go build of go/examples/{example} failed");
+    out
 }
 
 /// A free port on 127.0.0.1 (bound and released).

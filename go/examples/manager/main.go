@@ -57,6 +57,7 @@ func main() {
 		webhookPort int
 		workFor     time.Duration
 		election    string
+		unwired     bool
 	)
 	flag.StringVar(&opts.LeaseName, "lease", "example-manager", "the Lease arbiter assigns")
 	flag.StringVar(&opts.Namespace, "namespace", "", "the namespace of the Lease, the candidate and the ConfigMap (default $POD_NAMESPACE)")
@@ -72,6 +73,7 @@ func main() {
 	flag.StringVar(&probeAddr, "probe-addr", ":8081", "the address of /healthz and /readyz")
 	flag.IntVar(&webhookPort, "webhook-port", 0, "serve the validating webhook (/validate-configmap) on this port with a self-signed certificate (0: no webhook)")
 	flag.DurationVar(&workFor, "work-for", 20*time.Millisecond, "how long each reconcile works")
+	flag.BoolVar(&unwired, "no-step-down", false, "do not give the manager the lock's StepDownContext (a program that ignores handover requests: the tests' case)")
 	flag.StringVar(&election, "election", "arbiter", "arbiter, or plain: controller-runtime's own leader election (a Lease it takes itself, released on cancel), the bench's baseline")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
@@ -85,13 +87,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(opts, configMap, logPath, probeAddr, webhookPort, workFor); err != nil {
+	if err := run(opts, configMap, logPath, probeAddr, webhookPort, workFor, unwired); err != nil {
 		ctrl.Log.Error(err, "exiting")
 		os.Exit(1)
 	}
 }
 
-func run(opts arbiterlock.Options, configMap, logPath, probeAddr string, webhookPort int, workFor time.Duration) error {
+func run(opts arbiterlock.Options, configMap, logPath, probeAddr string, webhookPort int, workFor time.Duration, unwired bool) error {
 	events := &eventLog{path: logPath}
 	opts.OnStartedTerm = func(term int32) {
 		events.line("start %s %d %d %s", opts.Identity, term, os.Getpid(), stamp(time.Now()))
@@ -146,7 +148,10 @@ func run(opts arbiterlock.Options, configMap, logPath, probeAddr string, webhook
 	if err := mgr.AddReadyzCheck("ready", ready); err != nil {
 		return err
 	}
-	err = mgr.Start(lock.StepDownContext(ctx))
+	if !unwired {
+		ctx = lock.StepDownContext(ctx)
+	}
+	err = mgr.Start(ctx)
 	// Released only if the manager stopped every reconcile: otherwise the lease expires.
 	released, serr := lock.Shutdown(context.Background(), err == nil)
 	events.line("stop %s %s", opts.Identity, stamp(time.Now()))
