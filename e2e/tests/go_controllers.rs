@@ -217,7 +217,10 @@ async fn a_leader_that_ignores_the_handover_request_is_waited_out_never_released
     })
     .await;
     let newer_last = last_work_of(&works(&events), "newer").unwrap();
-    assert!(newer_last.to <= older_first.from, "{newer_last:?} then {older_first:?}");
+    assert!(
+        newer_last.to <= older_first.from,
+        "{newer_last:?} then {older_first:?}"
+    );
     // Waited out: a lease duration (10 s) after the last renewal, which came at most a retry
     // period before the request.
     assert!(
@@ -662,17 +665,24 @@ async fn plain_client_go_under_arbiter_hands_over_with_its_work_stopped_first(en
     let mut first = spawn("first", "1.30.0");
     wait_for_holder(&env, "plain", "first", DEADLINE).await;
     let mut second = spawn("second", "1.31.0");
-    eventually("the first to work and the second to register", DEADLINE, || async {
-        first_work_of(&works(&events), "first")?;
-        env.api::<arbiter::api::LeaseCandidate>()
-            .get_opt("second")
-            .await
-            .ok()?
-    })
+    eventually(
+        "the first to work and the second to register",
+        DEADLINE,
+        || async {
+            first_work_of(&works(&events), "first")?;
+            env.api::<arbiter::api::LeaseCandidate>()
+                .get_opt("second")
+                .await
+                .ok()?
+        },
+    )
     .await;
     kill(Pid::from_raw(first.id() as i32), Signal::SIGTERM).unwrap();
     let sigterm = now();
-    let status = tokio::task::spawn_blocking(move || first.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || first.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "the first exits cleanly: {status}");
     let next = eventually("the second to work", DEADLINE, || async {
         first_work_of(&works(&events), "second")
@@ -694,7 +704,10 @@ async fn plain_client_go_under_arbiter_hands_over_with_its_work_stopped_first(en
     .await;
     assert_eq!(older_first.term, lease::term(&l));
     let second_last = last_work_of(&works(&events), "second").unwrap();
-    assert!(second_last.to <= older_first.from, "{second_last:?} then {older_first:?}");
+    assert!(
+        second_last.to <= older_first.from,
+        "{second_last:?} then {older_first:?}"
+    );
     assert_one_at_a_time(&works(&events));
     for p in [&mut second, &mut older] {
         let _ = p.kill();
