@@ -66,8 +66,9 @@ fn tests() -> Vec<(&'static str, TestFn)> {
 /// (`ARBITER_E2E_SUBSET=compat`): what differs across minors. The CRD's schema and CEL rules
 /// (semver among them) with valid and invalid versions; an election, a handover, an expiry and
 /// the Lease's compare-and-swap; server-side apply's field managers; eviction; the chart's
-/// install, upgrade, uninstall and `helm test`; the webhook's admission; and on the real node the
-/// kubelet's reports that prove a pod stopped and a container ended.
+/// install, upgrade, uninstall and `helm test`; the webhook's admission; on the real node the
+/// kubelet's reports that prove a pod stopped and a container ended; and the Go module's lock
+/// (client-go's informers and controller-runtime against each server).
 const COMPAT: &[&str] = &[
     "crd::",
     "operator::single_candidate_is_elected",
@@ -85,6 +86,10 @@ const COMPAT: &[&str] = &[
     "real_node::a_crashed_agents_container_restart_hands_the_lease_on_without_waiting_for_expiry",
     "inject::an_injected_deployment_runs_one_command_at_a_time_through_updates_rollback_and_rotation",
     "inject::with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_neither",
+    // client-go v0.37's informers (streaming lists where the server has them) and
+    // controller-runtime against each server: the Go lock's handover, and its pods' reports.
+    "go_controllers::a_rollback_hands_over_with_the_newer_replicas_reconciles_stopped_first",
+    "go_controllers::go_managers_as_pods_hand_over_at_once_when_the_leader_pod_is_deleted_or_its_container_crashes",
 ];
 
 /// Whether test `name` is in the subset `ARBITER_E2E_SUBSET` names (every test when unset).
