@@ -20,6 +20,8 @@ pub mod lease;
 pub mod memory;
 pub mod operator;
 pub mod self_install;
+#[cfg(test)]
+mod shape;
 pub mod status;
 pub mod stop_operator;
 pub mod tolerant;
