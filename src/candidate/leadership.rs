@@ -165,57 +165,10 @@ pub async fn run(
     loop {
         // Following: wait for the arbiter to name us.
         state.send_replace(State::Following);
-        tracing::info!(lease = %config.lease, identity = %config.identity, "standing by: waiting for the arbiter to assign the lease");
-        // The term of a Lease naming this identity without the arbiter's assignment, once
-        // reported (its holder may renew it every few seconds).
-        let mut reported_unassigned = None;
-        // The other pod a fresh assignment was made for, once reported.
-        let mut reported_other_pod = None;
-        loop {
-            match latest
-                .lease
-                .as_ref()
-                .map(|l| standing(l, &config, &incarnation, taking))
-            {
-                Some(Standing::Ours) => break,
-                Some(Standing::Stale) => {
-                    // An earlier process of this identity held it: never resume its term, and
-                    // do not release it either (that process, or its workload, may still run;
-                    // the arbiter reassigns the lease once it expires).
-                    tracing::warn!(lease = %config.lease, "the lease names this identity but an earlier process held it; waiting for the arbiter to reassign it");
-                }
-                // Like an earlier process's term: neither taken nor released (the other pod may
-                // still run); the arbiter reassigns once that pod stops. Said once per pod.
-                Some(Standing::OtherPod(uid)) if reported_other_pod.as_ref() != Some(&uid) => {
-                    tracing::warn!(lease = %config.lease, pod_uid = %uid, "the lease was assigned to this identity in another pod; waiting for the arbiter to reassign it");
-                    reported_other_pod = Some(uid);
-                }
-                Some(Standing::Unassigned) => {
-                    // Never run under a term the arbiter did not assign (its fencing token
-                    // would be someone else's counter); the arbiter adopts such a Lease once
-                    // its holder's duration has passed without a change, then assigns it.
-                    let term = latest.lease.as_ref().map(lease::term);
-                    if reported_unassigned != term {
-                        reported_unassigned = term;
-                        tracing::warn!(lease = %config.lease, ?term, "the lease names this identity but the arbiter did not assign it (no arbiter.dev/managed label and assignment mark): waiting for the arbiter");
-                    }
-                }
-                Some(Standing::HandoverTo(_)) => {
-                    // The arbiter already wants someone else: give it back without leading.
-                    tracing::warn!(lease = %config.lease, "the lease names this identity but the arbiter wants another holder; releasing it");
-                    if let Err(e) = release(&store, &config, &incarnation).await {
-                        tracing::warn!(error = %e, "releasing the lease failed");
-                    }
-                }
-                _ => {}
-            }
-            match events.next().await {
-                None => return anyhow::anyhow!("the watch on lease {} ended", config.lease),
-                Some(Err(e)) => tracing::debug!(error = %e, "lease watch error (retrying)"),
-                Some(Ok(ev)) => {
-                    latest.apply(ev);
-                }
-            }
+        let follower = Follower::new(&store, &config, &incarnation);
+        let assigned = follower.wait_for_assignment(taking, &mut events, &mut latest);
+        if let Err(e) = assigned.await {
+            return e;
         }
 
         // Assigned: take it with one renew, then keep renewing.
@@ -262,19 +215,117 @@ pub async fn run(
         state.send_replace(State::Ended { term, why });
         taking = None;
         // Do not take the lease again until it has moved on from this term.
+        if let Err(e) = wait_moved_on(&config, term, &mut events, &mut latest).await {
+            return e;
+        }
+    }
+}
+
+/// The lease's watch events.
+type Events =
+    dyn futures::Stream<Item = Result<watcher::Event<Lease>, watcher::Error>> + Send + Unpin;
+
+/// What following the lease needs.
+struct Follower<'a> {
+    store: &'a LeaseStore,
+    config: &'a Config,
+    incarnation: &'a str,
+}
+
+impl<'a> Follower<'a> {
+    fn new(store: &'a LeaseStore, config: &'a Config, incarnation: &'a str) -> Self {
+        Follower {
+            store,
+            config,
+            incarnation,
+        }
+    }
+
+    /// Waits until the lease assigns this process a term it may take (`taking`: the term it
+    /// is taking, if any), saying once what else the lease says meanwhile, and giving back
+    /// unled a fresh assignment the arbiter already wants moved on. Err when the watch ended.
+    async fn wait_for_assignment(
+        &self,
+        taking: Option<i32>,
+        events: &mut Events,
+        latest: &mut Latest,
+    ) -> Result<(), anyhow::Error> {
+        let config = self.config;
+        tracing::info!(lease = %config.lease, identity = %config.identity, "standing by: waiting for the arbiter to assign the lease");
+        // The term of a Lease naming this identity without the arbiter's assignment, once
+        // reported (its holder may renew it every few seconds).
+        let mut reported_unassigned = None;
+        // The other pod a fresh assignment was made for, once reported.
+        let mut reported_other_pod = None;
         loop {
-            if latest.lease.as_ref().is_none_or(|l| {
-                lease::term(l) != term || lease::holder(l) != Some(config.identity.as_str())
-            }) {
-                break;
+            match latest
+                .lease
+                .as_ref()
+                .map(|l| standing(l, config, self.incarnation, taking))
+            {
+                Some(Standing::Ours) => return Ok(()),
+                Some(Standing::Stale) => {
+                    // An earlier process of this identity held it: never resume its term, and
+                    // do not release it either (that process, or its workload, may still run;
+                    // the arbiter reassigns the lease once it expires).
+                    tracing::warn!(lease = %config.lease, "the lease names this identity but an earlier process held it; waiting for the arbiter to reassign it");
+                }
+                // Like an earlier process's term: neither taken nor released (the other pod may
+                // still run); the arbiter reassigns once that pod stops. Said once per pod.
+                Some(Standing::OtherPod(uid)) if reported_other_pod.as_ref() != Some(&uid) => {
+                    tracing::warn!(lease = %config.lease, pod_uid = %uid, "the lease was assigned to this identity in another pod; waiting for the arbiter to reassign it");
+                    reported_other_pod = Some(uid);
+                }
+                Some(Standing::Unassigned) => {
+                    // Never run under a term the arbiter did not assign (its fencing token
+                    // would be someone else's counter); the arbiter adopts such a Lease once
+                    // its holder's duration has passed without a change, then assigns it.
+                    let term = latest.lease.as_ref().map(lease::term);
+                    if reported_unassigned != term {
+                        reported_unassigned = term;
+                        tracing::warn!(lease = %config.lease, ?term, "the lease names this identity but the arbiter did not assign it (no arbiter.dev/managed label and assignment mark): waiting for the arbiter");
+                    }
+                }
+                Some(Standing::HandoverTo(_)) => {
+                    // The arbiter already wants someone else: give it back without leading.
+                    tracing::warn!(lease = %config.lease, "the lease names this identity but the arbiter wants another holder; releasing it");
+                    if let Err(e) = release(self.store, config, self.incarnation).await {
+                        tracing::warn!(error = %e, "releasing the lease failed");
+                    }
+                }
+                _ => {}
             }
             match events.next().await {
-                None => return anyhow::anyhow!("the watch on lease {} ended", config.lease),
+                None => anyhow::bail!("the watch on lease {} ended", config.lease),
+                Some(Err(e)) => tracing::debug!(error = %e, "lease watch error (retrying)"),
                 Some(Ok(ev)) => {
                     latest.apply(ev);
                 }
-                Some(Err(_)) => {}
             }
+        }
+    }
+}
+
+/// Waits until the lease has moved on from `term` (another term or holder, or no Lease). Err
+/// when the watch ended.
+async fn wait_moved_on(
+    config: &Config,
+    term: i32,
+    events: &mut Events,
+    latest: &mut Latest,
+) -> Result<(), anyhow::Error> {
+    loop {
+        if latest.lease.as_ref().is_none_or(|l| {
+            lease::term(l) != term || lease::holder(l) != Some(config.identity.as_str())
+        }) {
+            return Ok(());
+        }
+        match events.next().await {
+            None => anyhow::bail!("the watch on lease {} ended", config.lease),
+            Some(Ok(ev)) => {
+                latest.apply(ev);
+            }
+            Some(Err(_)) => {}
         }
     }
 }
