@@ -79,8 +79,39 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         "asked the operator to hand lease {name} over from {holder} (term {term}) to {target}"
     );
 
+    let asked = Asked {
+        name,
+        holder: &holder,
+        term,
+        to: settings.to.as_deref(),
+    };
+    wait_for_switchover(&store, asked, settings.timeout).await
+}
+
+/// The switchover asked for: lease `name` from `holder` at `term` to `to` (none: the best
+/// other candidate).
+struct Asked<'a> {
+    name: &'a str,
+    holder: &'a str,
+    term: i32,
+    to: Option<&'a str>,
+}
+
+/// Polls the Lease until the switchover happened (exit code 0), was refused (the operator's
+/// reason), went wrong, or timed out (the request is then taken back).
+async fn wait_for_switchover(
+    store: &LeaseStore,
+    asked: Asked<'_>,
+    timeout: Duration,
+) -> anyhow::Result<i32> {
+    let Asked {
+        name,
+        holder,
+        term,
+        to,
+    } = asked;
     let start = Instant::now();
-    let value = lease::handover_request(&holder, term, settings.to.as_deref());
+    let value = lease::handover_request(holder, term, to);
     let mut released_at: Option<Instant> = None;
     loop {
         let Some(l) = store.get(name).await? else {
@@ -96,10 +127,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                     "{holder} holds lease {name} again, at term {now_term}: the switchover did not happen"
                 )
             }
-            Some(h) if now_term > term && settings.to.as_deref().is_some_and(|to| to != h) => {
+            Some(h) if now_term > term && to.is_some_and(|to| to != h) => {
                 anyhow::bail!(
                     "lease {name} went to {h} at term {now_term}, not {}: the handover was abandoned (see the HandoverAbandoned Event)",
-                    settings.to.as_deref().unwrap_or_default()
+                    to.unwrap_or_default()
                 )
             }
             Some(h) if now_term > term => {
@@ -114,7 +145,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             _ => {}
         }
         let pending = l.annotations().get(lease::HANDOVER_REQUEST_ANNOTATION) == Some(&value);
-        if !pending && now_holder == Some(holder.as_str()) && now_term == term {
+        if !pending && now_holder == Some(holder) && now_term == term {
             return match l.annotations().get(lease::HANDOVER_REFUSED_ANNOTATION) {
                 Some(why) => refuse(format!("the operator refused the switchover: {why}")),
                 None => anyhow::bail!(
@@ -122,11 +153,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
                 ),
             };
         }
-        if start.elapsed() > settings.timeout {
-            withdraw_request(&store, name, &value).await;
+        if start.elapsed() > timeout {
+            withdraw_request(store, name, &value).await;
             anyhow::bail!(
                 "no new holder after {:?}; the request was taken back",
-                settings.timeout
+                timeout
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -27,7 +27,6 @@ const ALLOWED: &[(&str, usize)] = &[
     ("candidate/registration.rs::try_register", 128),
     ("election/decide.rs", 1072),
     ("election/decide.rs::decide", 352),
-    ("handover.rs::run", 84),
     ("operator/cache/mod.rs", 669),
     ("operator/cache/mod.rs::candidate_events", 99),
     ("operator/cache/mod.rs::watch_all", 101),
