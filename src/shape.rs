@@ -23,7 +23,6 @@ const ALLOWED: &[(&str, usize)] = &[
     ("agent/child.rs::start", 107),
     ("agent/mod.rs::serve", 130),
     ("agent/watchdog.rs::run", 108),
-    ("candidate/registration.rs::keep_fresh", 89),
     ("candidate/registration.rs::try_register", 128),
     ("election/decide.rs", 1072),
     ("election/decide.rs::decide", 352),

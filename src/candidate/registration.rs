@@ -429,18 +429,7 @@ pub async fn keep_fresh(
             }
             _ = tokio::time::sleep_until(state.next.into()) => state.take_pending(jiff::Timestamp::now()),
         };
-        let patch = json!({
-            "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } },
-            "spec": { "renewTime": MicroTime(renew) },
-        });
-        let written = api
-            .patch(
-                &config.identity,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await;
-        match written {
+        match stamp(&api, &config.identity, &incarnation, renew).await {
             Ok(_) => {
                 retries = retry_backoff();
                 state.written(Instant::now());
@@ -455,6 +444,22 @@ pub async fn keep_fresh(
             }
         }
     }
+}
+
+/// Writes `renew` as the candidate's `renewTime`, with this process's incarnation.
+async fn stamp(
+    api: &Api<Tolerant<LeaseCandidate>>,
+    name: &str,
+    incarnation: &str,
+    renew: jiff::Timestamp,
+) -> kube::Result<()> {
+    let patch = json!({
+        "metadata": { "annotations": { INCARNATION_ANNOTATION: incarnation } },
+        "spec": { "renewTime": MicroTime(renew) },
+    });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
 }
 
 /// Retries of a failed write: [`RETRY_FIRST`] doubling to [`RETRY_AT_MOST`], each jittered
