@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
-/// Every `.rs` file below `dir`.
-fn files(dir: &Path) -> Vec<PathBuf> {
+/// Every `.rs` file below `dir` (also read by `crate::shape`).
+pub(crate) fn files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).expect("src/ is readable") {
         let path = entry.expect("a directory entry").path();

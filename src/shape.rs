@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use syn::visit::Visit;
 
+use crate::layers::files;
+
 /// The longest a function may be.
 const MAX_FN_LINES: usize = 80;
 /// The longest a file's non-test code may be.
@@ -36,20 +38,6 @@ const ALLOWED: &[(&str, usize)] = &[
     ("operator/webhook/binding.rs::look", 103),
     ("workloads/inject.rs::inject", 147),
 ];
-
-/// Every `.rs` file below `dir`.
-fn files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("src/ is readable") {
-        let path = entry.expect("a directory entry").path();
-        if path.is_dir() {
-            out.extend(files(&path));
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-    out
-}
 
 /// Whether `attrs` carry `#[cfg(test)]`.
 fn is_test(attrs: &[syn::Attribute]) -> bool {
@@ -83,25 +71,17 @@ impl<'ast> Visit<'ast> for Lengths {
     }
 
     fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
-        if is_test(&f.attrs) {
-            return;
+        if !is_test(&f.attrs) {
+            self.record(&f.sig, &f.block);
+            syn::visit::visit_item_fn(self, f);
         }
-        let start = f.sig.fn_token.span.start().line;
-        let end = syn::spanned::Spanned::span(&f.block).end().line;
-        self.functions
-            .push((f.sig.ident.to_string(), end - start + 1));
-        syn::visit::visit_item_fn(self, f);
     }
 
     fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
-        if is_test(&f.attrs) {
-            return;
+        if !is_test(&f.attrs) {
+            self.record(&f.sig, &f.block);
+            syn::visit::visit_impl_item_fn(self, f);
         }
-        let start = f.sig.fn_token.span.start().line;
-        let end = syn::spanned::Spanned::span(&f.block).end().line;
-        self.functions
-            .push((f.sig.ident.to_string(), end - start + 1));
-        syn::visit::visit_impl_item_fn(self, f);
     }
 
     fn visit_item_impl(&mut self, i: &'ast syn::ItemImpl) {
@@ -117,6 +97,16 @@ fn children_dir(path: &Path) -> PathBuf {
     match path.file_stem().and_then(|s| s.to_str()) {
         Some("mod" | "lib" | "main") => path.parent().unwrap().to_path_buf(),
         _ => path.with_extension(""),
+    }
+}
+
+impl Lengths {
+    /// A function's length, from its `fn` line to its closing brace.
+    fn record(&mut self, sig: &syn::Signature, block: &syn::Block) {
+        let start = sig.fn_token.span.start().line;
+        let end = syn::spanned::Spanned::span(block).end().line;
+        self.functions
+            .push((sig.ident.to_string(), end - start + 1));
     }
 }
 
