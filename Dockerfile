@@ -18,6 +18,7 @@ RUN apk add --no-cache musl-dev make
 WORKDIR /src
 COPY Cargo.toml Cargo.lock Makefile build.rs ./
 COPY src ./src
+COPY crates ./crates
 COPY crds ./crds
 COPY charts/arbiter/files ./charts/arbiter/files
 COPY e2e ./e2e

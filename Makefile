@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: setup promtool image images go-example test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench \
+.PHONY: crate-deps setup promtool image images go-example test demo lint static-arm64 arm64-check unit e2e crds control-plane static manifests render-manifests chaos chaos-short bench \
 	release publish version tool-path docs helm-docs cli-docs check-links actionlint static-amd64 \
 	model model-short e2e-matrix
 
@@ -28,12 +28,25 @@ setup:
 test: setup
 	@$(MAKE) --no-print-directory lint unit static-check model-short chaos-short e2e
 
-lint: check-links actionlint
+lint: check-links actionlint crate-deps
 	$(CARGO) fmt --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --test demo --test chaos --test bench --test model -- -D warnings
 	cd e2e && go vet ./lecandidate
 	cd go && gofmt -l . | (! grep .) && go vet ./...
+
+## crate-deps: each crate builds on its own, with only what its layer may depend on: the pure
+## election rules without tokio, kube or a clock (jiff without `std`, which `Timestamp::now`
+## needs), the candidate library without a web server, TLS stack or CLI parser; and the library
+## crates' docs build without a broken link (docs/architecture.md)
+crate-deps:
+	$(CARGO) check --quiet -p arbiter-election
+	$(CARGO) check --quiet -p arbiter-candidate
+	@bad=$$($(CARGO) tree -p arbiter-election -e normal,features --prefix none | grep -E '^(tokio|kube|kube-client) |^jiff feature "std"' | sort -u); \
+	  if [ -n "$$bad" ]; then echo "arbiter-election depends on what pure rules must not:"; echo "$$bad"; exit 1; fi
+	@bad=$$($(CARGO) tree -p arbiter-candidate -e normal --prefix none | grep -E '^(axum|axum-server|rustls|rcgen|x509-parser|clap) ' | sort -u); \
+	  if [ -n "$$bad" ]; then echo "arbiter-candidate depends on what a library must not:"; echo "$$bad"; exit 1; fi
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --quiet --no-deps -p arbiter-election -p arbiter-api -p arbiter-candidate
 
 ## check-links: every relative link and anchor in the repository's Markdown resolves
 check-links:
@@ -58,9 +71,9 @@ helm-docs:
 ## unit: pure logic, table and property tests, the CRD and CLI reference drift checks, doc
 ## tests, the Helm values reference's drift, and the Go module's unit tests (go/)
 unit:
-	$(CARGO) test --lib --bins
+	$(CARGO) test --workspace --lib --bins
 	cd go && go test ./...
-	$(CARGO) test --doc
+	$(CARGO) test --workspace --doc
 	@cp docs/reference/helm-values.md target/helm-values.md.committed && $(MAKE) --no-print-directory -s helm-docs \
 	  && if ! diff -u target/helm-values.md.committed docs/reference/helm-values.md; then \
 	    echo "docs/reference/helm-values.md is stale: run make helm-docs and commit it"; exit 1; fi

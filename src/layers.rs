@@ -1,11 +1,14 @@
-//! The crate's layers point one way, checked on its source (a reader can trust the picture in
-//! `docs/architecture.md`): the pure `election/` depends on nothing else in the crate, `api/` on
-//! `election/` at most, the agent's and the library's modules never on the operator, and no
-//! two top-level modules, nor two of the operator's folders, depend on each other in a circle.
-//! Tests (`mod tests`) may reach anywhere.
+//! The layers inside each crate point one way, checked on their source (a reader can trust the
+//! picture in `docs/architecture.md`). Between crates Cargo already refuses the wrong way: the
+//! crates form one chain (`arbiter-election` <- `arbiter-api` <- `arbiter-candidate` <-
+//! `arbiter-operator` <- `arbiter`), so a crate naming one above it would close a dependency
+//! circle. Inside a crate, no two top-level modules depend on each other in a circle; the
+//! operator's modules stand in [`OPERATOR`]'s order, and the binary's in [`BINARY`]'s (the
+//! agent and the other subcommands never use the operator). Tests (`mod tests`) may reach
+//! anywhere.
 //!
 //! Hand-written rather than a tool (cargo-modules, cargo-deny): those check crates, or draw
-//! graphs without failing a build; this is a page of string scanning over `src/`.
+//! graphs without failing a build; this is a page of string scanning over each `src/`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -40,7 +43,8 @@ fn module_of(relative: &Path) -> Vec<String> {
 }
 
 /// The paths (`a::b::c` as segments) a file's code, less its tests and comments, names from
-/// the crate root: `crate::…`, and `super::…` resolved against the file's own module.
+/// the crate root: `crate::…`, `super::…` resolved against the file's own module, and another
+/// of the workspace's crates by the binary's name for it (`arbiter_operator::…` → `operator::…`).
 fn paths_used(source: &str, module: &[String]) -> Vec<Vec<String>> {
     let code = match source.find("#[cfg(test)]\nmod tests") {
         Some(i) => &source[..i],
@@ -49,7 +53,7 @@ fn paths_used(source: &str, module: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
         let mut rest = line;
-        while let Some(i) = rest.find(['c', 's']) {
+        while let Some(i) = rest.find(['a', 'c', 's']) {
             let tail = &rest[i..];
             let preceded = rest[..i]
                 .chars()
@@ -57,6 +61,12 @@ fn paths_used(source: &str, module: &[String]) -> Vec<Vec<String>> {
                 .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
             let (mut base, after) = if let Some(t) = tail.strip_prefix("crate::") {
                 (Vec::new(), t)
+            } else if let Some((name, t)) = tail
+                .strip_prefix("arbiter_")
+                .and_then(|t| t.split_once("::"))
+                .filter(|(name, _)| name.chars().all(|c| c.is_ascii_lowercase()))
+            {
+                (vec![name.to_string()], t)
             } else if let Some(t) = tail.strip_prefix("super::") {
                 // `super` is the parent of the file's module (a `mod.rs` is its folder's).
                 let mut b = module.to_vec();
@@ -95,27 +105,54 @@ fn paths_used(source: &str, module: &[String]) -> Vec<Vec<String>> {
     out
 }
 
-/// The dependencies between units: a top-level module, or one of the operator's folders or
-/// files (`operator::cache`).
-fn graph() -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The workspace's crates, by their source folders: the binary's own, then each of `crates/`
+/// (also read by `crate::shape`).
+pub(crate) fn crates() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = vec![root.join("src")];
+    let mut members: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .expect("crates/ is readable")
+        .map(|e| e.expect("a directory entry").path().join("src"))
+        .collect();
+    members.sort();
+    out.extend(members);
+    out
+}
+
+/// A crate's top-level modules: its files and folders beside `lib.rs`.
+fn top_modules(src: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(src)
+        .expect("src/ is readable")
+        .map(|e| e.expect("a directory entry").path())
+        .filter_map(|p| Some(p.file_stem()?.to_string_lossy().into_owned()))
+        .filter(|m| m != "lib" && m != "main")
+        .collect()
+}
+
+/// The dependencies between a crate's units: its top-level modules, and `extra` (the binary's
+/// names for the crates it re-exports, which its paths reach as `crate::operator` or
+/// `arbiter_operator`).
+fn graph(src: &Path, extra: &[&str]) -> Graph {
+    let mut units = top_modules(src);
+    units.extend(extra.iter().map(|u| u.to_string()));
     let mut graph = Graph::new();
-    let test_only = test_only(&files(&src));
-    for path in files(&src).into_iter().filter(|p| !test_only.contains(p)) {
-        let relative = path.strip_prefix(&src).expect("below src/");
+    let test_only = test_only(&files(src));
+    for path in files(src).into_iter().filter(|p| !test_only.contains(p)) {
+        let relative = path.strip_prefix(src).expect("below src/");
         let module = module_of(relative);
-        if module.is_empty() || module[0] == "main" || module[0] == "layers" {
+        let Some(from) = module.first().cloned() else {
+            continue;
+        };
+        if from == "main" || from == "layers" || from == "shape" {
             continue;
         }
         let source = std::fs::read_to_string(&path).expect("a readable source file");
-        let from = unit(&module);
         for used in paths_used(&source, &module) {
-            if used.is_empty() {
-                continue;
-            }
-            let to = unit(&used);
-            if to != from && !(from.starts_with("operator") && to == "operator") {
-                graph.entry(from.clone()).or_default().insert(to);
+            if let Some(to) = used
+                .first()
+                .filter(|to| **to != from && units.contains(*to))
+            {
+                graph.entry(from.clone()).or_default().insert(to.clone());
             }
         }
     }
@@ -152,15 +189,6 @@ fn test_only(all: &[PathBuf]) -> BTreeSet<PathBuf> {
     out
 }
 
-/// The unit a module belongs to: the operator's folders and files each count alone.
-fn unit(path: &[String]) -> String {
-    match path {
-        [top, sub, ..] if top == "operator" => format!("operator::{sub}"),
-        [top, ..] => top.clone(),
-        [] => String::new(),
-    }
-}
-
 /// A circle through `graph`, if there is one.
 fn circle(graph: &Graph) -> Option<Vec<String>> {
     fn visit(
@@ -193,29 +221,39 @@ fn circle(graph: &Graph) -> Option<Vec<String>> {
         .find_map(|n| visit(graph, n, &mut Vec::new(), &mut done))
 }
 
-/// The crate's modules, top to bottom: each uses only modules on lines below its own
-/// (`docs/architecture.md` draws the same).
-const LAYERS: &[&[&str]] = &[
+/// The binary's modules and the crates it re-exports, top to bottom: each uses only names on
+/// lines below its own, so the agent and the other subcommands never use the operator.
+const BINARY: &[&[&str]] = &[
     &["cli"],
     &[
         "operator",
+        "workloads",
+        "memory",
         "agent",
         "handover",
         "status",
         "self_install",
         "stop_operator",
     ],
-    &["flags", "usage"],
-    &["workloads", "candidate"],
-    &["lease"],
-    &["tolerant", "client", "memory"],
-    &["clock"],
-    &["api"],
-    &["election"],
+    &[
+        "candidate",
+        "client",
+        "clock",
+        "flags",
+        "usage",
+        "random_id",
+        "lease",
+        "tolerant",
+        "api",
+        "election",
+    ],
 ];
 
-/// The operator's folders and files, bottom first: each uses only those before it.
+/// The operator's modules, bottom first: each uses only those before it (its `lib.rs`, the
+/// wiring, stands above them all).
 const OPERATOR: &[&str] = &[
+    "memory",
+    "workloads",
     "key",
     "term",
     "queue",
@@ -229,77 +267,59 @@ const OPERATOR: &[&str] = &[
     "webhook",
 ];
 
-/// Where a module outside the operator stands (the operator counts as one): higher uses lower.
-/// Items of the crate root (`random_id`) stand lowest.
-fn outside(unit: &str) -> usize {
-    LAYERS
+/// Where `unit` stands in `order` (bottom first); panics on one not placed, so that a new
+/// module is placed on purpose.
+fn rank(order: &[&[&str]], unit: &str) -> usize {
+    order
         .iter()
-        .rev()
         .position(|line| line.contains(&unit))
-        .map_or(0, |i| 1 + i)
+        .unwrap_or_else(|| panic!("{unit} is not placed in src/layers.rs"))
 }
 
-/// Where a part of the operator stands: its `mod.rs` (the wiring) above its folders.
-fn rank(unit: &str) -> usize {
-    if unit == "operator" {
-        return 1000;
-    }
-    if let Some(sub) = unit.strip_prefix("operator::") {
-        let i = OPERATOR
-            .iter()
-            .position(|o| *o == sub)
-            .unwrap_or_else(|| panic!("{unit} is not in layers::OPERATOR"));
-        return i;
-    }
-    panic!("{unit} is not part of the operator")
-}
-
-#[test]
-fn the_layers_point_one_way() {
-    let graph = graph();
-    let uses = |m: &str| graph.get(m).cloned().unwrap_or_default();
-    assert!(
-        uses("election").is_empty(),
-        "election/ is pure and depends on nothing else in the crate: {:?}",
-        uses("election")
-    );
-    let api: Vec<_> = uses("api")
-        .into_iter()
-        .filter(|m| m != "election")
-        .collect();
-    assert!(api.is_empty(), "api/ depends on election/ at most: {api:?}");
-    let top = |u: &str| {
-        if u.starts_with("operator") {
-            "operator"
-        } else {
-            u
-        }
-        .to_string()
-    };
+/// Every edge of `graph` points to a unit placed lower in `order` (bottom first).
+fn assert_points_down(graph: &Graph, order: &[&[&str]]) {
     for (from, to) in graph
         .iter()
         .flat_map(|(f, ts)| ts.iter().map(move |t| (f, t)))
     {
-        let (rf, rt) = if from.starts_with("operator") && to.starts_with("operator") {
-            (rank(from), rank(to))
-        } else {
-            (outside(&top(from)), outside(&top(to)))
-        };
-        assert!(rt < rf, "{from} uses {to}, which stands at or above it");
+        assert!(
+            rank(order, to) < rank(order, from),
+            "{from} uses {to}, which stands at or above it"
+        );
     }
-    if let Some(c) = circle(&graph) {
-        panic!("an import circle: {}", c.join(" -> "));
+}
+
+#[test]
+fn the_layers_point_one_way() {
+    let binary: Vec<&[&str]> = BINARY.iter().rev().copied().collect();
+    let operator: Vec<&[&str]> = OPERATOR.iter().map(std::slice::from_ref).collect();
+    let facade: Vec<&str> = BINARY.iter().flat_map(|l| l.iter().copied()).collect();
+    for src in crates() {
+        let is_binary = src == Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let graph = graph(&src, if is_binary { &facade } else { &[] });
+        if is_binary {
+            assert_points_down(&graph, &binary);
+        } else if src.ends_with("operator/src") {
+            assert_points_down(&graph, &operator);
+        }
+        if let Some(c) = circle(&graph) {
+            panic!("an import circle in {}: {}", src.display(), c.join(" -> "));
+        }
     }
 }
 
 #[test]
 fn paths_are_read_from_the_crate_root_and_relative_to_the_file() {
     let module = |s: &str| s.split("::").map(str::to_string).collect::<Vec<_>>();
-    let src = "use crate::api::LeaseCandidate;\n// crate::agent in a comment\nuse super::pods::Pods;\nlet x = other_crate::lease;\n#[cfg(test)]\nmod tests {\n use crate::operator;\n}\n";
+    let src = "use crate::api::LeaseCandidate;\n// crate::agent in a comment\nuse super::pods::Pods;\nlet x = other_crate::lease;\nuse arbiter_candidate::flags;\n#[cfg(test)]\nmod tests {\n use crate::operator;\n}\n";
     let used = paths_used(src, &module("operator::cache::index"));
     assert_eq!(
         used,
-        vec![module("api"), module("operator::cache::pods")],
+        vec![
+            module("api"),
+            module("operator::cache::pods"),
+            module("candidate::flags")
+        ],
         "a comment, a path of another crate and the tests are not dependencies"
     );
     let mut g = Graph::new();
@@ -307,4 +327,28 @@ fn paths_are_read_from_the_crate_root_and_relative_to_the_file() {
     assert_eq!(circle(&g), None);
     g.entry("b".into()).or_default().insert("a".into());
     assert_eq!(circle(&g), Some(module("a::b::a").to_vec()));
+}
+
+/// The election rules read no clock: the compiler refuses jiff's `Timestamp::now` (built
+/// without `std`, `make crate-deps`), and this refuses the standard library's.
+#[test]
+fn the_election_rules_read_no_clock() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/election/src");
+    let test_only = test_only(&files(&src));
+    for path in files(&src).into_iter().filter(|p| !test_only.contains(p)) {
+        let source = std::fs::read_to_string(&path).expect("a readable source file");
+        let code = source
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default();
+        for (i, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or_default();
+            assert!(
+                !line.contains("::now(") && !line.contains("elapsed("),
+                "{}:{}: the election rules read no clock; take the time as an argument",
+                path.display(),
+                i + 1
+            );
+        }
+    }
 }

@@ -24,7 +24,7 @@ import (
 // CandidateResource is arbiter's LeaseCandidate API.
 var CandidateResource = schema.GroupVersionResource{Group: "arbiter.dev", Version: "v1alpha1", Resource: "leasecandidates"}
 
-// The candidate's refresh cadence: the Rust agent's (src/candidate/registration.rs).
+// The candidate's refresh cadence: the Rust agent's (crates/candidate/src/registration.rs).
 const (
 	// refresh: how often the candidate writes renewTime on its own (a sign of life between
 	// elections; every ping is answered at once).

@@ -6,7 +6,7 @@ import (
 )
 
 // freshness is what the replica knows of its own candidate, and when it writes it next: the Rust
-// agent's rules (src/candidate/registration.rs, Freshness). Pure: fed what the watch or a read
+// agent's rules (crates/candidate/src/registration.rs, Freshness). Pure: fed what the watch or a read
 // delivers and how each write went.
 type freshness struct {
 	incarnation string

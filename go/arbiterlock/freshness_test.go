@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The Rust agent's cases (src/candidate/registration.rs), for the same rules.
+// The Rust agent's cases (crates/candidate/src/registration.rs), for the same rules.
 func TestAPingIsAnsweredOnceAtOnceAndNotBeforeThePing(t *testing.T) {
 	t0 := time.Now()
 	wall := t0.Truncate(time.Microsecond)

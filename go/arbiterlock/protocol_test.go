@@ -27,7 +27,7 @@ func lease(holderName string, t int32, labelled bool, mark, incarnation string) 
 	return l
 }
 
-// The same cases as the Rust agent's (src/candidate/leadership.rs): a term is taken only from
+// The same cases as the Rust agent's (crates/candidate/src/leadership.rs): a term is taken only from
 // the arbiter's assignment, never resumed from an earlier process, and taken only in the pod it
 // was assigned in.
 func TestATermIsTakenOnlyFromTheArbitersAssignment(t *testing.T) {

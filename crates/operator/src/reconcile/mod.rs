@@ -1,0 +1,226 @@
+//! One lease's reconcile, in phases. Every change enqueues the affected `(namespace,
+//! leaseName)`; each worker ([`workers`]) reconciles its keys one at a time:
+//!
+//! 1. **gather** ([`gather`]): the lease's candidates, its Lease, the workload that governs
+//!    it, read once from the caches ([`crate::cache`]);
+//! 2. **inputs** ([`gather`], [`view`]): each candidate as heard and with its pod, the Lease
+//!    read against the memory of its holder ([`crate::term`]), the rules;
+//! 3. **decide**: [`arbiter_election::decide::decide`], pure;
+//! 4. **write** ([`write`]): the one action it returns carried out, every Lease write a
+//!    compare-and-swap;
+//! 5. **report** ([`outcome`]): metrics, candidates' conditions, Events
+//!    ([`crate::report`]);
+//! 6. **force out** ([`forced_exit`]): a deposed pod that still runs; and pods labelled for
+//!    injection that run their command unwrapped ([`unwrapped`], which also holds step 3's
+//!    election while any runs);
+//! 7. **requeue** ([`outcome::requeue`]): when to look at the lease again.
+//!
+//! A single-active workload's lease adds four hooks ([`workload`]); a Lease arbiter did not
+//! make is read and adopted ([`adopt`]); candidates that stopped renewing are deleted
+//! ([`expire`]).
+
+mod adopt;
+mod expire;
+mod forced_exit;
+mod gather;
+mod outcome;
+mod sighting;
+mod unwrapped;
+mod view;
+mod workers;
+mod workload;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::report::Recorder;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{Client, ResourceExt};
+
+use self::gather::{Gathered, Pass};
+use self::outcome::requeue;
+use self::sighting::Sighting;
+pub use self::workers::run;
+use crate::Settings;
+use crate::cache::written::{LeaseVersion, Written};
+use crate::cache::{Caches, pod_facts};
+use crate::force::targets::Deposer;
+use crate::key::LeaseKey;
+use crate::metrics::Metrics;
+use crate::metrics::lease_timers::Timers;
+use crate::term::ledger::TermLedger;
+use arbiter_api::LeaseCandidate;
+use arbiter_election::decide::{self, Decision};
+
+/// When a lease whose report (a candidate's status, the pending forced exits) could not be
+/// written is looked at again.
+pub(crate) const RETRY_FAILED_WRITE: Duration = Duration::from_secs(2);
+
+/// What a reconcile left to do.
+pub(crate) struct Reconciled {
+    /// When to look at the lease again.
+    pub after: Option<Duration>,
+    /// Whether the lease's election is under way ([`Queue::electing`]).
+    pub electing: bool,
+}
+
+impl Reconciled {
+    pub(crate) fn after(after: Option<Duration>) -> Reconciled {
+        Reconciled {
+            after,
+            electing: false,
+        }
+    }
+}
+
+/// What one reconcile needs, and what the worker remembers between reconciles.
+pub(crate) struct Worker {
+    pub(crate) client: Client,
+    pub(crate) caches: Caches,
+    pub(crate) recorder: Recorder,
+    pub(crate) settings: Settings,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Per lease: the record last seen, when this process first saw it, and its holder.
+    pub(crate) seen: HashMap<LeaseKey, Sighting>,
+    pub(crate) terms: TermLedger,
+    pub(crate) deposer: Deposer,
+    pub(crate) timers: HashMap<LeaseKey, Timers>,
+    /// Single-active pods whose unreadable version was reported.
+    pub(crate) reported: HashSet<(String, String)>,
+    /// Candidates' statuses this worker wrote that its cache may not show yet.
+    pub(crate) statuses: Written<Vec<Condition>>,
+    /// Leases this worker wrote that its cache may not show yet (the next write's base).
+    pub(crate) leases: Written<LeaseVersion, LeaseKey>,
+    /// Leases candidates name that exist without arbiter's label ([`crate::reconcile::adopt`]): read on
+    /// each reconcile (the Lease watch sees only labelled ones).
+    pub(crate) foreign: HashSet<LeaseKey>,
+    /// Unwrapped pods this worker evicted (or tried to) lately, by uid ([`unwrapped`]).
+    pub(crate) evicted_unwrapped: HashMap<String, std::time::Instant>,
+    /// Per lease, the unwrapped pods seen (uid → name, and since when they are gone without
+    /// proof that they stopped), until they are proven stopped ([`unwrapped`]).
+    pub(crate) unwrapped_seen:
+        HashMap<LeaseKey, HashMap<String, (String, Option<std::time::Instant>)>>,
+}
+
+impl Worker {
+    pub(crate) fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
+        pod_facts::pod_of(candidate, &self.caches)
+    }
+
+    /// Whether `candidate`'s pod, as the caches stand now, can still take a term: running (and,
+    /// for a single-active workload's pod, ready), or no pod at all.
+    fn still_electable(&self, candidate: &LeaseCandidate) -> bool {
+        match pod_facts::state(candidate, &self.caches) {
+            decide::PodState::NoPod => true,
+            decide::PodState::Running if crate::workloads::sync::managed(candidate) => self
+                .pod_of(candidate)
+                .is_some_and(|p| crate::workloads::pod_ready(&p)),
+            decide::PodState::Running => true,
+            _ => false,
+        }
+    }
+
+    /// One pass over `key`'s lease, in phases: gather what the caches hold of it, build the
+    /// election's inputs, decide (pure), confirm the elected candidate's pod still runs, write
+    /// (a single-active holder pod hands over through the operator), report, force out what
+    /// was deposed, and say when to look again.
+    async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Reconciled> {
+        let pass = match self.gather(key).await? {
+            Gathered::Pass(pass) => pass,
+            Gathered::Done(done) => return Ok(done),
+        };
+        let inputs = self.inputs(&pass);
+        let mut decision = decide::decide(
+            &inputs.candidates,
+            inputs.lease.as_ref(),
+            inputs.previous.as_ref(),
+            jiff::Timestamp::now(),
+            &inputs.rules,
+        );
+        let unwrapped = self.unwrapped(key);
+        Self::hold_for_unwrapped(&mut decision, &unwrapped);
+        tracing::debug!(lease = %key, action = ?decision.action, standings = ?decision.standings, "decided");
+        if let Some(again) = self.confirm(&pass, &decision) {
+            return Ok(again);
+        }
+        // The namespace stopped matching during the pass (`--namespace-selector`): no Lease
+        // write (a handover's release included).
+        if self.caches.arbitrated.covers(&key.namespace) != Some(true) {
+            return Ok(Reconciled::after(None));
+        }
+        if let Some(done) = self.hand_over_for_pod(&pass, &inputs, &decision).await? {
+            return Ok(done);
+        }
+        let written = self.write(&pass, &inputs, &decision).await?;
+        let reported = self
+            .report_pass(&pass, &inputs, &decision, written.as_ref())
+            .await;
+        // A labelling or renewal that failed fails the reconcile (retried), after the forced
+        // exits below: a pod the write deposed is forced out even while labels cannot be written.
+        let labelled = self
+            .keep_roles(
+                &pass,
+                &inputs,
+                &decision,
+                written.as_ref(),
+                reported.holder.as_deref(),
+                reported.term,
+            )
+            .await;
+        if written.is_some()
+            && let Some(old) = pass.lease.as_deref()
+        {
+            self.report_abandoned_handover(key, old, &decision.action, &pass.candidates)
+                .await;
+        }
+        let policy = pass.policy(self.settings.on_depose);
+        let forced = self
+            .force_out(key, &pass.candidates, pass.plan.as_ref(), policy)
+            .await;
+        let unwrapped = self
+            .evict_unwrapped(key, &unwrapped, &decision, inputs.lease.as_ref())
+            .await;
+        labelled?;
+        Ok(requeue(
+            &pass,
+            &inputs,
+            &decision,
+            written.is_some(),
+            &[forced, reported.retry, unwrapped],
+        ))
+    }
+
+    /// The decision read the pods at several moments (the workload's pods, each candidate's
+    /// pod, the stopped pods): a new holder whose pod stopped meanwhile is not given a term it
+    /// cannot take (its pod, gone, would then prove nothing, and the term would run its full
+    /// duration); the lease is decided again on the caches as they stand now.
+    fn confirm(&self, pass: &Pass, decision: &Decision) -> Option<Reconciled> {
+        let holder = decision.action.elects()?;
+        let c = pass.candidates.iter().find(|c| c.name_any() == holder)?;
+        if self.still_electable(c) {
+            return None;
+        }
+        tracing::debug!(lease = %pass.key, %holder, "the elected candidate's pod stopped while deciding; deciding again");
+        Some(Reconciled {
+            after: Some(Duration::ZERO),
+            electing: true,
+        })
+    }
+}
+
+/// The lease duration a candidate's agent says it writes (zero if it does not say; at most
+/// what a Lease's `leaseDurationSeconds` can hold, as the agent's flag allows: a longer claim
+/// is counted as that, so that no deadline computed from it overflows).
+pub(crate) fn declared_duration(candidate: Option<&Arc<LeaseCandidate>>) -> Duration {
+    candidate
+        .and_then(|c| c.annotations().get(arbiter_api::LEASE_DURATION_ANNOTATION))
+        .and_then(|d| d.parse::<u64>().ok())
+        .map(|d| Duration::from_secs(d.min(i32::MAX as u64)))
+        .unwrap_or_default()
+}
