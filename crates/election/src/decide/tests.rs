@@ -6,6 +6,7 @@ use jiff::{SignedDuration, Timestamp};
 use proptest::prelude::*;
 
 use super::*;
+use crate::Version;
 
 const OEV: &str = OLDEST_EMULATION_VERSION;
 
