@@ -50,6 +50,9 @@ impl Model for System {
             Property::<Self>::always("started together", |_, s: &State| s.gathered()),
             // A forced exit hits only the pod that held the deposed term.
             Property::<Self>::always("forced exits", |_, s: &State| !s.wrong_eviction),
+            // No term goes to a candidate written by hand with a renewTime ahead and no
+            // process behind it: nothing it wrote counts as a renewal seen now.
+            Property::<Self>::always("unheard", |_, s: &State| !s.unheard_elected),
             // Sanity: the model reaches a CMD running, and a term after a first one.
             Property::<Self>::sometimes("a CMD runs", |_, s: &State| {
                 s.cands.iter().any(|c| c.cmd.is_some())
@@ -208,13 +211,14 @@ fn system((candidates, replicas, max_time, faults): Bound, mutation: Option<Muta
 }
 
 /// The promises checked (always), and what the model must reach (sometimes) to prove anything.
-const PROMISES: [&str; 6] = [
+const PROMISES: [&str; 7] = [
     "exclusion",
     "fencing",
     "liveness",
     "version order",
     "started together",
     "forced exits",
+    "unheard",
 ];
 const SANITY: [&str; 6] = [
     "a CMD runs",

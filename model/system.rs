@@ -14,20 +14,35 @@ use std::time::{Duration, Instant};
 
 use arbiter::election::decide::{self, Action, Candidate, PodState, Rules};
 use arbiter::election::heard::{Heard, Version};
+use arbiter::election::proof::stop_proof;
 use arbiter::election::strategy::OLDEST_EMULATION_VERSION;
 use arbiter::election::terms::{Block, next_term};
+use arbiter::election::timings::kill_grace_fits;
 use jiff::Timestamp;
 
 /// The timings, in ticks (seconds), scaled down from the defaults (15 s / 10 s / 2 s / 3 s)
-/// with their relations kept: renew deadline + kill grace < lease duration.
+/// with their relations kept: renew deadline + kill grace < lease duration. The kill grace is
+/// the longest whole number of seconds the agent's own check allows ([`kill_grace`]): 1 s.
 pub const LEASE: u8 = 4;
 pub const RENEW_DEADLINE: u8 = 2;
-pub const KILL_GRACE: u8 = 1;
 pub const ACK_WINDOW: u8 = 2;
 /// The settle (`--settle`, at most the ack window): a registration is delivered at the end of
 /// its second, so candidates that register in the same second or the next are counted before
 /// a first election, and before a live holder is asked to hand over.
 pub const SETTLE: u8 = 2;
+/// The longest kill grace, in whole seconds up to the lease, that the agent's check of its
+/// timings ([`arbiter::election::timings::kill_grace_fits`]) allows with [`LEASE`] and
+/// [`RENEW_DEADLINE`]: a looser check gives the model a longer grace.
+pub fn kill_grace() -> u8 {
+    static GRACE: OnceLock<u8> = OnceLock::new();
+    *GRACE.get_or_init(|| {
+        (0..=LEASE)
+            .filter(|k| kill_grace_fits(secs(LEASE), secs(RENEW_DEADLINE), secs(*k)))
+            .max()
+            .expect("the renew deadline leaves room in the lease")
+    })
+}
+
 /// How many terms a mark write reserves (the operator's is 16).
 pub const BLOCK: i32 = 2;
 /// The operator's own HA lease, scaled the same way (15 s / 10 s, renewed every 2 s): a
@@ -413,6 +428,9 @@ pub struct State {
     pub wrong_eviction: bool,
     /// Sticky: a pod was forced out (the model reaches that).
     pub evicted: bool,
+    /// Sticky: a term went to a candidate written by hand with a `renewTime` ahead and no
+    /// process behind it ([`Step::Ghost`]), whom the arbiter cannot have heard from.
+    pub unheard_elected: bool,
     /// When the last thing happened that the election must react to: a fault, a recovery, a
     /// registration.
     pub calm_since: u8,
@@ -456,6 +474,7 @@ impl State {
             && self.in_order()
             && (!gather || self.gathered())
             && !self.wrong_eviction
+            && !self.unheard_elected
     }
 
     /// Started together: with no fault, the first term goes to a candidate that none of those
@@ -570,7 +589,7 @@ impl System {
     fn kill_grace(&self) -> u8 {
         match self.mutation {
             Some(Mutation::LongKillGrace) => LEASE,
-            _ => KILL_GRACE,
+            _ => kill_grace(),
         }
     }
 
@@ -622,6 +641,7 @@ impl System {
             refused: false,
             max_term: 0,
             wrong_eviction: false,
+            unheard_elected: false,
             evicted: false,
             calm_since: 0,
             assigned_at: 0,
@@ -1136,9 +1156,9 @@ impl System {
             }
             // Not the holder it remembers: the record's pod, if the term was taken there.
             _ => {
-                let pod = l.holder_pod.map(|(p, _)| p);
-                let taken_elsewhere = l.incarnation.is_some() && l.taken_in != pod;
-                !taken_elsewhere && op.stopped(h, pod)
+                let recorded = l.holder_pod.map(|(p, _)| p);
+                let taken = l.incarnation.map(|_| l.taken_in);
+                op.stopped(h, stop_proof(recorded, taken, true))
             }
         }
     }
@@ -1160,15 +1180,13 @@ impl System {
         })
     }
 
-    /// The pod whose stop ends the remembered term (`Term::stop_proof`): the recorded one, if
-    /// the term was taken in it; while no take was seen, only against a Lease that names the
-    /// holder (`with_lease`). Any recorded pod under [`Mutation::TakeInAnyPod`].
+    /// The pod whose stop ends the remembered term: the production rule
+    /// ([`arbiter::election::proof::stop_proof`]), or any recorded pod under
+    /// [`Mutation::TakeInAnyPod`] and [`Mutation::PodStopWhoeverTook`].
     fn stop_proof(&self, held: &Held, with_lease: bool) -> Option<u8> {
-        let pod = held.pod?;
-        match (self.mutation, held.taker) {
-            (Some(Mutation::TakeInAnyPod | Mutation::PodStopWhoeverTook), _) => Some(pod),
-            (_, Some(taker)) => (taker == pod).then_some(pod),
-            (_, None) => with_lease.then_some(pod),
+        match self.mutation {
+            Some(Mutation::TakeInAnyPod | Mutation::PodStopWhoeverTook) => held.pod,
+            _ => stop_proof(held.pod, held.taker.map(Some), with_lease),
         }
     }
 
@@ -1262,6 +1280,13 @@ impl System {
         }
         n.max_term = n.max_term.max(term);
         n.assigned_at = n.t;
+        // A `renewTime` ahead of every process's clock: only a hand edit writes one.
+        if n.cand_objs[holder as usize]
+            .as_ref()
+            .is_some_and(|o| o.renew > n.t)
+        {
+            n.unheard_elected = true;
+        }
         n.first_holder.get_or_insert(holder);
         n.lease_rv += 1;
         n.lease = Some(LeaseObj {

@@ -33,12 +33,11 @@ use std::time::Duration;
 
 use crate::api::OLDEST_EMULATION_VERSION;
 use crate::candidate::{Candidate, EndReason, State, Timings};
+use arbiter_election::timings::kill_grace_fits;
 use child::Workload;
 use tokio_util::sync::CancellationToken;
 
-/// The least time between the guard's SIGKILL deadline and the lease's expiry: room for the
-/// guard to wake, the kill to land, and the two monotonic clocks to differ a little.
-pub const MIN_MARGIN: Duration = Duration::from_millis(500);
+pub use arbiter_election::timings::MIN_MARGIN;
 
 const NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
@@ -109,7 +108,7 @@ pub struct Settings {
 
 impl Settings {
     fn check(&self) -> anyhow::Result<()> {
-        if self.renew_deadline + self.kill_grace + MIN_MARGIN > self.lease_duration {
+        if !kill_grace_fits(self.lease_duration, self.renew_deadline, self.kill_grace) {
             crate::usage!(
                 "--renew-deadline ({:?}) + --kill-grace ({:?}) must be less than --lease-duration ({:?}), by at least {MIN_MARGIN:?}: otherwise CMD could still run when the lease is given to someone else",
                 self.renew_deadline,

@@ -15,12 +15,16 @@
 //!   same candidates always elect the same holder.
 //! - [`terms`]: the next term above a mark and a Lease, and the blocks of terms a mark write
 //!   reserves.
+//! - [`proof`]: which pod's confirmed stop proves a term over.
+//! - [`timings`]: the renew deadline and kill grace a lease duration leaves room for.
 
 pub mod decide;
 pub mod heard;
 pub mod oldest_emulation;
+pub mod proof;
 pub mod strategy;
 pub mod terms;
+pub mod timings;
 mod version;
 
 pub use version::{Version, VersionError};

@@ -168,6 +168,15 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The timings of the operator's own HA lease.
+    fn ha_timings(&self) -> ha::Timings {
+        ha::Timings {
+            lease_duration: self.ha_lease_duration,
+            renew_deadline: self.ha_renew_deadline,
+            retry_period: self.ha_retry_period,
+        }
+    }
+
     pub fn reporter(&self) -> Reporter {
         Reporter {
             controller: "arbiter".into(),
@@ -251,68 +260,17 @@ impl Settings {
 pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
     settings.validate()?;
     let (client, ha_client, gate) = connect(&settings).await?;
-    let namespace = settings
-        .namespace
-        .clone()
-        .unwrap_or_else(|| client.default_namespace().to_string());
-    let identity = format!(
-        "{}-{:08x}",
-        settings
-            .identity
-            .clone()
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| "arbiter".into()),
-        arbiter_candidate::random_id() as u32
-    );
-    settings.identity = Some(identity.clone());
-    if settings.install_crds {
-        arbiter_api::apply_crds(ha_client.clone(), Duration::from_secs(60)).await?;
-    }
-    let watched: Vec<String> = settings.scopes().into_iter().flatten().collect();
-    check_crd(&client, watched.first().map(String::as_str)).await?;
-    if let Some(selector) = &settings.namespace_selector {
-        cache::namespaces::check(&client, selector).await?;
-    }
-
+    let (namespace, identity, watched) = prepare(&mut settings, &client, &ha_client).await?;
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.progress.set_stall_after(settings.reconcile_stall);
-    let webhook = webhook::start(
-        &settings.webhook,
-        &client,
-        &namespace,
-        watched.clone(),
-        settings.instance.clone(),
-        &metrics,
-    )
-    .await?;
-    let server = tokio::spawn({
-        let metrics = metrics.clone();
-        let address = settings.metrics_address;
-        async move {
-            let webhook = async {
-                match webhook {
-                    Some(w) => w.await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                r = metrics::serve(address, metrics) => r.map_err(|e| e.context("metrics server")),
-                r = webhook => r,
-            }
-        }
-    });
+    let server = serve(&settings, &client, &namespace, watched, &metrics).await?;
     let (caches, queues, sync, watches) = start_caches(&client, &settings, &metrics);
 
-    let timings = ha::Timings {
-        lease_duration: settings.ha_lease_duration,
-        renew_deadline: settings.ha_renew_deadline,
-        retry_period: settings.ha_retry_period,
-    };
     let elector = ha::Elector::new(
         LeaseStore::new(ha_client, &namespace),
         &settings.leader_election_lease,
         &identity,
-        timings,
+        settings.ha_timings(),
         gate,
     );
     let shutdown = shutdown_signal();
@@ -368,6 +326,75 @@ pub async fn run(mut settings: Settings) -> anyhow::Result<()> {
         }
     }
     result
+}
+
+/// The operator's namespace and identity (its host name and a random suffix, set in
+/// `settings`), and the namespaces it watches; the CRDs installed (`--install-crds`) and
+/// checked, and the namespace selector checked, before anything starts.
+async fn prepare(
+    settings: &mut Settings,
+    client: &Client,
+    ha_client: &Client,
+) -> anyhow::Result<(String, String, Vec<String>)> {
+    let namespace = settings
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = format!(
+        "{}-{:08x}",
+        settings
+            .identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "arbiter".into()),
+        arbiter_candidate::random_id() as u32
+    );
+    settings.identity = Some(identity.clone());
+    if settings.install_crds {
+        arbiter_api::apply_crds(ha_client.clone(), Duration::from_secs(60)).await?;
+    }
+    let watched: Vec<String> = settings.scopes().into_iter().flatten().collect();
+    check_crd(client, watched.first().map(String::as_str)).await?;
+    if let Some(selector) = &settings.namespace_selector {
+        cache::namespaces::check(client, selector).await?;
+    }
+    Ok((namespace, identity, watched))
+}
+
+/// Starts the webhook (when configured) and the metrics server; the task ends only if one of
+/// them stopped.
+async fn serve(
+    settings: &Settings,
+    client: &Client,
+    namespace: &str,
+    watched: Vec<String>,
+    metrics: &Arc<metrics::Metrics>,
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>> {
+    let webhook = webhook::start(
+        &settings.webhook,
+        client,
+        namespace,
+        watched,
+        settings.instance.clone(),
+        metrics,
+    )
+    .await?;
+    Ok(tokio::spawn({
+        let metrics = metrics.clone();
+        let address = settings.metrics_address;
+        async move {
+            let webhook = async {
+                match webhook {
+                    Some(w) => w.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = metrics::serve(address, metrics) => r.map_err(|e| e.context("metrics server")),
+                r = webhook => r,
+            }
+        }
+    }))
 }
 
 /// The operator's clients: one whose writes go out only while this replica certainly holds

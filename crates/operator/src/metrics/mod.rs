@@ -188,7 +188,16 @@ impl Progress {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("arbiter");
-        let m = Metrics {
+        let m = Metrics::unregistered();
+        m.register_counters(&mut registry);
+        m.register_events(&mut registry);
+        m.register_lease_series(&mut registry);
+        Metrics { registry, ..m }
+    }
+
+    /// Every series at zero, registered nowhere.
+    fn unregistered() -> Metrics {
+        Metrics {
             leader_changes: Family::default(),
             handovers: Counter::default(),
             handovers_abandoned: Counter::default(),
@@ -222,148 +231,160 @@ impl Metrics {
             progress: Progress::new(),
             last_scrape: AtomicU64::new(0),
             registry: Registry::default(),
-        };
+        }
+    }
+
+    /// The plain counters.
+    fn register_counters(&self, registry: &mut Registry) {
         let counters: [(&str, &str, &Counter); 8] = [
             (
                 "double_holders",
                 "Double holders seen: more than one pod of a lease labelled active, or an agent's workload that outlived its term because the whole candidate was paused (must stay 0)",
-                &m.double_holders,
+                &self.double_holders,
             ),
             (
                 "handovers_requested",
                 "Handovers requested from a live holder",
-                &m.handovers,
+                &self.handovers,
             ),
             (
                 "handovers_abandoned",
                 "Handovers requested whose target did not take the lease (the arbiter fell back to the best live candidate)",
-                &m.handovers_abandoned,
+                &self.handovers_abandoned,
             ),
             (
                 "strategy_conflicts",
                 "Candidates that entered a strategy conflict",
-                &m.strategy_conflicts,
+                &self.strategy_conflicts,
             ),
             (
                 "skew_violations",
                 "Candidates that entered a skew violation",
-                &m.skew_violations,
+                &self.skew_violations,
             ),
             (
                 "reconcile_errors",
                 "Reconciles that failed and were retried",
-                &m.reconcile_errors,
+                &self.reconcile_errors,
             ),
             (
                 "candidates_expired",
                 "Candidates deleted because they stopped renewing",
-                &m.candidates_expired,
+                &self.candidates_expired,
             ),
             (
                 "elections_failed",
                 "Election attempts that found no eligible candidate (retried every 5 s)",
-                &m.elections_failed,
+                &self.elections_failed,
             ),
         ];
         for (name, help, counter) in counters {
             registry.register(name, help, counter.clone());
         }
+    }
+
+    /// What happened: elections, forced exits, the webhook's answers, reconciles and queues.
+    fn register_events(&self, registry: &mut Registry) {
         registry.register(
             "leader_changes",
             "Holders assigned (elections), by why the previous term ended: new, released, pod_stopped, container_restarted, expired",
-            m.leader_changes.clone(),
+            self.leader_changes.clone(),
         );
         registry.register(
             "forced_depositions",
             "Deposed holders' pods forced out, by method",
-            m.forced_depositions.clone(),
+            self.forced_depositions.clone(),
         );
         registry.register(
             "unwrapped_evictions",
             "Pods labelled for injection that ran their command without the agent, evicted (or refused, e.g. by a PDB)",
-            m.unwrapped_evictions.clone(),
+            self.unwrapped_evictions.clone(),
         );
         registry.register(
             "webhook_admissions",
             "Pods the injection webhook answered for, by result: injected, unchanged, refused",
-            m.webhook_admissions.clone(),
+            self.webhook_admissions.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",
             "Time per reconcile",
-            m.reconcile_duration.clone(),
+            self.reconcile_duration.clone(),
         );
         registry.register(
             "queue_wait_seconds",
             "Time a lease waited in its worker's queue, from due to picked up (high: raise --concurrency, unless the API server is the bottleneck)",
-            m.queue_wait.clone(),
+            self.queue_wait.clone(),
         );
         registry.register(
             "queue_depth",
             "Leases due for a reconcile in the workers' queues (deduplicated), not yet picked up",
-            m.queue_depth.clone(),
+            self.queue_depth.clone(),
         );
+    }
+
+    /// Each lease's series (handovers, leaderless time, duration, term, holder) and the
+    /// operator's own.
+    fn register_lease_series(&self, registry: &mut Registry) {
         registry.register(
             "handover_seconds",
             "From a handover request to the new holder's assignment",
-            m.handover_seconds.clone(),
+            self.handover_seconds.clone(),
         );
         registry.register(
             "leaderless_seconds",
             "Time a lease spent without a live holder",
-            m.leaderless_seconds.clone(),
+            self.leaderless_seconds.clone(),
         );
         registry.register(
             "lease_leaderless_since_timestamp_seconds",
             "When the lease became leaderless (Unix seconds); 0 while it has a live holder",
-            m.leaderless_since.clone(),
+            self.leaderless_since.clone(),
         );
         registry.register(
             "lease_duration_seconds",
             "The lease's duration as the arbiter counts it",
-            m.lease_duration.clone(),
+            self.lease_duration.clone(),
         );
         registry.register(
             "lease_term",
             "The lease's term (leaseTransitions, the fencing token)",
-            m.lease_term.clone(),
+            self.lease_term.clone(),
         );
         registry.register(
             "lease_holder",
             "1 for the lease's current holder",
-            m.lease_holder.clone(),
+            self.lease_holder.clone(),
         );
         registry.register(
             "forced_exits_pending",
             "Deposed holders' pods still to be forced out (an eviction refused, e.g. by a PDB)",
-            m.forced_exits_pending.clone(),
+            self.forced_exits_pending.clone(),
         );
         registry.register(
             "candidates",
             "Candidates per lease",
-            m.candidates_per_lease.clone(),
+            self.candidates_per_lease.clone(),
         );
         registry.register(
             "active_pods",
             "Pods labelled arbiter.dev/role=active per single-active lease",
-            m.active_pods.clone(),
+            self.active_pods.clone(),
         );
         registry.register(
             "operator_active",
             "1 on the operator replica that acts",
-            m.active.clone(),
+            self.active.clone(),
         );
         registry.register(
             "pods_followed",
             "Pods the operator keeps in its cache (candidates' pods and single-active workloads' pods; other pods are not kept)",
-            m.pods_followed.clone(),
+            self.pods_followed.clone(),
         );
         registry.register(
             "candidates_refused",
             "Candidates refused by the namespaces' limits (--max-candidates-per-namespace, --max-leases-per-namespace): not elected until there is room (acting replica only)",
-            m.candidates_refused.clone(),
+            self.candidates_refused.clone(),
         );
-        Metrics { registry, ..m }
     }
 
     /// The labels of `key`'s series, shared by all of them.

@@ -47,16 +47,15 @@ impl Worker {
     /// written by hand proves nothing) is confirmed stopped, and the term, if an agent took it,
     /// was taken in that pod.
     fn holder_pod_stopped(&self, l: &Lease) -> bool {
-        let Some(uid) = l
+        let recorded = l
             .annotations()
             .get(HOLDER_POD_ANNOTATION)
             .filter(|_| arbiter_api::written_by_arbiter(&l.metadata, HOLDER_POD_ANNOTATION))
-        else {
+            .map(String::as_str);
+        let taken = lease::agent_incarnation(l).map(|_| lease::taken_in_pod(l));
+        let Some(uid) = arbiter_election::proof::stop_proof(recorded, taken, true) else {
             return false;
         };
-        if lease::agent_incarnation(l).is_some() && lease::taken_in_pod(l) != Some(uid.as_str()) {
-            return false;
-        }
         let ns = l.namespace().unwrap_or_default();
         self.caches.stopped_pods.contains(&ns, uid)
     }

@@ -75,20 +75,55 @@ pub async fn report_refusals(
     recorder: Recorder,
     refused_gauge: prometheus_client::metrics::gauge::Gauge,
 ) {
-    // What this replica reported: refusals already on the server are not written again.
-    let mut reported: HashMap<String, Exceeded> = HashMap::new();
+    let mut refusals = Refusals {
+        client,
+        cache,
+        arbitrated,
+        recorder,
+        reported: HashMap::new(),
+    };
     loop {
-        let (mut failed, mut not_cached) = (false, false);
         let refused = tally.refused();
         refused_gauge.set(refused.len() as i64);
+        let (failed, not_cached) = refusals.report(refused).await;
+        refusals.reported.retain(|uid, _| tally.is_refused(uid));
+        let failed = refusals.admit(tally.promoted()).await || failed;
+        if failed {
+            tokio::time::sleep(RETRY).await;
+        } else if not_cached {
+            tokio::select! {
+                () = tokio::time::sleep(NOT_CACHED_YET) => {}
+                () = tally.changed() => {}
+            }
+        } else {
+            tally.changed().await;
+        }
+    }
+}
+
+/// What the reporter writes with, and what it reported: refusals already on the server are
+/// not written again.
+struct Refusals {
+    client: Client,
+    cache: Cached<LeaseCandidate>,
+    arbitrated: Arbitrated,
+    recorder: Recorder,
+    reported: HashMap<String, Exceeded>,
+}
+
+impl Refusals {
+    /// Writes each refusal not reported yet on its candidate, with an Event. Returns whether a
+    /// write failed, and whether a refused candidate was not cached yet.
+    async fn report(&mut self, refused: Vec<Refused>) -> (bool, bool) {
+        let (mut failed, mut not_cached) = (false, false);
         for r in refused {
             // Not this install's namespace (`--namespace-selector`), or already reported.
-            if reported.get(&r.uid) == Some(&r.exceeded)
-                || arbitrated.covers(&r.namespace) != Some(true)
+            if self.reported.get(&r.uid) == Some(&r.exceeded)
+                || self.arbitrated.covers(&r.namespace) != Some(true)
             {
                 continue;
             }
-            let cached = cache.get(&r.namespace, &r.name);
+            let cached = self.cache.get(&r.namespace, &r.name);
             let Some(cached) = cached.filter(|c| c.metadata.uid.as_deref() == Some(&r.uid)) else {
                 // Judged, not stored yet (or replaced under its name, and judged again soon).
                 not_cached = true;
@@ -101,49 +136,65 @@ pub async fn report_refusals(
                 .unwrap_or_default();
             match refused_conditions(&current, &r) {
                 None => {
-                    reported.insert(r.uid.clone(), r.exceeded);
+                    self.reported.insert(r.uid.clone(), r.exceeded);
                 }
-                Some(conditions) => {
-                    let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &r.namespace);
-                    // Only the candidate judged (its uid: not one made again under its name).
-                    let patch = json!({
-                        "metadata": { "uid": r.uid },
-                        "status": { "conditions": conditions },
-                    });
-                    match api
-                        .patch_status(&r.name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                    {
-                        Ok(_) => {
-                            tracing::warn!(namespace = %r.namespace, candidate = %r.name, "{}", r.exceeded.message(&r.namespace));
-                            publish(
-                                &recorder,
-                                &cached.object_ref(&()),
-                                EventType::Warning,
-                                LIMIT_EXCEEDED,
-                                r.exceeded.message(&r.namespace),
-                            );
-                            reported.insert(r.uid.clone(), r.exceeded);
-                        }
-                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                        Err(e) => {
-                            tracing::warn!(namespace = %r.namespace, candidate = %r.name, error = %e, "reporting a refused candidate failed; retrying");
-                            failed = true;
-                        }
-                    }
-                }
+                Some(conditions) => failed |= !self.write(&r, &cached, conditions).await,
             }
         }
-        reported.retain(|uid, _| tally.is_refused(uid));
-        // Admitted after all (room was made), but cached only as a stub: a status write makes
-        // the watch deliver them whole, and the next reconcile of their lease reports them.
-        for (namespace, name, uid) in tally.promoted() {
-            if arbitrated.covers(&namespace) != Some(true) {
+        (failed, not_cached)
+    }
+
+    /// Writes one refusal's conditions on its candidate (only the candidate judged: its uid,
+    /// not one made again under its name), with a Warning Event. False when it should be
+    /// retried.
+    async fn write(
+        &mut self,
+        r: &Refused,
+        cached: &LeaseCandidate,
+        conditions: Vec<Condition>,
+    ) -> bool {
+        let api: Api<LeaseCandidate> = Api::namespaced(self.client.clone(), &r.namespace);
+        let patch = json!({
+            "metadata": { "uid": r.uid },
+            "status": { "conditions": conditions },
+        });
+        match api
+            .patch_status(&r.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(namespace = %r.namespace, candidate = %r.name, "{}", r.exceeded.message(&r.namespace));
+                publish(
+                    &self.recorder,
+                    &cached.object_ref(&()),
+                    EventType::Warning,
+                    LIMIT_EXCEEDED,
+                    r.exceeded.message(&r.namespace),
+                );
+                self.reported.insert(r.uid.clone(), r.exceeded);
+                true
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => true,
+            Err(e) => {
+                tracing::warn!(namespace = %r.namespace, candidate = %r.name, error = %e, "reporting a refused candidate failed; retrying");
+                false
+            }
+        }
+    }
+
+    /// Admitted after all (room was made), but cached only as a stub: a status write makes the
+    /// watch deliver them whole, and the next reconcile of their lease reports them. Returns
+    /// whether a write failed.
+    async fn admit(&self, promoted: Vec<(String, String, String)>) -> bool {
+        let mut failed = false;
+        for (namespace, name, uid) in promoted {
+            if self.arbitrated.covers(&namespace) != Some(true) {
                 continue;
             }
-            let api: Api<LeaseCandidate> = Api::namespaced(client.clone(), &namespace);
+            let api: Api<LeaseCandidate> = Api::namespaced(self.client.clone(), &namespace);
             // Its other conditions stay.
-            let current = cache
+            let current = self
+                .cache
                 .get(&namespace, &name)
                 .and_then(|c| c.status.clone())
                 .map(|s| s.conditions)
@@ -170,16 +221,7 @@ pub async fn report_refusals(
                 }
             }
         }
-        if failed {
-            tokio::time::sleep(RETRY).await;
-        } else if not_cached {
-            tokio::select! {
-                () = tokio::time::sleep(NOT_CACHED_YET) => {}
-                () = tally.changed() => {}
-            }
-        } else {
-            tally.changed().await;
-        }
+        failed
     }
 }
 

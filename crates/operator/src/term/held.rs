@@ -289,18 +289,13 @@ impl Term {
         }
     }
 
-    /// The pod whose confirmed stop ends this term: the pod recorded at assignment, if the term
-    /// was taken in it. A term taken elsewhere (a new pod of the same name took an assignment
-    /// made while the old one ran) does not end with the recorded pod. While no take was seen,
-    /// the recorded pod counts only against a Lease that names the holder (`with_lease`): a
-    /// take the arbiter has not seen yet makes the compare-and-swap that deposes the holder
-    /// fail; with the Lease gone or renamed nothing would stop that write.
+    /// The pod whose confirmed stop ends this term ([`arbiter_election::proof::stop_proof`]).
     fn stop_proof(&self, with_lease: bool) -> Option<&str> {
-        let pod = self.pod_uid.as_deref()?;
-        match &self.taken_in {
-            Some(taken_in) => (taken_in.as_deref() == Some(pod)).then_some(pod),
-            None => with_lease.then_some(pod),
-        }
+        arbiter_election::proof::stop_proof(
+            self.pod_uid.as_deref(),
+            self.taken_in.as_ref().map(Option::as_deref),
+            with_lease,
+        )
     }
 }
 

@@ -207,122 +207,197 @@ pub(crate) async fn keep(
     arbitrated: Arbitrated,
     reporter: kube::runtime::events::Reporter,
 ) {
-    let recorder = crate::report::Recorder::new(client.clone(), reporter);
     let pods: Api<Pod> = match &namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     // Every labelled pod: this install's need rights, and any that runs unwrapped is reported
     // (also one labelled for an instance that no install serves).
-    let instance = instance.as_deref();
-    let needs = |pod: &Pod| needs(instance, pod);
-    let covered = |ns: &str| arbitrated.covers(ns) == Some(true);
-    let mut gained = arbitrated.clone();
     let config = watcher::Config::default().labels(&format!("{INJECT_LABEL}=true"));
     let mut events = watcher(pods, config).default_backoff().boxed();
-    // The injected pods by (namespace, name), and the leases each account's Role grants.
-    let mut injected: BTreeMap<(String, String), (Account, String)> = BTreeMap::new();
-    let mut listing: Option<BTreeMap<(String, String), (Account, String)>> = None;
-    let mut granted: BTreeMap<Account, BTreeSet<String>> = BTreeMap::new();
-    let mut unused = BTreeSet::new();
-    // No look until the pods were listed once, nor while they are listed again: an empty or
-    // partial list would count every binding unused.
-    let mut listed = false;
-    let mut unwrapped_seen: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut gained = arbitrated.clone();
+    let mut keeper = Keeper {
+        recorder: crate::report::Recorder::new(client.clone(), reporter),
+        client,
+        namespace,
+        instance,
+        arbitrated,
+        injected: BTreeMap::new(),
+        listing: None,
+        granted: BTreeMap::new(),
+        unused: BTreeSet::new(),
+        unwrapped_seen: BTreeSet::new(),
+        ever_listed: false,
+    };
     let mut looks = tokio::time::interval(SWEEP_EVERY);
     looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     looks.reset();
     loop {
         tokio::select! {
             event = events.next() => {
-                let pod = match event {
-                    Some(Ok(watcher::Event::Init)) => {
-                        listing = Some(BTreeMap::new());
-                        continue;
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        injected = listing.take().unwrap_or_default();
-                        listed = true;
-                        continue;
-                    }
-                    Some(Ok(watcher::Event::InitApply(p))) => {
-                        if let (Some(l), Some(need)) = (listing.as_mut(), needs(&p)) {
-                            l.insert((p.namespace().unwrap_or_default(), p.name_any()), need);
-                        }
-                        p
-                    }
-                    Some(Ok(watcher::Event::Apply(p))) => {
-                        let key = (p.namespace().unwrap_or_default(), p.name_any());
-                        match needs(&p) {
-                            Some(need) => injected.insert(key, need),
-                            None => injected.remove(&key),
-                        };
-                        p
-                    }
-                    Some(Ok(watcher::Event::Delete(p))) => {
-                        injected.remove(&(p.namespace().unwrap_or_default(), p.name_any()));
-                        continue;
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "watching injected pods (retrying)");
-                        continue;
-                    }
-                    None => return tracing::error!("the watch of injected pods ended"),
+                let Some(event) = event else {
+                    return tracing::error!("the watch of injected pods ended");
                 };
-                let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-                // Nothing is written where this install does not arbitrate.
-                if !covered(&key.0) {
-                    continue;
-                }
-                let Some((account, lease)) = needs(&pod) else {
-                    if unwrapped(&pod) && unwrapped_seen.insert(key.clone()) {
-                        tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, outside its namespaces, or labelled for an instance no install serves): replace it to have it wrapped");
-                        crate::report::events::publish(
-                            &recorder,
-                            &pod.object_ref(&()),
-                            kube::runtime::events::EventType::Warning,
-                            "NotInjected",
-                            "labelled arbiter.dev/inject but created without the agent (no webhook configuration then, or its arbiter.dev/instance is served by no install): its command runs beside the lease's; with --inject-evict-unwrapped the acting operator evicts it (if a controller owns it) so that it is created again wrapped, else delete it".into(),
-                        );
-                    }
-                    continue;
-                };
-                let has = granted.entry(account.clone()).or_default();
-                if has.contains(&lease) {
-                    continue;
-                }
-                let mut leases = has.clone();
-                leases.insert(lease);
-                match apply(&client, instance, &account, &leases).await {
-                    Ok(()) => {
-                        granted.insert(account, leases);
-                    }
-                    Err(e) => tracing::warn!(namespace = %account.0, service_account = %account.1, error = %e, "making the injected agent's rights failed (retrying at the next look)"),
+                if let Some(pod) = keeper.follow(event) {
+                    keeper.grant_for(&pod).await;
                 }
             }
-            _ = looks.tick() => {
-                if !listed || listing.is_some() {
-                    continue;
-                }
-                let want = wanted(&injected);
-                let used: BTreeSet<Account> = want.keys().cloned().collect();
-                let scope = Scope { instance, namespace: namespace.as_deref(), arbitrated: &arbitrated };
-                match look(&client, &scope, &used, &unused).await {
-                    Ok((next, present)) => {
-                        unused = next;
-                        // What exists now: rights deleted by hand, or with their namespace,
-                        // are made again for the pods that still need them.
-                        granted = present;
-                        grant(&client, instance, want, &covered, &mut granted).await;
-                    }
-                    Err(e) => tracing::warn!(error = %e, "removing unused agent rights failed (retrying)"),
-                }
-            }
+            _ = looks.tick() => keeper.look().await,
             // A namespace came to match: its pods' rights now, not at the next look.
-            () = gained.gained(), if listed && listing.is_none() => {
-                grant(&client, instance, wanted(&injected), &covered, &mut granted).await;
+            () = gained.gained(), if keeper.listed() => keeper.grant_wanted().await,
+        }
+    }
+}
+
+/// What [`keep`] follows and remembers.
+struct Keeper {
+    client: Client,
+    namespace: Option<String>,
+    instance: Option<String>,
+    arbitrated: Arbitrated,
+    recorder: crate::report::Recorder,
+    /// The injected pods by (namespace, name), with the account and lease each needs.
+    injected: BTreeMap<(String, String), (Account, String)>,
+    /// The pods listed so far while the watch (re)lists them; `None` between lists.
+    listing: Option<BTreeMap<(String, String), (Account, String)>>,
+    /// The leases each account's Role grants.
+    granted: BTreeMap<Account, BTreeSet<String>>,
+    unused: BTreeSet<Seen>,
+    /// Pods reported running unwrapped.
+    unwrapped_seen: BTreeSet<(String, String)>,
+    /// The pods were listed in full at least once.
+    ever_listed: bool,
+}
+
+impl Keeper {
+    /// The pods were listed once, and are not being listed again: before that, an empty or
+    /// partial list would count every binding unused, so no look is made.
+    fn listed(&self) -> bool {
+        self.listing.is_none() && self.ever_listed
+    }
+
+    fn covered(&self, ns: &str) -> bool {
+        self.arbitrated.covers(ns) == Some(true)
+    }
+
+    /// Applies one watch event to the injected pods; returns the pod it delivered, if it is
+    /// one to act on now.
+    fn follow(&mut self, event: Result<watcher::Event<Pod>, watcher::Error>) -> Option<Pod> {
+        let instance = self.instance.as_deref();
+        match event {
+            Ok(watcher::Event::Init) => {
+                self.listing = Some(BTreeMap::new());
+                None
+            }
+            Ok(watcher::Event::InitDone) => {
+                self.injected = self.listing.take().unwrap_or_default();
+                self.ever_listed = true;
+                None
+            }
+            Ok(watcher::Event::InitApply(p)) => {
+                if let (Some(l), Some(need)) = (self.listing.as_mut(), needs(instance, &p)) {
+                    l.insert((p.namespace().unwrap_or_default(), p.name_any()), need);
+                }
+                Some(p)
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                let key = (p.namespace().unwrap_or_default(), p.name_any());
+                match needs(instance, &p) {
+                    Some(need) => self.injected.insert(key, need),
+                    None => self.injected.remove(&key),
+                };
+                Some(p)
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                self.injected
+                    .remove(&(p.namespace().unwrap_or_default(), p.name_any()));
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watching injected pods (retrying)");
+                None
             }
         }
+    }
+
+    /// Gives `pod`'s account the rights to its lease, or reports it running unwrapped.
+    /// Nothing is written where this install does not arbitrate.
+    async fn grant_for(&mut self, pod: &Pod) {
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        if !self.covered(&key.0) {
+            return;
+        }
+        let instance = self.instance.as_deref();
+        let Some((account, lease)) = needs(instance, pod) else {
+            if unwrapped(pod) && self.unwrapped_seen.insert(key.clone()) {
+                tracing::warn!(namespace = %key.0, pod = %key.1, "a pod labelled arbiter.dev/inject runs without the agent (created while the webhook was not installed, outside its namespaces, or labelled for an instance no install serves): replace it to have it wrapped");
+                crate::report::events::publish(
+                    &self.recorder,
+                    &pod.object_ref(&()),
+                    kube::runtime::events::EventType::Warning,
+                    "NotInjected",
+                    "labelled arbiter.dev/inject but created without the agent (no webhook configuration then, or its arbiter.dev/instance is served by no install): its command runs beside the lease's; with --inject-evict-unwrapped the acting operator evicts it (if a controller owns it) so that it is created again wrapped, else delete it".into(),
+                );
+            }
+            return;
+        };
+        let has = self.granted.entry(account.clone()).or_default();
+        if has.contains(&lease) {
+            return;
+        }
+        let mut leases = has.clone();
+        leases.insert(lease);
+        match apply(&self.client, instance, &account, &leases).await {
+            Ok(()) => {
+                self.granted.insert(account, leases);
+            }
+            Err(e) => {
+                tracing::warn!(namespace = %account.0, service_account = %account.1, error = %e, "making the injected agent's rights failed (retrying at the next look)")
+            }
+        }
+    }
+
+    /// One look ([`look`]), once the pods are listed: removes the rights unused twice, and
+    /// makes again what was deleted by hand (or with its namespace) for the pods that still
+    /// need it.
+    async fn look(&mut self) {
+        if !self.listed() {
+            return;
+        }
+        let want = wanted(&self.injected);
+        let used: BTreeSet<Account> = want.keys().cloned().collect();
+        let scope = Scope {
+            instance: self.instance.as_deref(),
+            namespace: self.namespace.as_deref(),
+            arbitrated: &self.arbitrated,
+        };
+        match look(&self.client, &scope, &used, &self.unused).await {
+            Ok((next, present)) => {
+                self.unused = next;
+                self.granted = present;
+                self.grant(want).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "removing unused agent rights failed (retrying)"),
+        }
+    }
+
+    /// Makes the rights every injected pod needs.
+    async fn grant_wanted(&mut self) {
+        let want = wanted(&self.injected);
+        self.grant(want).await;
+    }
+
+    async fn grant(&mut self, want: BTreeMap<Account, BTreeSet<String>>) {
+        let arbitrated = &self.arbitrated;
+        let covered = |ns: &str| arbitrated.covers(ns) == Some(true);
+        grant(
+            &self.client,
+            self.instance.as_deref(),
+            want,
+            &covered,
+            &mut self.granted,
+        )
+        .await;
     }
 }
 
@@ -441,22 +516,47 @@ async fn look(
     used: &BTreeSet<Account>,
     unused_before: &BTreeSet<Seen>,
 ) -> anyhow::Result<(BTreeSet<Seen>, BTreeMap<Account, BTreeSet<String>>)> {
-    let Scope {
-        instance,
-        namespace,
-        arbitrated,
-    } = *scope;
-    let (bindings, roles): (Api<RoleBinding>, Api<Role>) = match namespace {
+    let (seen, role_leases) = list_ours(client, scope).await?;
+    // Only where this install arbitrates: elsewhere another install may keep its own.
+    let sweepable: Vec<Seen> = (seen.iter())
+        .filter(|b| scope.arbitrated.covers(&b.namespace) == Some(true))
+        .cloned()
+        .collect();
+    let (delete, unused) = sweep(&sweepable, used, unused_before);
+    let mut present: BTreeMap<Account, BTreeSet<String>> = seen
+        .iter()
+        .filter_map(|b| {
+            let leases = role_leases.get(&(b.namespace.clone(), b.name.clone()))?;
+            Some((
+                (b.namespace.clone(), b.service_account.clone()),
+                leases.clone(),
+            ))
+        })
+        .collect();
+    for b in delete {
+        if remove(client, scope.instance, &b).await? {
+            present.remove(&(b.namespace.clone(), b.service_account.clone()));
+        }
+    }
+    Ok((unused, present))
+}
+
+/// This install's bindings (`--instance`: another's are used by pods this one does not
+/// count), and the leases each of its Roles grants, by (namespace, name).
+async fn list_ours(
+    client: &Client,
+    scope: &Scope<'_>,
+) -> anyhow::Result<(Vec<Seen>, BTreeMap<(String, String), BTreeSet<String>>)> {
+    let (bindings, roles): (Api<RoleBinding>, Api<Role>) = match scope.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
             Api::namespaced(client.clone(), ns),
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
-    // Only this install's (`--instance`): another's are used by pods this one does not count.
     let ours = ListParams::default().labels(&format!(
         "{BINDING_LABEL}=true,{}",
-        arbiter_api::instance_selector(instance)
+        arbiter_api::instance_selector(scope.instance)
     ));
     let seen: Vec<Seen> = bindings
         .list(&ours)
@@ -472,7 +572,7 @@ async fn look(
             })
         })
         .collect();
-    let role_leases: BTreeMap<(String, String), BTreeSet<String>> = roles
+    let role_leases = roles
         .list(&ours)
         .await?
         .items
@@ -484,59 +584,45 @@ async fn look(
             )
         })
         .collect();
-    // Only where this install arbitrates: elsewhere another install may keep its own.
-    let sweepable: Vec<Seen> = (seen.iter())
-        .filter(|b| arbitrated.covers(&b.namespace) == Some(true))
-        .cloned()
-        .collect();
-    let (delete, unused) = sweep(&sweepable, used, unused_before);
-    let mut present: BTreeMap<Account, BTreeSet<String>> = seen
-        .iter()
-        .filter_map(|b| {
-            let leases = role_leases.get(&(b.namespace.clone(), b.name.clone()))?;
-            Some((
-                (b.namespace.clone(), b.service_account.clone()),
-                leases.clone(),
-            ))
-        })
-        .collect();
-    for b in delete {
-        let api: Api<RoleBinding> = Api::namespaced(client.clone(), &b.namespace);
+    Ok((seen, role_leases))
+}
+
+/// Deletes binding `b` exactly as read, then the Role of its name if arbiter made it. False
+/// when the binding changed meanwhile (it stays).
+async fn remove(client: &Client, instance: Option<&str>, b: &Seen) -> anyhow::Result<bool> {
+    let api: Api<RoleBinding> = Api::namespaced(client.clone(), &b.namespace);
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: Some(b.version.clone()),
+            uid: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&b.name, &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(false),
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    // The Role of that name, only if arbiter made it, exactly as read.
+    let roles: Api<Role> = Api::namespaced(client.clone(), &b.namespace);
+    let role = roles.get_opt(&b.name).await;
+    if let Ok(Some(role)) = &role
+        && made_by(instance, role.labels())
+    {
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
-                resource_version: Some(b.version.clone()),
-                uid: None,
+                resource_version: role.resource_version(),
+                uid: role.uid(),
             }),
             ..DeleteParams::default()
         };
-        match api.delete(&b.name, &dp).await {
-            Ok(_) => {}
-            // Changed meanwhile: it stays.
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+        if let Err(e) = roles.delete(&b.name, &dp).await {
+            tracing::warn!(namespace = %b.namespace, role = %b.name, error = %e, "removing an unused agent Role failed (it grants nothing while unbound)");
         }
-        present.remove(&(b.namespace.clone(), b.service_account.clone()));
-        // The Role of that name, only if arbiter made it, exactly as read.
-        let roles: Api<Role> = Api::namespaced(client.clone(), &b.namespace);
-        let role = roles.get_opt(&b.name).await;
-        if let Ok(Some(role)) = &role
-            && made_by(instance, role.labels())
-        {
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    resource_version: role.resource_version(),
-                    uid: role.uid(),
-                }),
-                ..DeleteParams::default()
-            };
-            if let Err(e) = roles.delete(&b.name, &dp).await {
-                tracing::warn!(namespace = %b.namespace, role = %b.name, error = %e, "removing an unused agent Role failed (it grants nothing while unbound)");
-            }
-        }
-        tracing::info!(namespace = %b.namespace, name = %b.name, "removed an agent's rights no injected pod uses");
     }
-    Ok((unused, present))
+    tracing::info!(namespace = %b.namespace, name = %b.name, "removed an agent's rights no injected pod uses");
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Pod, Probe, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    ObjectFieldSelector, Pod, PodSpec, Probe, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -110,32 +110,14 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     if spec.automount_service_account_token == Some(false) {
         return Err(Refusal::NoToken);
     }
-    let index = match annotations.get(CONTAINER_ANNOTATION) {
-        Some(name) => spec
-            .containers
-            .iter()
-            .position(|c| &c.name == name)
-            .ok_or_else(|| Refusal::NoSuchContainer(name.clone()))?,
-        None if spec.containers.is_empty() => return Err(Refusal::NoContainers),
-        None => 0,
-    };
+    let index = container_index(spec, annotations)?;
     if spec
         .init_containers
         .iter()
         .flatten()
         .any(|c| c.name == INIT_CONTAINER)
     {
-        // Called again for a pod injected already: nothing to do, if the agent still wraps a
-        // container's command (another webhook may have put a container before it).
-        let wrapped = spec.containers.iter().any(|c| {
-            c.command.as_deref() == Some(&[format!("{DIR}/arbiter")][..])
-                && c.args.as_ref().and_then(|a| a.first()).map(String::as_str) == Some("run")
-        });
-        return if wrapped {
-            Ok(None)
-        } else {
-            Err(Refusal::HalfInjected(spec.containers[index].name.clone()))
-        };
+        return injected_already(spec, index);
     }
     let version =
         container_version(pod, spec.containers.get(index)).map_err(|why| Refusal::Version {
@@ -147,18 +129,82 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     let mut pod = pod.clone();
     let spec = pod.spec.as_mut().expect("checked above");
     let container = &mut spec.containers[index];
-    let command = match (&container.command, annotations.get(COMMAND_ANNOTATION)) {
-        (Some(command), _) if !command.is_empty() => command.clone(),
+    let command = command_of(container, annotations)?;
+    let mut args = agent_args(&lease, &version, instance, container, annotations)?;
+    args.push("--".into());
+    args.extend(command);
+    args.extend(container.args.take().unwrap_or_default());
+    wrap(container, args);
+    spec.init_containers
+        .get_or_insert_with(Vec::new)
+        .push(init_container(image));
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: VOLUME.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    });
+    Ok(Some(pod))
+}
+
+/// The container the agent wraps: the one `arbiter.dev/container` names, else the first.
+fn container_index(
+    spec: &PodSpec,
+    annotations: &BTreeMap<String, String>,
+) -> Result<usize, Refusal> {
+    match annotations.get(CONTAINER_ANNOTATION) {
+        Some(name) => spec
+            .containers
+            .iter()
+            .position(|c| &c.name == name)
+            .ok_or_else(|| Refusal::NoSuchContainer(name.clone())),
+        None if spec.containers.is_empty() => Err(Refusal::NoContainers),
+        None => Ok(0),
+    }
+}
+
+/// Called again for a pod injected already: nothing to do, if the agent still wraps a
+/// container's command (another webhook may have put a container before it).
+fn injected_already(spec: &PodSpec, index: usize) -> Result<Option<Pod>, Refusal> {
+    let wrapped = spec.containers.iter().any(|c| {
+        c.command.as_deref() == Some(&[format!("{DIR}/arbiter")][..])
+            && c.args.as_ref().and_then(|a| a.first()).map(String::as_str) == Some("run")
+    });
+    if wrapped {
+        Ok(None)
+    } else {
+        Err(Refusal::HalfInjected(spec.containers[index].name.clone()))
+    }
+}
+
+/// The container's command: its own, else the one `arbiter.dev/command` gives (for an image
+/// whose entrypoint the pod does not spell out).
+fn command_of(
+    container: &Container,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Vec<String>, Refusal> {
+    match (&container.command, annotations.get(COMMAND_ANNOTATION)) {
+        (Some(command), _) if !command.is_empty() => Ok(command.clone()),
         (_, Some(json)) => serde_json::from_str::<Vec<String>>(json)
             .ok()
             .filter(|c| !c.is_empty())
             .ok_or_else(|| Refusal::Annotation {
                 key: COMMAND_ANNOTATION,
                 why: format!("{json:?} is not a non-empty JSON array of strings"),
-            })?,
-        _ => return Err(Refusal::NoCommand(container.name.clone())),
-    };
-    let mut args: Vec<String> = ["run", "--lease", &lease, "--binary-version", &version]
+            }),
+        _ => Err(Refusal::NoCommand(container.name.clone())),
+    }
+}
+
+/// `arbiter run`'s flags for the wrapped container, up to the `--` (the container's probes
+/// that the agent answers are pointed at it).
+fn agent_args(
+    lease: &str,
+    version: &str,
+    instance: Option<String>,
+    container: &mut Container,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Vec<String>, Refusal> {
+    let mut args: Vec<String> = ["run", "--lease", lease, "--binary-version", version]
         .map(String::from)
         .into();
     if let Some(instance) = instance {
@@ -183,9 +229,12 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
     if let Some(port) = probes_to_agent(container, annotations)? {
         args.extend(["--health-address".into(), format!("0.0.0.0:{port}")]);
     }
-    args.push("--".into());
-    args.extend(command);
-    args.extend(container.args.take().unwrap_or_default());
+    Ok(args)
+}
+
+/// Makes `container` run the agent with `args`, with the pod's name, namespace and uid from the
+/// downward API and the agent's binary mounted.
+fn wrap(container: &mut Container, args: Vec<String>) {
     container.command = Some(vec![format!("{DIR}/arbiter")]);
     container.args = Some(args);
     let env = container.env.get_or_insert_with(Vec::new);
@@ -207,46 +256,42 @@ pub fn inject(pod: &Pod, image: &str) -> Result<Option<Pod>, Refusal> {
             read_only: Some(true),
             ..VolumeMount::default()
         });
-    spec.init_containers
-        .get_or_insert_with(Vec::new)
-        .push(Container {
-            name: INIT_CONTAINER.into(),
-            image: Some(image.into()),
-            command: Some(
-                [IMAGE_BINARY, "install", "--to", DIR]
-                    .map(String::from)
-                    .into(),
-            ),
-            volume_mounts: Some(vec![VolumeMount {
-                name: VOLUME.into(),
-                mount_path: DIR.into(),
-                ..VolumeMount::default()
-            }]),
-            // What the `restricted` Pod Security Standard asks of a container.
-            security_context: Some(SecurityContext {
-                allow_privilege_escalation: Some(false),
-                read_only_root_filesystem: Some(true),
-                run_as_non_root: Some(true),
-                // The image's user, whatever the pod's securityContext says.
-                run_as_user: Some(65532),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".into()]),
-                    ..Capabilities::default()
-                }),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    ..SeccompProfile::default()
-                }),
-                ..SecurityContext::default()
+}
+
+/// The init container that copies the agent's binary into the shared volume.
+fn init_container(image: &str) -> Container {
+    Container {
+        name: INIT_CONTAINER.into(),
+        image: Some(image.into()),
+        command: Some(
+            [IMAGE_BINARY, "install", "--to", DIR]
+                .map(String::from)
+                .into(),
+        ),
+        volume_mounts: Some(vec![VolumeMount {
+            name: VOLUME.into(),
+            mount_path: DIR.into(),
+            ..VolumeMount::default()
+        }]),
+        // What the `restricted` Pod Security Standard asks of a container.
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            // The image's user, whatever the pod's securityContext says.
+            run_as_user: Some(65532),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
             }),
-            ..Container::default()
-        });
-    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
-        name: VOLUME.into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Volume::default()
-    });
-    Ok(Some(pod))
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
 }
 
 /// The lease an injected pod's agent runs for and the install instance it was told
