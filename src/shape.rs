@@ -26,17 +26,9 @@ const ALLOWED: &[(&str, usize)] = &[
     ("src/agent/mod.rs::serve", 130),
     ("src/agent/watchdog.rs::run", 108),
     ("crates/candidate/src/registration.rs::try_register", 128),
-    ("crates/election/src/decide.rs", 1072),
-    ("crates/election/src/decide.rs::decide", 352),
     ("crates/operator/src/cache/mod.rs", 669),
     ("crates/operator/src/cache/mod.rs::candidate_events", 99),
     ("crates/operator/src/cache/mod.rs::watch_all", 101),
-    ("crates/operator/src/metrics/mod.rs::new", 179),
-    ("crates/operator/src/lib.rs::run", 121),
-    ("crates/operator/src/report/limits.rs::report_refusals", 115),
-    ("crates/operator/src/webhook/binding.rs::keep", 125),
-    ("crates/operator/src/webhook/binding.rs::look", 103),
-    ("crates/operator/src/workloads/inject.rs::inject", 147),
 ];
 
 /// Whether `attrs` carry `#[cfg(test)]`.
