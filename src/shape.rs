@@ -26,9 +26,6 @@ const ALLOWED: &[(&str, usize)] = &[
     ("src/agent/mod.rs::serve", 130),
     ("src/agent/watchdog.rs::run", 108),
     ("crates/candidate/src/registration.rs::try_register", 128),
-    ("crates/operator/src/cache/mod.rs", 669),
-    ("crates/operator/src/cache/mod.rs::candidate_events", 99),
-    ("crates/operator/src/cache/mod.rs::watch_all", 101),
 ];
 
 /// Whether `attrs` carry `#[cfg(test)]`.

@@ -28,10 +28,17 @@ pub fn stop_proof<P: PartialEq>(
 mod tests {
     use super::stop_proof;
 
+    /// (recorded, taken, with the Lease) -> the pod whose stop ends the term.
+    type Case = (
+        Option<&'static str>,
+        Option<Option<&'static str>>,
+        bool,
+        Option<&'static str>,
+    );
+
     #[test]
     fn only_the_pod_the_term_was_taken_in_proves_it_over() {
-        // (recorded, taken, with the Lease) -> the pod whose stop ends the term
-        let cases: &[(Option<&str>, Option<Option<&str>>, bool, Option<&str>)] = &[
+        let cases: &[Case] = &[
             // Taken in the recorded pod: its stop ends the term, Lease or not.
             (Some("a"), Some(Some("a")), true, Some("a")),
             (Some("a"), Some(Some("a")), false, Some("a")),
