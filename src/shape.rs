@@ -19,14 +19,10 @@ const MAX_FN_LINES: usize = 80;
 /// The longest a file's non-test code may be.
 const MAX_FILE_LINES: usize = 600;
 
-/// What is over the limits today, with its length: the weight the crates-by-layer work takes
-/// down. Each entry may only shrink, and goes once under the limit. Nothing may be added.
-const ALLOWED: &[(&str, usize)] = &[
-    ("src/agent/child.rs::start", 107),
-    ("src/agent/mod.rs::serve", 130),
-    ("src/agent/watchdog.rs::run", 108),
-    ("crates/candidate/src/registration.rs::try_register", 128),
-];
+/// What may be over the limits, with its length: only generated tables, each with a comment
+/// saying what generates it (none today). An entry may only shrink, and goes once under the
+/// limit.
+const ALLOWED: &[(&str, usize)] = &[];
 
 /// Whether `attrs` carry `#[cfg(test)]`.
 fn is_test(attrs: &[syn::Attribute]) -> bool {

@@ -66,69 +66,8 @@ impl Workload {
         // agent (and CMD's pre-exec child) -> guard: messages; guard -> CMD's child: go-ahead.
         let (feed_r, feed_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
         let (go_r, go_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let mut guard_cmd = Command::new(std::env::current_exe()?);
-        guard_cmd
-            .args([
-                "guard",
-                "--parent",
-                &std::process::id().to_string(),
-                "--until",
-                &deadline.to_string(),
-                "--kill-grace-ms",
-                &kill_grace.as_millis().to_string(),
-                "--margin-ms",
-                &margin.as_millis().to_string(),
-            ])
-            .stdin(Stdio::from(feed_r))
-            .stdout(Stdio::from(go_w))
-            // Its own group, so a signal or stop sent to the agent's group does not reach it.
-            .process_group(0)
-            .kill_on_drop(false);
-        let mut guard = guard_cmd
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("starting the workload guard: {e}"))?;
-        if let Some(pid) = guard.id() {
-            super::reaper::own(pid as i32);
-        }
-        // Only the guard may hold the read end of the feed and the write end of the go pipe:
-        // when the guard is gone, CMD's child reads end-of-file and never execs.
-        drop(guard_cmd);
-
-        let mut command = Command::new(program);
-        command.args(args).process_group(0).kill_on_drop(false);
-        let agent = nix::unistd::getpid();
-        let (feed_fd, go_fd) = (feed_w.as_raw_fd(), go_r.as_raw_fd());
-        // SAFETY: only async-signal-safe calls (prctl, getppid, getpid, write, read) between
-        // fork and exec, on file descriptors the closure does not own.
-        unsafe {
-            command.pre_exec(move || {
-                // The kernel SIGKILLs CMD's leader when the agent dies (and if the agent died
-                // before this was armed, it does not start at all).
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-                if nix::unistd::getppid() != agent {
-                    return Err(std::io::Error::other("the agent exited"));
-                }
-                // Register with the guard, then wait for its go-ahead.
-                let msg = Message::Pgid(nix::unistd::getpid().as_raw()).encode();
-                let feed = std::os::fd::BorrowedFd::borrow_raw(feed_fd);
-                if nix::unistd::write(feed, &msg).map_err(std::io::Error::from)? != msg.len() {
-                    return Err(std::io::Error::other("short write to the guard"));
-                }
-                let go = std::os::fd::BorrowedFd::borrow_raw(go_fd);
-                let mut b = [0u8; 1];
-                loop {
-                    match nix::unistd::read(go, &mut b) {
-                        Ok(1) => return Ok(()),
-                        Err(nix::errno::Errno::EINTR) => continue,
-                        _ => {
-                            return Err(std::io::Error::other(
-                                "the workload guard refused to start it",
-                            ));
-                        }
-                    }
-                }
-            });
-        }
+        let mut guard = spawn_guard(deadline, kill_grace, margin, feed_r, go_w)?;
+        let mut command = gated(program, args, feed_w.as_raw_fd(), go_r.as_raw_fd());
         for (k, v) in env {
             command.env(k, v);
         }
@@ -258,4 +197,80 @@ fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> i32 {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
         Err(_) => 1,
     }
+}
+/// Starts the guard (`arbiter guard`) in its own process group, reading the agent's messages
+/// on `feed_r` and writing CMD's go-ahead on `go_w`. Only the guard holds those two ends once
+/// this returns: when the guard is gone, CMD's child reads end-of-file and never execs.
+fn spawn_guard(
+    deadline: u64,
+    kill_grace: Duration,
+    margin: Duration,
+    feed_r: std::os::fd::OwnedFd,
+    go_w: std::os::fd::OwnedFd,
+) -> anyhow::Result<tokio::process::Child> {
+    let mut guard_cmd = Command::new(std::env::current_exe()?);
+    guard_cmd
+        .args([
+            "guard",
+            "--parent",
+            &std::process::id().to_string(),
+            "--until",
+            &deadline.to_string(),
+            "--kill-grace-ms",
+            &kill_grace.as_millis().to_string(),
+            "--margin-ms",
+            &margin.as_millis().to_string(),
+        ])
+        .stdin(Stdio::from(feed_r))
+        .stdout(Stdio::from(go_w))
+        // Its own group, so a signal or stop sent to the agent's group does not reach it.
+        .process_group(0)
+        .kill_on_drop(false);
+    let guard = guard_cmd
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("starting the workload guard: {e}"))?;
+    if let Some(pid) = guard.id() {
+        super::reaper::own(pid as i32);
+    }
+    Ok(guard)
+}
+
+/// CMD in its own process group, gated: between fork and exec its child registers its group
+/// with the guard (on `feed_fd`) and waits for the guard's go-ahead (on `go_fd`).
+fn gated(program: &str, args: &[String], feed_fd: i32, go_fd: i32) -> Command {
+    let mut command = Command::new(program);
+    command.args(args).process_group(0).kill_on_drop(false);
+    let agent = nix::unistd::getpid();
+    // SAFETY: only async-signal-safe calls (prctl, getppid, getpid, write, read) between
+    // fork and exec, on file descriptors the closure does not own.
+    unsafe {
+        command.pre_exec(move || {
+            // The kernel SIGKILLs CMD's leader when the agent dies (and if the agent died
+            // before this was armed, it does not start at all).
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != agent {
+                return Err(std::io::Error::other("the agent exited"));
+            }
+            // Register with the guard, then wait for its go-ahead.
+            let msg = Message::Pgid(nix::unistd::getpid().as_raw()).encode();
+            let feed = std::os::fd::BorrowedFd::borrow_raw(feed_fd);
+            if nix::unistd::write(feed, &msg).map_err(std::io::Error::from)? != msg.len() {
+                return Err(std::io::Error::other("short write to the guard"));
+            }
+            let go = std::os::fd::BorrowedFd::borrow_raw(go_fd);
+            let mut b = [0u8; 1];
+            loop {
+                match nix::unistd::read(go, &mut b) {
+                    Ok(1) => return Ok(()),
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    _ => {
+                        return Err(std::io::Error::other(
+                            "the workload guard refused to start it",
+                        ));
+                    }
+                }
+            }
+        });
+    }
+    command
 }

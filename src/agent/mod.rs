@@ -241,7 +241,7 @@ async fn serve(
     healthy.send_replace(live(&state.borrow()));
     let mut renewals = handle.renewed();
     // The running workload, the term it runs under, and that term's cancellation token.
-    let mut running: Option<(Workload, i32, CancellationToken)> = None;
+    let mut running: Option<Running> = None;
 
     loop {
         let lost = running.as_ref().map(|r| r.2.clone());
@@ -269,51 +269,18 @@ async fn serve(
                 }
                 let current = state.borrow_and_update().clone();
                 healthy.send_replace(live(&current));
-                let running_term = running.as_ref().map(|r| r.1);
-                match current {
-                    State::Leading { term, lost } if running.is_none() => {
-                        let env = [
-                            ("ARBITER_LEASE", settings.lease.clone()),
-                            ("ARBITER_IDENTITY", settings.identity.clone()),
-                            ("ARBITER_TERM", term.to_string()),
-                        ];
-                        // The guard stops CMD at the last renew + renew deadline unless the
-                        // agent keeps moving that deadline (and it is the only way it moves).
-                        let renewed = *renewals.borrow_and_update();
-                        let deadline = match renewed {
-                            Some(r) if r.term == term => crate::clock::after(r.sent_boot_ns, settings.renew_deadline),
-                            _ => crate::clock::boottime_now(), // never: CMD is refused a start
-                        };
-                        // A kill later than this after its deadline may have overlapped a
-                        // successor (the arbiter waits out the lease duration).
-                        let margin = settings.lease_duration - settings.renew_deadline - settings.kill_grace;
-                        match Workload::start(&settings.command, &env, deadline, settings.kill_grace, margin) {
-                            Ok(w) => running = Some((w, term, lost)),
-                            Err(e) => {
-                                handle.shutdown().await;
-                                return Err(e);
-                            }
+                match step(current, running.as_ref().map(|r| r.1), &handle) {
+                    Step::Keep => {}
+                    Step::Start { term, lost } => match start(settings, term, &mut renewals) {
+                        Ok(w) => running = Some((w, term, lost)),
+                        Err(e) => {
+                            handle.shutdown().await;
+                            return Err(e);
                         }
-                    }
-                    State::Leading { term, .. } if running_term == Some(term) => {}
-                    // Any other state (even leading at a newer term: the running workload's term
-                    // is over) ends this process.
-                    State::Leading { term, .. } => {
-                        let why = ended_reason(&handle, running_term)
-                            .unwrap_or_else(|| EndReason::Failed(format!("the workload's term ended; the lease is at term {term}")));
+                    },
+                    Step::Stop(why) => {
                         return Ok(stop_and_exit(handle, running.take(), why, settings).await);
                     }
-                    State::Ended { why, .. } => {
-                        return Ok(stop_and_exit(handle, running.take(), why, settings).await);
-                    }
-                    State::Failed(e) => {
-                        return Ok(stop_and_exit(handle, running.take(), EndReason::Failed(e), settings).await);
-                    }
-                    State::Following if running.is_some() => {
-                        let why = ended_reason(&handle, running_term).unwrap_or_else(|| EndReason::Failed("no longer leading".into()));
-                        return Ok(stop_and_exit(handle, running.take(), why, settings).await);
-                    }
-                    State::Following => {}
                 }
             }
             // A successful renew: move the guard's deadline.
@@ -329,25 +296,8 @@ async fn serve(
                 }
             }
             code = async { running.as_mut().expect("guarded").0.wait().await }, if running.is_some() => {
-                // A workload that "exits" once its term is over (the guard stopped it while this
-                // process was stalled, or leadership just ended) did not exit on its own.
-                let term = running.as_ref().map(|r| r.1);
                 let renewed = *renewals.borrow();
-                let over = running.as_ref().is_some_and(|r| r.2.is_cancelled())
-                    || !matches!(renewed, Some(r) if Some(r.term) == term
-                        && crate::clock::boottime_now() < crate::clock::after(r.sent_boot_ns, settings.renew_deadline));
-                if over {
-                    tracing::warn!(code, ?term, "the workload stopped after its term ended (the guard stops it at the renew deadline)");
-                    let why = ended_reason(&handle, term).unwrap_or(EndReason::RenewDeadline);
-                    return Ok(stop_and_exit(handle, running.take(), why, settings).await);
-                }
-                tracing::info!(code, "the workload exited on its own: releasing the lease");
-                let overran = match running.take() {
-                    Some((w, term, _)) => overran(term, w.finish(code).await),
-                    None => None,
-                };
-                let _ = handle.exit_after_work_stopped(overran).await;
-                return Ok(Served::Exit(code));
+                return Ok(exited(handle, running.take(), code, renewed, settings).await);
             }
             _ = &mut shutdown => {
                 let overran = match running.take() {
@@ -359,6 +309,114 @@ async fn serve(
             }
         }
     }
+}
+
+/// The workload exited with `code`. One that "exits" once its term is over (the guard stopped
+/// it while this process was stalled, or leadership just ended) did not exit on its own: this
+/// process ends as at the term's end. Otherwise the lease is released.
+async fn exited(
+    handle: crate::candidate::Handle,
+    running: Option<Running>,
+    code: i32,
+    renewed: Option<crate::candidate::Renewed>,
+    settings: &Settings,
+) -> Served {
+    let term = running.as_ref().map(|r| r.1);
+    if term_over(running.as_ref(), renewed, settings.renew_deadline) {
+        tracing::warn!(
+            code,
+            ?term,
+            "the workload stopped after its term ended (the guard stops it at the renew deadline)"
+        );
+        let why = ended_reason(&handle, term).unwrap_or(EndReason::RenewDeadline);
+        return stop_and_exit(handle, running, why, settings).await;
+    }
+    tracing::info!(code, "the workload exited on its own: releasing the lease");
+    let overran = match running {
+        Some((w, term, _)) => overran(term, w.finish(code).await),
+        None => None,
+    };
+    let _ = handle.exit_after_work_stopped(overran).await;
+    Served::Exit(code)
+}
+
+/// The running workload, the term it runs under, and that term's cancellation token.
+type Running = (Workload, i32, CancellationToken);
+
+/// What a new leadership state means for the workload.
+enum Step {
+    /// Start it under `term` (none runs).
+    Start { term: i32, lost: CancellationToken },
+    /// Nothing changes.
+    Keep,
+    /// Stop it and end this process.
+    Stop(EndReason),
+}
+
+/// The step for leadership state `current`, with the workload running under `running_term`.
+/// Any state but leading at the running term (even leading at a newer one: the running
+/// workload's term is over) or following with nothing running ends this process.
+fn step(current: State, running_term: Option<i32>, handle: &crate::candidate::Handle) -> Step {
+    match current {
+        State::Leading { term, lost } if running_term.is_none() => Step::Start { term, lost },
+        State::Leading { term, .. } if running_term == Some(term) => Step::Keep,
+        State::Leading { term, .. } => {
+            Step::Stop(ended_reason(handle, running_term).unwrap_or_else(|| {
+                EndReason::Failed(format!(
+                    "the workload's term ended; the lease is at term {term}"
+                ))
+            }))
+        }
+        State::Ended { why, .. } => Step::Stop(why),
+        State::Failed(e) => Step::Stop(EndReason::Failed(e)),
+        State::Following if running_term.is_some() => Step::Stop(
+            ended_reason(handle, running_term)
+                .unwrap_or_else(|| EndReason::Failed("no longer leading".into())),
+        ),
+        State::Following => Step::Keep,
+    }
+}
+
+/// Starts the workload under `term`. The guard stops it at the last renew + renew deadline
+/// unless the agent keeps moving that deadline (and it is the only way it moves).
+fn start(
+    settings: &Settings,
+    term: i32,
+    renewals: &mut tokio::sync::watch::Receiver<Option<crate::candidate::Renewed>>,
+) -> anyhow::Result<Workload> {
+    let env = [
+        ("ARBITER_LEASE", settings.lease.clone()),
+        ("ARBITER_IDENTITY", settings.identity.clone()),
+        ("ARBITER_TERM", term.to_string()),
+    ];
+    let renewed = *renewals.borrow_and_update();
+    let deadline = match renewed {
+        Some(r) if r.term == term => crate::clock::after(r.sent_boot_ns, settings.renew_deadline),
+        _ => crate::clock::boottime_now(), // never: CMD is refused a start
+    };
+    // A kill later than this after its deadline may have overlapped a successor (the arbiter
+    // waits out the lease duration).
+    let margin = settings.lease_duration - settings.renew_deadline - settings.kill_grace;
+    Workload::start(
+        &settings.command,
+        &env,
+        deadline,
+        settings.kill_grace,
+        margin,
+    )
+}
+
+/// Whether the running workload's term is over: its leadership ended, or no renewal of that
+/// term keeps the guard's deadline ahead.
+fn term_over(
+    running: Option<&Running>,
+    renewed: Option<crate::candidate::Renewed>,
+    renew_deadline: Duration,
+) -> bool {
+    let term = running.map(|r| r.1);
+    running.is_some_and(|r| r.2.is_cancelled())
+        || !matches!(renewed, Some(r) if Some(r.term) == term
+            && crate::clock::boottime_now() < crate::clock::after(r.sent_boot_ns, renew_deadline))
 }
 
 /// Why the workload's term ended, if the library recorded it.

@@ -203,9 +203,7 @@ pub fn run(
     margin: Duration,
 ) -> anyhow::Result<i32> {
     use std::io::Write;
-    use std::os::fd::AsFd;
 
-    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, sigprocmask};
     use nix::unistd::Pid;
 
@@ -219,24 +217,11 @@ pub fn run(
     let mut stdout = std::io::stdout();
     let mut dog = Watchdog::new(term_at, kill_grace);
     let mut buf = Vec::with_capacity(MESSAGE_LEN * 4);
-    let kill = |dog: &Watchdog| {
-        if let Some(p) = dog.pgid() {
-            let _ = killpg(Pid::from_raw(p), Signal::SIGKILL);
-        }
-    };
-    let mut code = 0;
     loop {
         // The agent died (before or after the parent-death signal was armed): kill at once.
-        let signalled = set.as_ref() as *const libc::sigset_t;
-        let zero = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid signal set and timeout; no siginfo is requested.
-        let got = unsafe { libc::sigtimedwait(signalled, std::ptr::null_mut(), &zero) };
-        if got == libc::SIGTERM || nix::unistd::getppid().as_raw() != parent {
+        if parent_gone(&set, parent) {
             kill(&dog);
-            return Ok(code);
+            return Ok(0);
         }
         let now = crate::clock::boottime_now();
         let wake_at = match dog.next(now) {
@@ -257,52 +242,96 @@ pub fn run(
             Action::Kill => {
                 kill(&dog);
                 let late = dog.late_by(now);
-                if late > margin {
+                let code = if late > margin {
                     eprintln!(
                         "arbiter guard: stopped the workload {late:?} after it had to be stopped (this process was paused or starved): a successor may have run beside it"
                     );
-                    code = OVERRAN;
-                }
+                    OVERRAN
+                } else {
+                    0
+                };
                 // Stay until dismissed, so the agent can read the exit code, unless it is gone.
                 continue_until_dismissed(&stdin, parent, &set);
                 return Ok(code);
             }
-            Action::Exit => return Ok(code),
+            Action::Exit => return Ok(0),
             Action::Wait { wake_at } => wake_at,
         };
-        // Sleep until the next action, a message, or 100 ms (to look at the parent again).
-        let wait_ms = (wake_at.saturating_sub(now) / 1_000_000).clamp(1, 100) as u16;
-        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::from(wait_ms)) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-            Ok(_) => {}
+        match listen(&stdin, &mut buf, &mut dog, wake_at.saturating_sub(now)) {
+            Ok(true) => {}
+            // Every writer is gone: the agent died (or dismissed us after CMD stopped).
+            Ok(false) => {
+                kill(&dog);
+                return Ok(0);
+            }
             Err(e) => {
                 kill(&dog);
                 return Err(e.into());
             }
         }
-        let mut chunk = [0u8; 256];
-        let n = match nix::unistd::read(stdin.as_fd(), &mut chunk) {
-            Ok(n) => n,
-            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => continue,
-            Err(_) => 0,
-        };
-        if n == 0 {
-            // Every writer is gone: the agent died (or dismissed us after CMD stopped).
-            kill(&dog);
-            return Ok(code);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let now = crate::clock::boottime_now();
-        while buf.len() >= MESSAGE_LEN {
-            let raw: [u8; MESSAGE_LEN] = buf[..MESSAGE_LEN].try_into().expect("16 bytes");
-            buf.drain(..MESSAGE_LEN);
-            match Message::decode(&raw) {
-                Some(m) => dog.receive(m, now),
-                None => eprintln!("arbiter guard: ignoring a malformed message"),
-            }
+    }
+}
+
+/// SIGKILL to the workload's group, if it started.
+fn kill(dog: &Watchdog) {
+    use nix::sys::signal::{Signal, killpg};
+    if let Some(p) = dog.pgid() {
+        let _ = killpg(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
+    }
+}
+
+/// The agent is gone: the parent-death signal (SIGTERM, blocked in `set`) is pending, or this
+/// process's parent is no longer `parent`.
+fn parent_gone(set: &nix::sys::signal::SigSet, parent: i32) -> bool {
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid signal set and timeout; no siginfo is requested.
+    let got = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &zero) };
+    got == libc::SIGTERM || nix::unistd::getppid().as_raw() != parent
+}
+
+/// Waits up to `wait_ns` (at least 1 ms, at most 100 ms: the parent is looked at again) for
+/// the agent's messages, and hands every whole one to `dog`. False once every writer is gone
+/// (the pipe closed, or could not be read).
+fn listen(
+    stdin: &std::io::Stdin,
+    buf: &mut Vec<u8>,
+    dog: &mut Watchdog,
+    wait_ns: u64,
+) -> nix::Result<bool> {
+    use std::os::fd::AsFd;
+
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+
+    let wait_ms = (wait_ns / 1_000_000).clamp(1, 100) as u16;
+    let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::from(wait_ms)) {
+        Ok(0) | Err(nix::errno::Errno::EINTR) => return Ok(true),
+        Ok(_) => {}
+        Err(e) => return Err(e),
+    }
+    let mut chunk = [0u8; 256];
+    let n = match nix::unistd::read(stdin.as_fd(), &mut chunk) {
+        Ok(n) => n,
+        Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => return Ok(true),
+        Err(_) => 0,
+    };
+    if n == 0 {
+        return Ok(false);
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    let now = crate::clock::boottime_now();
+    while buf.len() >= MESSAGE_LEN {
+        let raw: [u8; MESSAGE_LEN] = buf[..MESSAGE_LEN].try_into().expect("16 bytes");
+        buf.drain(..MESSAGE_LEN);
+        match Message::decode(&raw) {
+            Some(m) => dog.receive(m, now),
+            None => eprintln!("arbiter guard: ignoring a malformed message"),
         }
     }
+    Ok(true)
 }
 
 /// After the final kill: waits (up to a minute) for the agent to close the pipe or die, so

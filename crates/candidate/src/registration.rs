@@ -129,17 +129,7 @@ async fn try_register(
     // Twice at most: a create that loses a race with another writer becomes an update.
     for _ in 0..2 {
         let renew_time = Some(MicroTime(jiff::Timestamp::now()));
-        let existing = api.get_opt(&config.identity).await.map_err(|e| match &e {
-            kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
-                "the LeaseCandidate API (arbiter.dev/v1alpha1) is not served: is arbiter's CRD installed? ({e})"
-            ),
-            _ => {
-                let what = format!("reading LeaseCandidate {}/{}", config.namespace, config.identity);
-                anyhow::Error::new(e).context(what)
-            }
-        })?
-        .map(|c| c.0);
-        let written = match existing {
+        let written = match read(&api, config).await? {
             Some(existing) if existing.spec.lease_name != config.lease => anyhow::bail!(
                 "LeaseCandidate {}/{} already exists for lease {:?}, and leaseName is immutable: delete it, or run with another identity",
                 config.namespace,
@@ -147,48 +137,7 @@ async fn try_register(
                 existing.spec.lease_name
             ),
             Some(existing) => {
-                // A new process: an overrun reported by an earlier one is history (its Event
-                // and metric remain). It may run in a new pod of the same name (a StatefulSet's
-                // replacement): the candidate goes with this pod from now on. A process outside
-                // a pod drops a pod an earlier one left as owner (the arbiter would take that
-                // pod for this process's: record terms in it, which this process cannot take);
-                // owners of other kinds stay.
-                let left_pods = existing
-                    .metadata
-                    .owner_references
-                    .as_ref()
-                    .is_some_and(|o| o.iter().any(|r| r.kind == "Pod"));
-                let owners = owner_references(config).or_else(|| {
-                    left_pods.then(|| {
-                        existing
-                            .metadata
-                            .owner_references
-                            .clone()
-                            .unwrap_or_default()
-                            .into_iter()
-                            .filter(|r| r.kind != "Pod")
-                            .collect()
-                    })
-                });
-                let mut patch = json!({
-                    "metadata": { "annotations": {
-                        INCARNATION_ANNOTATION: incarnation,
-                        OVERRAN_ANNOTATION: null,
-                        WITHDRAWN_ANNOTATION: null,
-                        LEASE_DURATION_ANNOTATION: declared,
-                    } },
-                    "spec": {
-                        "binaryVersion": config.binary_version,
-                        "emulationVersion": config.emulation_version,
-                        "strategy": config.strategy,
-                        "renewTime": renew_time,
-                    },
-                });
-                if let Some(owners) = owners {
-                    patch["metadata"]["ownerReferences"] = json!(owners);
-                }
-                // The install that arbitrates it, as this process was told (none: removed).
-                patch["metadata"]["labels"] = json!({ INSTANCE_LABEL: config.instance });
+                let patch = registered_again(&existing, config, incarnation, &declared, renew_time);
                 api.patch(
                     &config.identity,
                     &PatchParams::default(),
@@ -198,27 +147,7 @@ async fn try_register(
                 .0
             }
             None => {
-                let spec = LeaseCandidateSpec {
-                    lease_name: config.lease.clone(),
-                    binary_version: config.binary_version.clone(),
-                    emulation_version: config.emulation_version.clone(),
-                    strategy: config.strategy.clone(),
-                    ping_time: None,
-                    renew_time,
-                };
-                let mut candidate = LeaseCandidate::new(&config.identity, spec);
-                candidate.metadata.annotations = Some(
-                    [
-                        (INCARNATION_ANNOTATION.to_string(), incarnation.to_string()),
-                        (LEASE_DURATION_ANNOTATION.to_string(), declared.clone()),
-                    ]
-                    .into(),
-                );
-                candidate.metadata.owner_references = owner_references(config);
-                candidate.metadata.labels = config
-                    .instance
-                    .as_ref()
-                    .map(|i| [(INSTANCE_LABEL.to_string(), i.clone())].into());
+                let candidate = registered(config, incarnation, &declared, renew_time);
                 match api
                     .create(&PostParams::default(), &Tolerant(candidate))
                     .await
@@ -245,6 +174,107 @@ async fn try_register(
         config.namespace,
         config.identity
     )
+}
+
+/// The candidate of this identity, if there is one; a clear error when the API is not served.
+async fn read(
+    api: &Api<Tolerant<LeaseCandidate>>,
+    config: &Config,
+) -> anyhow::Result<Option<LeaseCandidate>> {
+    let existing = api.get_opt(&config.identity).await.map_err(|e| match &e {
+        kube::Error::Api(s) if s.code == 404 => anyhow::anyhow!(
+            "the LeaseCandidate API (arbiter.dev/v1alpha1) is not served: is arbiter's CRD installed? ({e})"
+        ),
+        _ => {
+            let what = format!("reading LeaseCandidate {}/{}", config.namespace, config.identity);
+            anyhow::Error::new(e).context(what)
+        }
+    })?;
+    Ok(existing.map(|c| c.0))
+}
+
+/// The merge patch that registers this process on the candidate an earlier one left.
+fn registered_again(
+    existing: &LeaseCandidate,
+    config: &Config,
+    incarnation: &str,
+    declared: &str,
+    renew_time: Option<MicroTime>,
+) -> serde_json::Value {
+    // A new process: an overrun reported by an earlier one is history (its Event
+    // and metric remain). It may run in a new pod of the same name (a StatefulSet's
+    // replacement): the candidate goes with this pod from now on. A process outside
+    // a pod drops a pod an earlier one left as owner (the arbiter would take that
+    // pod for this process's: record terms in it, which this process cannot take);
+    // owners of other kinds stay.
+    let left_pods = existing
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|r| r.kind == "Pod"));
+    let owners = owner_references(config).or_else(|| {
+        left_pods.then(|| {
+            existing
+                .metadata
+                .owner_references
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| r.kind != "Pod")
+                .collect()
+        })
+    });
+    let mut patch = json!({
+        "metadata": { "annotations": {
+            INCARNATION_ANNOTATION: incarnation,
+            OVERRAN_ANNOTATION: null,
+            WITHDRAWN_ANNOTATION: null,
+            LEASE_DURATION_ANNOTATION: declared,
+        } },
+        "spec": {
+            "binaryVersion": config.binary_version,
+            "emulationVersion": config.emulation_version,
+            "strategy": config.strategy,
+            "renewTime": renew_time,
+        },
+    });
+    if let Some(owners) = owners {
+        patch["metadata"]["ownerReferences"] = json!(owners);
+    }
+    // The install that arbitrates it, as this process was told (none: removed).
+    patch["metadata"]["labels"] = json!({ INSTANCE_LABEL: config.instance });
+    patch
+}
+
+/// A new candidate for this process.
+fn registered(
+    config: &Config,
+    incarnation: &str,
+    declared: &str,
+    renew_time: Option<MicroTime>,
+) -> LeaseCandidate {
+    let spec = LeaseCandidateSpec {
+        lease_name: config.lease.clone(),
+        binary_version: config.binary_version.clone(),
+        emulation_version: config.emulation_version.clone(),
+        strategy: config.strategy.clone(),
+        ping_time: None,
+        renew_time,
+    };
+    let mut candidate = LeaseCandidate::new(&config.identity, spec);
+    candidate.metadata.annotations = Some(
+        [
+            (INCARNATION_ANNOTATION.to_string(), incarnation.to_string()),
+            (LEASE_DURATION_ANNOTATION.to_string(), declared.to_string()),
+        ]
+        .into(),
+    );
+    candidate.metadata.owner_references = owner_references(config);
+    candidate.metadata.labels = config
+        .instance
+        .as_ref()
+        .map(|i| [(INSTANCE_LABEL.to_string(), i.clone())].into());
+    candidate
 }
 
 /// What the agent knows of its own candidate, and when it writes it next. Pure: fed what the
