@@ -31,7 +31,8 @@ test: setup
 lint: check-links actionlint crate-deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy --test demo --test chaos --test bench --test model -- -D warnings
+	$(CARGO) clippy --test demo --test chaos --test bench -- -D warnings
+	$(CARGO) clippy -p arbiter-election --test model -- -D warnings
 	cd e2e && go vet ./lecandidate
 	cd go && gofmt -l . | (! grep .) && go vet ./...
 
@@ -203,12 +204,12 @@ publish:
 ## the bound, then each seeded mutation, which must be caught; MUTATION=name runs one
 MUTATION ?=
 model:
-	$(CARGO) test --release --test model -- $(if $(MUTATION),--mutation $(MUTATION))
+	$(CARGO) test --release -p arbiter-election --test model -- $(if $(MUTATION),--mutation $(MUTATION))
 
 ## model-short: the same at smaller bounds (2 candidates and 2 replicas for 8 s with 2 faults and
 ## for 13 s with 1; 1 replica for 7 s with 3 faults), part of `make test`
 model-short:
-	$(CARGO) test --release --test model -- --small
+	$(CARGO) test --release -p arbiter-election --test model -- --small
 
 ## chaos: randomized fault trials counting violations (TRIALS=200 SEED=<clock> by default)
 TRIALS ?= 200

@@ -1,10 +1,10 @@
 //! `make model`: the protocol model-checked with stateright (see docs/model.md).
 //!
-//!   cargo test --release --test model                      the bounded exhaustive check, then
+//!   cargo test --release -p arbiter-election --test model  the bounded exhaustive check, then
 //!                                                          every seeded mutation (each must be
 //!                                                          caught)
-//!   cargo test --release --test model -- --small           a smaller bound (part of `make test`)
-//!   cargo test --release --test model -- --mutation NAME   one mutation, its counterexample
+//!   ... --test model -- --small                            a smaller bound (part of `make test`)
+//!   ... --test model -- --mutation NAME                    one mutation, its counterexample
 //!
 //! The operator's step in the model calls the real `election::decide` and judges liveness with
 //! the real `election::heard::Heard` (model/system.rs).

@@ -1,8 +1,8 @@
 //! The protocol as a state machine for stateright: the Lease store, the candidates (agent, guard
 //! and CMD each), one or two operator replicas with their own HA lease and write gate, on a
 //! discrete clock (one step of `Tick` is one second of real time). The operator's step runs the
-//! real election: [`arbiter::election::heard::Heard`] judges liveness from what its watches
-//! delivered and the pings it wrote, and [`arbiter::election::decide::decide`] picks the action.
+//! real election: [`arbiter_election::heard::Heard`] judges liveness from what its watches
+//! delivered and the pings it wrote, and [`arbiter_election::decide::decide`] picks the action.
 //!
 //! What is abstracted (docs/model.md says why): every process's clock runs at real time's rate;
 //! a replica's watches deliver each second's writes at the end of the second (a paused replica's
@@ -12,12 +12,12 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use arbiter::election::decide::{self, Action, Candidate, PodState, Rules};
-use arbiter::election::heard::{Heard, Version};
-use arbiter::election::proof::stop_proof;
-use arbiter::election::strategy::OLDEST_EMULATION_VERSION;
-use arbiter::election::terms::{Block, next_term};
-use arbiter::election::timings::kill_grace_fits;
+use arbiter_election::decide::{self, Action, Candidate, PodState, Rules};
+use arbiter_election::heard::{Heard, Version};
+use arbiter_election::proof::stop_proof;
+use arbiter_election::strategy::OLDEST_EMULATION_VERSION;
+use arbiter_election::terms::{Block, next_term};
+use arbiter_election::timings::kill_grace_fits;
 use jiff::Timestamp;
 
 /// The timings, in ticks (seconds), scaled down from the defaults (15 s / 10 s / 2 s / 3 s)
@@ -31,7 +31,7 @@ pub const ACK_WINDOW: u8 = 2;
 /// a first election, and before a live holder is asked to hand over.
 pub const SETTLE: u8 = 2;
 /// The longest kill grace, in whole seconds up to the lease, that the agent's check of its
-/// timings ([`arbiter::election::timings::kill_grace_fits`]) allows with [`LEASE`] and
+/// timings ([`arbiter_election::timings::kill_grace_fits`]) allows with [`LEASE`] and
 /// [`RENEW_DEADLINE`]: a looser check gives the model a longer grace.
 pub fn kill_grace() -> u8 {
     static GRACE: OnceLock<u8> = OnceLock::new();
@@ -1181,7 +1181,7 @@ impl System {
     }
 
     /// The pod whose stop ends the remembered term: the production rule
-    /// ([`arbiter::election::proof::stop_proof`]), or any recorded pod under
+    /// ([`arbiter_election::proof::stop_proof`]), or any recorded pod under
     /// [`Mutation::TakeInAnyPod`] and [`Mutation::PodStopWhoeverTook`].
     fn stop_proof(&self, held: &Held, with_lease: bool) -> Option<u8> {
         match self.mutation {
@@ -1249,7 +1249,7 @@ impl System {
         let ri = r as usize;
         let seen = n.ops[ri].record.as_ref().map(|(l, _)| l.clone());
         let current = seen.as_ref().map_or(0, |l| l.term);
-        // The ledger's rules ([`arbiter::election::terms`]), with blocks of 2.
+        // The ledger's rules ([`arbiter_election::terms`]), with blocks of 2.
         let from_block = n.ops[ri]
             .block
             .filter(|_| !create)
