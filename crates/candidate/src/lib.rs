@@ -208,6 +208,21 @@ impl Candidate {
         self
     }
 
+    /// The renewal timings; [`Candidate::start`] refuses any but
+    /// `0 < retry period < renew deadline < lease duration`, the lease duration in whole
+    /// seconds.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use arbiter_candidate::{Candidate, Timings};
+    ///
+    /// let candidate = Candidate::builder("my-controller", "replica-0").timings(Timings {
+    ///     lease_duration: Duration::from_secs(30),
+    ///     renew_deadline: Duration::from_secs(20),
+    ///     retry_period: Duration::from_secs(4),
+    /// });
+    /// assert_eq!(candidate.config().timings.lease_duration, Duration::from_secs(30));
+    /// ```
     pub fn timings(mut self, t: Timings) -> Self {
         self.config.timings = t;
         self
@@ -360,6 +375,16 @@ impl Handle {
     /// gone, and gives the lease back if it still names this process.
     ///
     /// Call it **after your work has stopped**: the release lets the next holder start at once.
+    ///
+    /// ```no_run
+    /// # async fn example(handle: arbiter_candidate::Handle) {
+    /// // On shutdown (here Ctrl-C): stop the work first, then give the lease back.
+    /// tokio::signal::ctrl_c().await.ok();
+    /// stop_work().await;
+    /// handle.shutdown().await;
+    /// # }
+    /// # async fn stop_work() {}
+    /// ```
     /// If the release is impossible (the Lease was deleted or edited by hand) the arbiter waits
     /// the term out, so a library user's shutdown never shortens a term on its word alone.
     pub async fn shutdown(self) {
