@@ -41,7 +41,7 @@ impl Worker {
         if lease::managed(&existing) && !self.theirs(&existing) {
             return Ok(false);
         }
-        let first = self.foreign.insert(key.clone());
+        let first = self.leases.found_foreign(key);
         if first && self.theirs(&existing) {
             self.another_instance(key, &existing);
         } else if first {
@@ -68,12 +68,12 @@ impl Worker {
         &mut self,
         key: &LeaseKey,
     ) -> anyhow::Result<Option<Arc<Lease>>> {
-        if !self.foreign.contains(key) {
+        if !self.leases.is_foreign(key) {
             return Ok(None);
         }
         let store = LeaseStore::new(self.client.clone(), &key.namespace);
         let Some(current) = store.get(&key.name).await? else {
-            self.foreign.remove(key);
+            self.leases.not_foreign(key);
             return Ok(None);
         };
         if self.theirs(&current) {
@@ -82,7 +82,7 @@ impl Worker {
         }
         if lease::managed(&current) {
             // Labelled since (by this worker, or by hand): the watch takes it from here.
-            self.foreign.remove(key);
+            self.leases.not_foreign(key);
             return Ok(Some(Arc::new(current)));
         }
         let ours = lease::assigned_by_arbiter_unlabelled(&current)
@@ -93,13 +93,13 @@ impl Worker {
         let mut relabelled = current.clone();
         lease::label(&mut relabelled, self.settings.instance.as_deref());
         let written = store.replace(&relabelled).await?;
-        self.foreign.remove(key);
+        self.leases.not_foreign(key);
         let note = format!(
             "Lease {} had lost its label {MANAGED_LABEL}; it carries arbiter's assignment of its holder and term, so it was labelled again",
             key.name
         );
         self.warn_on(key, &written, "LeaseRelabelled", note);
-        self.wrote_lease(key, written.clone());
+        self.leases.wrote(&self.caches.leases, key, written.clone());
         Ok(Some(Arc::new(written)))
     }
 
@@ -138,7 +138,7 @@ impl Worker {
 
     /// Reports the takeover of `before` (someone else's) by the write `after`.
     pub(crate) fn adopted(&mut self, key: &LeaseKey, before: &Lease, after: &Lease) {
-        self.foreign.remove(key);
+        self.leases.not_foreign(key);
         let note = format!(
             "took over Lease {} (not made by arbiter; holder {} at term {}): {} holds term {}",
             key.name,

@@ -95,7 +95,7 @@ impl Worker {
     ) -> Option<Duration> {
         // The Lease as this worker last wrote it this reconcile (an assignment, a renewal) or
         // as its cache shows it: the base of the record's compare-and-swap below.
-        let latest = self.newest_lease(key);
+        let latest = self.leases.newest(&self.caches.leases, key);
         let latest = latest.as_deref();
         let workload_pods: HashSet<String> = plan
             .into_iter()
@@ -231,7 +231,7 @@ impl Worker {
                 .replace(&l)
                 .await
             {
-                Ok(w) => self.wrote_lease(key, w),
+                Ok(w) => self.leases.wrote(&self.caches.leases, key, w),
                 Err(e) => {
                     tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
                     let soon = RETRY_FAILED_WRITE;

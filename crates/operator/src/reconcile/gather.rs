@@ -97,7 +97,7 @@ impl Worker {
             .caches
             .by_lease
             .candidates(key, &self.caches.candidates);
-        let lease = match self.newest_lease(key) {
+        let lease = match self.leases.newest(&self.caches.leases, key) {
             Some(l) => Some(l),
             None => self.foreign_lease(key).await?,
         };

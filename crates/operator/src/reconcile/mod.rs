@@ -23,6 +23,7 @@ mod adopt;
 mod expire;
 mod forced_exit;
 mod gather;
+mod lease_memory;
 mod outcome;
 mod sighting;
 mod unwrapped;
@@ -44,11 +45,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Client, ResourceExt};
 
 use self::gather::{Gathered, Pass};
+use self::lease_memory::LeaseMemory;
 use self::outcome::requeue;
-use self::sighting::Sighting;
 pub use self::workers::run;
 use crate::Settings;
-use crate::cache::written::{LeaseVersion, Written};
+use crate::cache::written::Written;
 use crate::cache::{Caches, pod_facts};
 use crate::force::targets::Deposer;
 use crate::key::LeaseKey;
@@ -86,8 +87,6 @@ pub(crate) struct Worker {
     pub(crate) recorder: Recorder,
     pub(crate) settings: Settings,
     pub(crate) metrics: Arc<Metrics>,
-    /// Per lease: the record last seen, when this process first saw it, and its holder.
-    pub(crate) seen: HashMap<LeaseKey, Sighting>,
     pub(crate) terms: TermLedger,
     pub(crate) deposer: Deposer,
     pub(crate) timers: HashMap<LeaseKey, Timers>,
@@ -95,11 +94,8 @@ pub(crate) struct Worker {
     pub(crate) reported: HashSet<(String, String)>,
     /// Candidates' statuses this worker wrote that its cache may not show yet.
     pub(crate) statuses: Written<Vec<Condition>>,
-    /// Leases this worker wrote that its cache may not show yet (the next write's base).
-    pub(crate) leases: Written<LeaseVersion, LeaseKey>,
-    /// Leases candidates name that exist without arbiter's label ([`crate::reconcile::adopt`]): read on
-    /// each reconcile (the Lease watch sees only labelled ones).
-    pub(crate) foreign: HashSet<LeaseKey>,
+    /// What it wrote, saw and found foreign of each Lease.
+    pub(crate) leases: LeaseMemory,
     /// Unwrapped pods this worker evicted (or tried to) lately, by uid ([`unwrapped`]).
     pub(crate) evicted_unwrapped: HashMap<String, std::time::Instant>,
     /// Per lease, the unwrapped pods seen (uid → name, and since when they are gone without

@@ -10,7 +10,6 @@ use kube::ResourceExt;
 
 use crate::cache::lease_records;
 use crate::key::LeaseKey;
-use crate::reconcile::sighting::Sighting;
 use crate::reconcile::{Worker, declared_duration};
 use crate::term::held;
 use arbiter_api::LeaseCandidate;
@@ -37,10 +36,8 @@ impl Worker {
         let fingerprint = lease_records::fingerprint(lease);
         let holder = lease::holder(lease).map(str::to_string);
         let delivered = self.caches.records.since(key, &fingerprint);
-        let seen = self.seen.entry(key.clone()).or_insert_with(Sighting::first);
-        let now = Instant::now();
-        let age = seen.sighted(fingerprint, holder, lease::term(lease), delivered, now);
-        (age, now.saturating_duration_since(seen.term_since))
+        self.leases
+            .sighted(key, fingerprint, holder, lease::term(lease), delivered)
     }
 
     /// Whether the pod the lease's holder ran in (recorded at assignment, by arbiter: a uid

@@ -16,7 +16,6 @@ use serde_json::json;
 
 use crate::CONCURRENT_WRITES;
 use crate::cache::candidate_index::owner_pod;
-use crate::cache::written::LeaseVersion;
 use crate::force::targets;
 use crate::key::LeaseKey;
 use crate::metrics::ReasonLabels;
@@ -53,7 +52,7 @@ impl Worker {
             .act(key, lease, candidates, decision, owner, deposed.as_ref())
             .await?;
         if let Some(w) = &written {
-            self.wrote_lease(key, w.clone());
+            self.leases.wrote(&self.caches.leases, key, w.clone());
             if let Some(t) = deposed {
                 self.deposer.add(key, t);
             }
@@ -99,47 +98,6 @@ impl Worker {
         }
         self.demote_deposed(pass, decision, written.as_ref()).await;
         Ok(written)
-    }
-
-    /// The Lease as this worker last wrote it while its cache has not caught up with that
-    /// write; else the cache's ([`crate::cache::written`]).
-    pub(crate) fn newest_lease(&mut self, key: &LeaseKey) -> Option<Arc<Lease>> {
-        let cached = self.cached_lease(key);
-        let version = cached
-            .as_ref()
-            .and_then(|l| l.metadata.resource_version.as_deref())
-            .unwrap_or_default();
-        let now = Instant::now();
-        let leases = &self.caches.leases;
-        self.leases.forget_shown(now, |key| {
-            (leases.get(&key.namespace, &key.name))
-                .and_then(|l| l.metadata.resource_version.clone())
-                .unwrap_or_default()
-        });
-        match self.leases.current(key, version, now) {
-            Some(written) => written.lease,
-            None => cached,
-        }
-    }
-
-    fn cached_lease(&self, key: &LeaseKey) -> Option<Arc<Lease>> {
-        self.caches.leases.get(&key.namespace, &key.name)
-    }
-
-    /// Records a Lease this worker wrote. (Against the cache as it is now: a compare-and-swap
-    /// that succeeded was based on the newest version, so the cache shows it, an earlier
-    /// one, or already this write.)
-    pub(crate) fn wrote_lease(&mut self, key: &LeaseKey, mut wrote: Lease) {
-        // As the cache keeps it.
-        crate::cache::slim::keep_arbiter_owned(&mut wrote.metadata);
-        // Compared by version only: the Lease read is not kept (the cache moves past it).
-        let cached = LeaseVersion::of(self.cached_lease(key)).only_version();
-        self.leases.record(
-            key,
-            cached,
-            LeaseVersion::of(Some(Arc::new(wrote))),
-            Instant::now(),
-        );
     }
 
     /// Carries out `decision.action`. Returns the Lease as written, if it wrote one.
