@@ -62,12 +62,12 @@
 //! Every other time this module compares (pings sent and shown, terms seen, `now`) is a point
 //! on the arbiter's own clock; no timestamp written by a candidate, another replica or a hand
 //! edit is compared with anything.
-
 //!
-//! Each rule has a module of its own, with its table tests beside it in `decide/tests.rs`:
-//! [`eligibility`] (who may be elected, and each candidate's standing), [`term`] (the
-//! holder's term, a hand-edited or foreign Lease), [`handover`] (a live holder and a better
-//! candidate or a switchover), [`settle`] (candidates started together), [`assignment`] (an
+//! Each rule has a module of its own (the table and property tests of all of them are in
+//! `decide/tests.rs`):
+//! `eligibility` (who may be elected, and each candidate's standing), `term` (the
+//! holder's term, a hand-edited or foreign Lease), `handover` (a live holder and a better
+//! candidate or a switchover), `settle` (candidates started together), `assignment` (an
 //! election with no live holder). [`decide`] applies them in that order.
 
 mod assignment;
