@@ -103,6 +103,22 @@ fn selected(name: &str) -> bool {
     }
 }
 
+/// Each selected test's name, or, with `ARBITER_E2E_REPEAT=N` (to hunt a flaky test: `N`
+/// copies run side by side, each in its own namespace), `N` names `test#1` ... `test#N`.
+fn repeated(name: &'static str) -> impl Iterator<Item = String> {
+    let n: usize = match std::env::var("ARBITER_E2E_REPEAT").as_deref() {
+        Err(_) | Ok("") => 0,
+        Ok(n) => n
+            .parse()
+            .unwrap_or_else(|_| panic!("ARBITER_E2E_REPEAT={n}: a number")),
+    };
+    let names: Vec<String> = match n {
+        0 | 1 => vec![name.to_string()],
+        n => (1..=n).map(|i| format!("{name}#{i}")).collect(),
+    };
+    names.into_iter()
+}
+
 fn main() {
     // A renamed test must not drop out of the matrix unnoticed.
     let names: Vec<&str> = tests().iter().map(|(n, _)| *n).collect();
@@ -139,9 +155,10 @@ fn main() {
     let trials = tests()
         .into_iter()
         .filter(|(name, _)| selected(name))
-        .map(|(name, test)| {
+        .flat_map(|(name, test)| repeated(name).map(move |shown| (name, shown, test)))
+        .map(|(name, shown, test)| {
             let kubeconfig = kubeconfig.clone();
-            Trial::test(name, move || {
+            Trial::test(shown, move || {
                 let path = kubeconfig.expect("a cluster when running tests");
                 let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
                 let outcome = rt.block_on(async {

@@ -810,7 +810,7 @@ async fn a_holder_in_crash_loop_back_off_is_passed_over_at_once(env: Arc<TestEnv
         arbiter::lease::holder(&next),
         Some("job-b"),
         "job-a's container: {c:?}\nthe operator's decisions:\n{}",
-        op.decisions("job").join("\n")
+        op.decisions(&format!("{}/job", env.ns)).join("\n")
     );
     // ... when no process of job-a ran: its container had ended, and the kubelet holds the
     // next start back.

@@ -20,7 +20,8 @@
 //! lags, every write would conflict: a new term would be reserved and lost each time, and the
 //! lease decided again only after a retry). It is never older than the cache: versions are
 //! never reused, so someone else's write shows in the cache as another version, and from then
-//! on the cache counts; the compare-and-swap refuses a write over a change the cache has not
+//! on the cache counts, also when the watch delivered it before the write's answer was read
+//! (the new holder's agent takes its term at once: [`Written::record_lease`]); the compare-and-swap refuses a write over a change the cache has not
 //! shown yet (and keeps refusing until the cache shows it, as it would without the memory). One
 //! case looks like the cache being behind: a Lease this worker created, deleted by hand before
 //! the cache showed it (no Lease either way); writes on it fail until the memory expires.
@@ -135,6 +136,37 @@ impl Written<LeaseVersion, LeaseKey> {
         }
         self.writes.retain(|key, w| w.behind(shown(key).as_str()));
         self.swept_shown = Some(now);
+    }
+}
+
+impl Written<LeaseVersion, LeaseKey> {
+    /// Records the Lease `wrote`, a compare-and-swap made on version `base` (empty: a
+    /// create), written while the cache showed `cached`. When the cache already shows a record
+    /// not known to come before the write (the write itself, or a later one: someone wrote
+    /// after it, say the new holder's agent taking its term, and the watch delivered both
+    /// before the write returned), the cache counts at once: remembered against that record,
+    /// the write would stand for a newer one until the Lease changed again, or for
+    /// [`KEPT_FOR`]. Known to come before it: the base, an earlier record this memory stands
+    /// for, or no Lease (one created, or adopted before the watch saw it).
+    pub fn record_lease(
+        &mut self,
+        key: &LeaseKey,
+        base: &str,
+        cached: LeaseVersion,
+        wrote: LeaseVersion,
+        now: Instant,
+    ) {
+        let shown: &str = cached.borrow();
+        let before = shown == base
+            || shown.is_empty()
+            || self.writes.get(key).is_some_and(|w| {
+                w.behind(shown) || w.wrote.last().is_some_and(|l| l.version == shown)
+            });
+        if before {
+            self.record(key, cached, wrote, now);
+        } else {
+            self.writes.remove(key);
+        }
     }
 }
 
@@ -293,6 +325,64 @@ mod tests {
         );
         // Someone else's write (version 4) counts at once.
         assert_eq!(w.current("ns/l", "4", t0), None);
+    }
+
+    #[test]
+    fn a_lease_write_the_cache_is_already_past_is_not_remembered() {
+        let mut w: Written<LeaseVersion, LeaseKey> = Written::default();
+        let key = LeaseKey::new("ns", "l");
+        let t0 = Instant::now();
+        // Written over 7 as 8; before the write returned, the new holder's agent took its
+        // term (9) and the watch delivered it: the cache counts, at once and for good.
+        w.record_lease(&key, "7", lease_at("9").only_version(), lease_at("8"), t0);
+        assert_eq!(w.current(&key, "9", t0), None);
+        // The write itself shown already: nothing to remember either.
+        w.record_lease(&key, "9", lease_at("10").only_version(), lease_at("10"), t0);
+        assert_eq!(w.current(&key, "10", t0), None);
+        // Shown as the base: the write stands until the cache moves.
+        w.record_lease(
+            &key,
+            "10",
+            lease_at("10").only_version(),
+            lease_at("11"),
+            t0,
+        );
+        assert_eq!(
+            w.current(&key, "10", t0).map(|l| l.version),
+            Some("11".into())
+        );
+        // Written again over the write the cache does not show yet: the chain goes on.
+        w.record_lease(
+            &key,
+            "11",
+            lease_at("10").only_version(),
+            lease_at("12"),
+            t0,
+        );
+        assert_eq!(
+            w.current(&key, "10", t0).map(|l| l.version),
+            Some("12".into())
+        );
+        assert_eq!(
+            w.current(&key, "11", t0).map(|l| l.version),
+            Some("12".into())
+        );
+        // A remembered write the cache then passed: someone's later record counts.
+        w.record_lease(
+            &key,
+            "12",
+            lease_at("14").only_version(),
+            lease_at("13"),
+            t0,
+        );
+        assert_eq!(w.current(&key, "14", t0), None);
+        // Created while the cache showed none: stands for a cache without it.
+        let other = LeaseKey::new("ns", "m");
+        w.record_lease(&other, "", LeaseVersion::of(None), lease_at("20"), t0);
+        assert_eq!(
+            w.current(&other, "", t0).map(|l| l.version),
+            Some("20".into())
+        );
     }
 
     #[test]

@@ -99,7 +99,8 @@ impl Worker {
             key.name
         );
         self.warn_on(key, &written, "LeaseRelabelled", note);
-        self.leases.wrote(&self.caches.leases, key, written.clone());
+        self.leases
+            .wrote(&self.caches.leases, key, Some(&current), written.clone());
         Ok(Some(Arc::new(written)))
     }
 

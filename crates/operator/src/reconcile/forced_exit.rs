@@ -231,7 +231,7 @@ impl Worker {
                 .replace(&l)
                 .await
             {
-                Ok(w) => self.leases.wrote(&self.caches.leases, key, w),
+                Ok(w) => self.leases.wrote(&self.caches.leases, key, Some(&l), w),
                 Err(e) => {
                     tracing::debug!(lease = %key, error = %e, "recording pending forced exits failed (retried)");
                     let soon = RETRY_FAILED_WRITE;

@@ -46,16 +46,25 @@ impl LeaseMemory {
         }
     }
 
-    /// Records a Lease this worker wrote. (Against the cache as it is now: a compare-and-swap
-    /// that succeeded was based on the newest version, so the cache shows it, an earlier
-    /// one, or already this write.)
-    pub(crate) fn wrote(&mut self, cache: &Cached<Lease>, key: &LeaseKey, mut wrote: Lease) {
+    /// Records a Lease this worker wrote, a compare-and-swap on `base` (`None`: created).
+    /// Against the cache as it is now: it shows the base, an earlier record, this write, or
+    /// already a later one (the new holder's agent may take its term before the write's answer
+    /// is read), which then counts ([`Written::record_lease`]).
+    pub(crate) fn wrote(
+        &mut self,
+        cache: &Cached<Lease>,
+        key: &LeaseKey,
+        base: Option<&Lease>,
+        mut wrote: Lease,
+    ) {
         // As the cache keeps it.
         crate::cache::slim::keep_arbiter_owned(&mut wrote.metadata);
         // Compared by version only: the Lease read is not kept (the cache moves past it).
         let cached = LeaseVersion::of(cache.get(&key.namespace, &key.name)).only_version();
-        self.written.record(
+        let base = base.and_then(|b| b.metadata.resource_version.as_deref());
+        self.written.record_lease(
             key,
+            base.unwrap_or_default(),
             cached,
             LeaseVersion::of(Some(Arc::new(wrote))),
             Instant::now(),
@@ -91,5 +100,54 @@ impl LeaseMemory {
     /// `key`'s Lease is gone, or arbiter's again.
     pub(crate) fn not_foreign(&mut self, key: &LeaseKey) {
         self.foreign.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::watcher;
+
+    use super::*;
+
+    fn lease(version: &str, holder: &str, taken_by: Option<&str>) -> Lease {
+        let mut l = Lease::default();
+        l.metadata.namespace = Some("ns".into());
+        l.metadata.name = Some("l".into());
+        l.metadata.resource_version = Some(version.into());
+        l.spec = Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(holder.into()),
+            ..Default::default()
+        });
+        if let Some(i) = taken_by {
+            arbiter_api::lease::set_annotation(
+                &mut l,
+                arbiter_api::INCARNATION_ANNOTATION,
+                Some(i),
+            );
+        }
+        l
+    }
+
+    #[test]
+    fn a_take_the_watch_delivers_before_the_write_returns_counts() {
+        let (cache, mut writers) = Cached::<Lease>::new(&[None]);
+        let key = LeaseKey::new("ns", "l");
+        let mut memory = LeaseMemory::default();
+        let base = lease("7", "old", None);
+        writers[0].apply_watcher_event(&watcher::Event::Apply(base.clone()));
+        // The arbiter assigns `a` (8); a's agent takes the term at once (9), and the watch
+        // delivers both before the assignment's answer is read.
+        writers[0].apply_watcher_event(&watcher::Event::Apply(lease("8", "a", None)));
+        writers[0].apply_watcher_event(&watcher::Event::Apply(lease("9", "a", Some("a-1"))));
+        memory.wrote(&cache, &key, Some(&base), lease("8", "a", None));
+        // The take is what the next pass sees (its incarnation: the proof a container's end
+        // ends the term), not the assignment it replaced.
+        let seen = memory.newest(&cache, &key).unwrap();
+        assert_eq!(seen.metadata.resource_version.as_deref(), Some("9"));
+        // A write the cache has not shown yet still stands for the base.
+        let base = lease("9", "a", Some("a-1"));
+        memory.wrote(&cache, &key, Some(&base), lease("10", "a", None));
+        let seen = memory.newest(&cache, &key).unwrap();
+        assert_eq!(seen.metadata.resource_version.as_deref(), Some("10"));
     }
 }

@@ -91,7 +91,8 @@ impl Worker {
         let released = p
             .release_for(&self.client, key, current, &h, deposed.as_ref())
             .await?;
-        self.leases.wrote(&self.caches.leases, key, released);
+        self.leases
+            .wrote(&self.caches.leases, key, Some(current), released);
         if let Some(t) = deposed {
             self.deposer.add(key, t);
         }
@@ -173,7 +174,9 @@ impl Worker {
             && lease::holder(l).is_some_and(|h| p.holds_for(candidates, h))
         {
             match p.renew_for(&self.client, key, l, v.unchanged_for).await {
-                Ok(Some(renewed)) => self.leases.wrote(&self.caches.leases, key, renewed),
+                Ok(Some(renewed)) => self
+                    .leases
+                    .wrote(&self.caches.leases, key, Some(l), renewed),
                 Ok(None) => {}
                 Err(e) => labelled = Err(e),
             }

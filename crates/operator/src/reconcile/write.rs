@@ -52,7 +52,12 @@ impl Worker {
             .act(key, lease, candidates, decision, owner, deposed.as_ref())
             .await?;
         if let Some(w) = &written {
-            self.leases.wrote(&self.caches.leases, key, w.clone());
+            // The compare-and-swap's base: the Lease acted on (none for a create).
+            let base = match decision.action {
+                Action::CreateLease { .. } => None,
+                _ => lease,
+            };
+            self.leases.wrote(&self.caches.leases, key, base, w.clone());
             if let Some(t) = deposed {
                 self.deposer.add(key, t);
             }
