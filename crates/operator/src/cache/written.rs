@@ -21,10 +21,11 @@
 //! lease decided again only after a retry). It is never older than the cache: versions are
 //! never reused, so someone else's write shows in the cache as another version, and from then
 //! on the cache counts, also when the watch delivered it before the write's answer was read
-//! (the new holder's agent takes its term at once: [`Written::record_lease`]); the compare-and-swap refuses a write over a change the cache has not
-//! shown yet (and keeps refusing until the cache shows it, as it would without the memory). One
-//! case looks like the cache being behind: a Lease this worker created, deleted by hand before
-//! the cache showed it (no Lease either way); writes on it fail until the memory expires.
+//! (the new holder's agent takes its term at once: [`Written::record_lease`]); the
+//! compare-and-swap refuses a write over a change the cache has not shown yet (and keeps
+//! refusing until the cache shows it, as it would without the memory). One case looks like the
+//! cache being behind: a Lease this worker created or wrote, deleted by hand before the cache
+//! showed it (no Lease either way); writes on it fail until the memory expires.
 //! When the view goes back from a written record to an older one the cache shows (the memory
 //! expired), that record's age counts from no earlier than the worker's first sight of the
 //! lease ([`crate::reconcile::view`]).
