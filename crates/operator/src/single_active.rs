@@ -10,16 +10,14 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{Api, ListParams};
-use kube::runtime::events::EventType;
 
-use crate::report::Recorder;
+use crate::report::Notices;
 use kube::{Client, ResourceExt};
 
 use crate::cache::Caches;
 use crate::cache::candidate_index::owner_pod;
 use crate::force::targets::{Target, record_on};
 use crate::key::LeaseKey;
-use crate::report::publish;
 use crate::workloads::sync::{self, managed};
 use crate::workloads::{ACTIVE, ROLE_LABEL, STANDBY, Workload, pod_ready};
 use arbiter_api::LeaseCandidate;
@@ -51,7 +49,7 @@ pub enum Prepared {
 pub async fn prepare(
     client: &Client,
     caches: &Caches,
-    recorder: &Recorder,
+    notices: &mut Notices,
     key: &LeaseKey,
     candidates: &[Arc<LeaseCandidate>],
     reported: &mut HashSet<(String, String)>,
@@ -70,13 +68,7 @@ pub async fn prepare(
             );
             if reported.insert(seen) {
                 tracing::warn!(lease = %key, %note);
-                publish(
-                    recorder,
-                    &invalid.object,
-                    EventType::Warning,
-                    "InvalidAnnotation",
-                    note,
-                );
+                notices.warning(invalid.object.clone(), "InvalidAnnotation", note);
             }
             return Ok(Prepared::Frozen);
         }
@@ -111,13 +103,7 @@ pub async fn prepare(
         if reported.insert((key.namespace.to_string(), pod.clone())) {
             let note = format!("pod {pod} is not eligible: {why}");
             tracing::warn!(workload = %workload.name, %note);
-            publish(
-                recorder,
-                &workload_ref(&workload),
-                EventType::Warning,
-                "VersionUnreadable",
-                note,
-            );
+            notices.warning(workload_ref(&workload), "VersionUnreadable", note);
         }
     }
     Ok(Prepared::Workload(Box::new(Plan { workload, pods })))

@@ -23,11 +23,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Resource;
-use kube::runtime::events::EventType;
 
 use crate::key::LeaseKey;
 use crate::reconcile::Worker;
-use crate::report::publish;
 use arbiter_api::lease::{self, ASSIGNED_ANNOTATION, LeaseStore, MANAGED_LABEL};
 
 impl Worker {
@@ -51,13 +49,8 @@ impl Worker {
                 key.name
             );
             tracing::warn!(lease = %key, %holder, "{note}");
-            publish(
-                &self.recorder,
-                &existing.object_ref(&()),
-                EventType::Warning,
-                "ForeignLease",
-                note,
-            );
+            self.notices
+                .warning(existing.object_ref(&()), "ForeignLease", note);
         }
         Ok(true)
     }
@@ -114,7 +107,7 @@ impl Worker {
     }
 
     /// Reports, once, that `key`'s Lease belongs to another install: it is never written.
-    fn another_instance(&self, key: &LeaseKey, existing: &Lease) {
+    fn another_instance(&mut self, key: &LeaseKey, existing: &Lease) {
         let theirs = lease::instance(existing).unwrap_or("(none)");
         let ours = self.settings.instance.as_deref().unwrap_or("(none)");
         let note = format!(
@@ -126,15 +119,9 @@ impl Worker {
     }
 
     /// Logs `note` about `key`'s Lease and records it on the Lease as a Warning Event.
-    fn warn_on(&self, key: &LeaseKey, lease: &Lease, reason: &str, note: String) {
+    fn warn_on(&mut self, key: &LeaseKey, lease: &Lease, reason: &'static str, note: String) {
         tracing::warn!(lease = %key, "{note}");
-        publish(
-            &self.recorder,
-            &lease.object_ref(&()),
-            EventType::Warning,
-            reason,
-            note,
-        );
+        self.notices.warning(lease.object_ref(&()), reason, note);
     }
 
     /// Reports the takeover of `before` (someone else's) by the write `after`.
@@ -149,13 +136,8 @@ impl Worker {
             lease::term(after),
         );
         tracing::info!(lease = %key, "{note}");
-        publish(
-            &self.recorder,
-            &after.object_ref(&()),
-            EventType::Normal,
-            "LeaseAdopted",
-            note,
-        );
+        self.notices
+            .normal(after.object_ref(&()), "LeaseAdopted", note);
     }
 }
 

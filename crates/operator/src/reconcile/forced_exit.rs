@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
 use crate::cache::candidate_index::owner_pod;
@@ -18,7 +17,6 @@ use crate::key::LeaseKey;
 use crate::metrics::MethodLabels;
 use crate::reconcile::RETRY_FAILED_WRITE;
 use crate::reconcile::Worker;
-use crate::report::publish;
 use crate::single_active::{self, Plan};
 use arbiter_api::lease::{
     self, HOLDER_POD_ANNOTATION, LeaseStore, PENDING_ANNOTATION, RESTARTS_ANNOTATION,
@@ -156,13 +154,8 @@ impl Worker {
                 PENDING_ANNOTATION
             );
             tracing::warn!(lease = %key, "{note}");
-            publish(
-                &self.recorder,
-                &l.object_ref(&()),
-                EventType::Warning,
-                "ForcedExitRefused",
-                note,
-            );
+            self.notices
+                .warning(l.object_ref(&()), "ForcedExitRefused", note);
         }
         let restorable = recorded.as_deref().filter(|_| trusted);
         self.deposer
@@ -245,7 +238,7 @@ impl Worker {
     /// Logs, counts and reports each forced exit's outcome (on the candidate, and on the
     /// workload if one governs the lease).
     fn publish_outcomes(
-        &self,
+        &mut self,
         key: &LeaseKey,
         candidates: &[Arc<LeaseCandidate>],
         plan: Option<&Plan>,
@@ -269,9 +262,9 @@ impl Worker {
             };
             if let Some(p) = plan {
                 let r = single_active::workload_ref(&p.workload);
-                publish(&self.recorder, &r, type_, reason, note.clone());
+                self.notices.add(r, type_, reason, note.clone());
             }
-            publish(&self.recorder, &c.object_ref(&()), type_, reason, note);
+            self.notices.add(c.object_ref(&()), type_, reason, note);
         }
     }
 }

@@ -124,7 +124,7 @@ impl Worker {
         let prepared = single_active::prepare(
             &self.client,
             &self.caches,
-            &self.recorder,
+            &mut self.notices,
             key,
             &candidates,
             &mut self.reported,

@@ -15,6 +15,9 @@
 //!    election while any runs);
 //! 7. **requeue** ([`outcome::requeue`]): when to look at the lease again.
 //!
+//! The phases hand their Events to the pass's [`Notices`] as values; [`Worker::reconcile`]
+//! sends them once the pass ends, whichever way it ends.
+//!
 //! A single-active workload's lease adds four hooks ([`workload`]); a Lease arbiter did not
 //! make is read and adopted ([`adopt`]); candidates that stopped renewing are deleted
 //! ([`expire`]).
@@ -39,7 +42,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::report::Recorder;
+use crate::report::{Notices, Recorder};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Client, ResourceExt};
@@ -85,6 +88,8 @@ pub(crate) struct Worker {
     pub(crate) client: Client,
     pub(crate) caches: Caches,
     pub(crate) recorder: Recorder,
+    /// The Events the pass under way decided, sent when it ends ([`Notices::publish`]).
+    pub(crate) notices: Notices,
     pub(crate) settings: Settings,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) terms: TermLedger,
@@ -122,11 +127,19 @@ impl Worker {
         }
     }
 
+    /// One pass over `key`'s lease ([`Worker::pass`]); the Events it decided are sent once it
+    /// ends, also when it failed part way (what it did before is reported).
+    async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Reconciled> {
+        let done = self.pass(key).await;
+        self.notices.publish(&self.recorder);
+        done
+    }
+
     /// One pass over `key`'s lease, in phases: gather what the caches hold of it, build the
     /// election's inputs, decide (pure), confirm the elected candidate's pod still runs, write
     /// (a single-active holder pod hands over through the operator), report, force out what
     /// was deposed, and say when to look again.
-    async fn reconcile(&mut self, key: &LeaseKey) -> anyhow::Result<Reconciled> {
+    async fn pass(&mut self, key: &LeaseKey) -> anyhow::Result<Reconciled> {
         let pass = match self.gather(key).await? {
             Gathered::Pass(pass) => pass,
             Gathered::Done(done) => return Ok(done),

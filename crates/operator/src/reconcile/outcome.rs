@@ -77,7 +77,7 @@ impl Worker {
         };
         let reported = report(
             &self.client,
-            &self.recorder,
+            &mut self.notices,
             &self.metrics,
             r,
             &mut self.statuses,

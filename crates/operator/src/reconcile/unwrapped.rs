@@ -17,7 +17,6 @@ use crate::cache::{declared, pod_facts};
 use crate::force::targets::evict;
 use crate::key::LeaseKey;
 use crate::metrics::ResultLabels;
-use crate::report::events::publish;
 use crate::workloads::unwrapped::{self, Step, Unwrapped};
 use arbiter_election::decide::{self, Action, Decision};
 
@@ -173,9 +172,8 @@ impl Worker {
                 self.evicted_unwrapped
                     .insert(uid.to_string(), Instant::now());
                 tracing::info!(lease = %key, pod = name, "evicted a pod that ran its command without the agent, so that its owner creates it again through the webhook");
-                publish(
-                    &self.recorder,
-                    &reference,
+                self.notices.add(
+                    reference,
                     EventType::Normal,
                     "UnwrappedEvicted",
                     format!(
@@ -193,9 +191,8 @@ impl Worker {
                 self.evicted_unwrapped
                     .insert(uid.to_string(), Instant::now());
                 tracing::warn!(lease = %key, pod = name, error = %e, "evicting a pod that runs its command without the agent was refused (retrying)");
-                publish(
-                    &self.recorder,
-                    &reference,
+                self.notices.add(
+                    reference,
                     EventType::Warning,
                     "UnwrappedEvictionRefused",
                     format!(

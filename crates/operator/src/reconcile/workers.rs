@@ -67,6 +67,7 @@ impl Worker {
             client: client.clone(),
             caches,
             recorder,
+            notices: Default::default(),
             settings,
             metrics,
             deposer: Deposer::default(),

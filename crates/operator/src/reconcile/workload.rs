@@ -16,12 +16,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
 
 use super::gather::{Inputs, Pass};
 use super::{Reconciled, Worker};
 use crate::key::LeaseKey;
-use crate::report::publish;
 use crate::single_active::{self, Plan};
 use arbiter_api::LeaseCandidate;
 use arbiter_api::lease;
@@ -97,13 +95,8 @@ impl Worker {
             self.deposer.add(key, t);
         }
         let note = format!("pod {h} handed lease {} over to {to}", key.name);
-        publish(
-            &self.recorder,
-            &single_active::workload_ref(&p.workload),
-            EventType::Normal,
-            "Deposed",
-            note,
-        );
+        self.notices
+            .normal(single_active::workload_ref(&p.workload), "Deposed", note);
         Ok(Some(Reconciled::after(Some(std::time::Duration::ZERO))))
     }
 
@@ -159,13 +152,8 @@ impl Worker {
                 "pod {h} ({}) is active, term {term}",
                 version.unwrap_or_default()
             );
-            publish(
-                &self.recorder,
-                &single_active::workload_ref(&p.workload),
-                EventType::Normal,
-                "Elected",
-                note,
-            );
+            self.notices
+                .normal(single_active::workload_ref(&p.workload), "Elected", note);
         }
         if labelled.is_ok()
             && written.is_none()

@@ -10,7 +10,6 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -21,7 +20,6 @@ use crate::key::LeaseKey;
 use crate::metrics::ReasonLabels;
 use crate::reconcile::gather::{Inputs, Pass};
 use crate::reconcile::{Worker, declared_duration};
-use crate::report::publish;
 use arbiter_api::LeaseCandidate;
 use arbiter_api::lease::RESTARTS_ANNOTATION;
 use arbiter_api::lease::{self, CasError, HOLDER_POD_ANNOTATION, LeaseStore};
@@ -91,7 +89,7 @@ impl Worker {
             // (A single-active workload's election is reported on the workload: keep_roles.)
             if pass.plan.is_none() {
                 elected(
-                    &self.recorder,
+                    &mut self.notices,
                     key,
                     candidates,
                     w,
@@ -357,7 +355,7 @@ impl Worker {
     /// arbiter falls back to the best live candidate; this says so (Event `HandoverAbandoned`,
     /// counter `arbiter_handovers_abandoned_total`).
     pub(crate) async fn report_abandoned_handover(
-        &self,
+        &mut self,
         key: &LeaseKey,
         old: &Lease,
         action: &Action,
@@ -391,13 +389,7 @@ impl Worker {
             .and_then(|h| candidates.iter().find(|c| c.name_any() == h))
             .map(|c| c.object_ref(&()))
             .unwrap_or_else(|| old.object_ref(&()));
-        publish(
-            &self.recorder,
-            &subject,
-            EventType::Warning,
-            "HandoverAbandoned",
-            note,
-        );
+        self.notices.warning(subject, "HandoverAbandoned", note);
     }
 }
 
@@ -440,7 +432,7 @@ fn assign(l: &mut Lease, holder: &str, term: i32, duration: i32, pod: Option<(i6
 /// term, and whose term ended before it, and how (`Elected`; `kubectl describe` the candidate,
 /// or `kubectl get events`). The holder's status is not written: the Lease says who holds it.
 fn elected(
-    recorder: &crate::report::Recorder,
+    notices: &mut crate::report::Notices,
     key: &LeaseKey,
     candidates: &[Arc<LeaseCandidate>],
     written: &Lease,
@@ -469,13 +461,7 @@ fn elected(
         key.name,
         lease::term(written)
     );
-    publish(
-        recorder,
-        &c.object_ref(&()),
-        kube::runtime::events::EventType::Normal,
-        "Elected",
-        note,
-    );
+    notices.normal(c.object_ref(&()), "Elected", note);
 }
 
 #[cfg(test)]

@@ -3,9 +3,11 @@
 pub mod conditions;
 pub(crate) mod events;
 pub(crate) mod limits;
+pub(crate) mod notices;
 pub(crate) mod recorder;
 
 pub use events::publish;
+pub(crate) use notices::Notices;
 pub use recorder::Recorder;
 
 use std::sync::Arc;
@@ -50,7 +52,7 @@ pub(crate) struct LeaseReport<'a> {
 /// what this worker wrote.
 pub(crate) async fn report(
     client: &Client,
-    recorder: &Recorder,
+    notices: &mut Notices,
     metrics: &Metrics,
     r: LeaseReport<'_>,
     written: &mut Written<Vec<Condition>>,
@@ -87,17 +89,20 @@ pub(crate) async fn report(
             continue;
         };
         count(metrics, key, &name, &status.events);
-        updates.push(write_status(&api, recorder, c, status));
+        updates.push(write_status(&api, c, status));
     }
     let done = futures::stream::iter(updates)
         .buffer_unordered(crate::CONCURRENT_WRITES)
         .collect::<Vec<_>>()
         .await;
-    let complete = done.iter().all(Option::is_some);
-    for (uid, read, wrote) in done.into_iter().flatten() {
-        written.record(&uid, read, wrote, now);
+    let complete = done.iter().all(|(w, _)| w.is_some());
+    for (w, events) in done {
+        if let Some((uid, read, wrote)) = w {
+            written.record(&uid, read, wrote, now);
+        }
+        notices.extend(events);
     }
-    decision_events(recorder, metrics, key, candidates, decision, holder);
+    decision_events(notices, metrics, key, candidates, decision, holder);
     Reported { complete }
 }
 
@@ -171,14 +176,13 @@ fn count(
     }
 }
 
-/// Writes candidate `c`'s new status, then publishes its Events. Returns what was written (its
-/// uid, the status read, the status written) unless the write failed.
+/// Writes candidate `c`'s new status. Returns what was written (its uid, the status read, the
+/// status written) unless the write failed, and its Events (reported either way).
 async fn write_status(
     api: &Api<LeaseCandidate>,
-    recorder: &Recorder,
     c: &LeaseCandidate,
     status: NewStatus,
-) -> Option<(String, Vec<Condition>, Vec<Condition>)> {
+) -> (Option<(String, Vec<Condition>, Vec<Condition>)>, Notices) {
     let NewStatus { conditions, events } = status;
     let (uid, read) = (c.uid().unwrap_or_default(), cached_status(c).to_vec());
     let name = c.name_any();
@@ -199,10 +203,11 @@ async fn write_status(
             None
         }
     };
+    let mut notices = Notices::default();
     for (type_, reason, note) in events {
-        publish(recorder, &c.object_ref(&()), type_, reason, note);
+        notices.add(c.object_ref(&()), type_, reason, note);
     }
-    done
+    (done, notices)
 }
 
 /// The Events of a candidate's conditions changing from `current` to `desired`: a problem
@@ -226,7 +231,7 @@ fn transitions(
 
 /// The Events of the decision itself, on the holder: a switchover refused, a handover asked.
 fn decision_events(
-    recorder: &Recorder,
+    notices: &mut Notices,
     metrics: &Metrics,
     key: &LeaseKey,
     candidates: &[Arc<LeaseCandidate>],
@@ -237,26 +242,14 @@ fn decision_events(
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
     {
         let note = format!("planned switchover of lease {} refused: {reason}", key.name);
-        publish(
-            recorder,
-            &h.object_ref(&()),
-            EventType::Warning,
-            "SwitchoverRefused",
-            note,
-        );
+        notices.warning(h.object_ref(&()), "SwitchoverRefused", note);
     }
     if let Action::RequestHandover { to } = &decision.action
         && let Some(h) = holder.and_then(|h| candidates.iter().find(|c| c.name_any() == h))
     {
         metrics.handovers.inc();
         let note = format!("asked to hand lease {} over to {to}", key.name);
-        publish(
-            recorder,
-            &h.object_ref(&()),
-            EventType::Normal,
-            "HandoverRequested",
-            note,
-        );
+        notices.normal(h.object_ref(&()), "HandoverRequested", note);
     }
 }
 

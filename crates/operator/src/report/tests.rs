@@ -1,7 +1,5 @@
 use std::sync::Arc;
 
-use kube::runtime::events::Reporter;
-
 use super::*;
 use crate::fake_api::{Answer, FakeApi};
 
@@ -18,9 +16,19 @@ async fn status_writes_failing(
     decision: &Decision,
     failing: Option<&'static str>,
 ) -> (Vec<String>, bool) {
+    let (patched, complete, _) = reported(candidates, decision, failing).await;
+    (patched, complete)
+}
+
+/// The same, with the Events the report returned.
+async fn reported(
+    candidates: &[Arc<LeaseCandidate>],
+    decision: &Decision,
+    failing: Option<&'static str>,
+) -> (Vec<String>, bool, Notices) {
     let (client, api) = FakeApi::new(move |r| {
         let Some(rest) = r.path.split("/leasecandidates/").nth(1) else {
-            // An Event, as created.
+            // An Event, as created (none is sent by a report: see below).
             return Answer::echo(r, 200);
         };
         let name = rest.trim_end_matches("/status");
@@ -38,13 +46,6 @@ async fn status_writes_failing(
             }
         }))
     });
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "arbiter".into(),
-            instance: None,
-        },
-    );
     let key = LeaseKey {
         namespace: "ns".into(),
         name: "l".into(),
@@ -59,9 +60,10 @@ async fn status_writes_failing(
         duplicates: &[],
         overruns: &[],
     };
+    let mut notices = Notices::default();
     let reported = report(
         &client,
-        &recorder,
+        &mut notices,
         &Metrics::default(),
         r,
         &mut Written::default(),
@@ -74,7 +76,12 @@ async fn status_writes_failing(
         .map(|rest| rest.trim_end_matches("/status").to_string())
         .collect();
     patched.sort();
-    (patched, reported.complete)
+    let sent: Vec<String> = (api.requests().iter())
+        .filter(|r| r.path.contains("/events"))
+        .map(|r| r.path.clone())
+        .collect();
+    assert!(sent.is_empty(), "a report sends no Event itself: {sent:?}");
+    (patched, reported.complete, notices)
 }
 
 /// Every candidate eligible, nothing to do.
@@ -153,4 +160,26 @@ async fn only_a_candidate_whose_conditions_change_is_written() {
         status_writes_failing(&all, &unresponsive, Some("b")).await,
         (vec!["b".to_string()], false)
     );
+}
+
+/// A report's Events come back as values, for the reconcile to send once the pass ends: the
+/// report sends none itself.
+#[tokio::test]
+async fn a_reports_events_are_returned_not_sent() {
+    let all = [
+        with_status("a", vec![]),
+        with_status("b", vec![]),
+        with_status("c", vec![]),
+    ];
+    let mut handover = decision();
+    handover.action = Action::RequestHandover { to: "b".into() };
+    let (_, _, notices) = reported(&all, &handover, None).await;
+    assert_eq!(notices.reasons(), ["HandoverRequested"]);
+    let mut refused = decision();
+    refused.action = Action::RefuseSwitchover {
+        reason: "b is newer".into(),
+    };
+    let (patched, _, notices) = reported(&all, &refused, None).await;
+    assert!(patched.is_empty(), "{patched:?}");
+    assert_eq!(notices.reasons(), ["SwitchoverRefused"]);
 }
