@@ -15,8 +15,13 @@ use crate::force::holder_pods;
 use crate::force::targets::{self, Target};
 use crate::key::LeaseKey;
 use crate::metrics::MethodLabels;
+use super::lease_memory::LeaseMemory;
+use crate::cache::{Caches, pod_facts};
+use crate::force::targets::Deposer;
+use crate::metrics::Metrics;
 use crate::reconcile::RETRY_FAILED_WRITE;
 use crate::reconcile::Worker;
+use crate::report::Notices;
 use crate::single_active::{self, Plan};
 use arbiter_api::lease::{
     self, HOLDER_POD_ANNOTATION, LeaseStore, PENDING_ANNOTATION, RESTARTS_ANNOTATION,
@@ -24,7 +29,33 @@ use arbiter_api::lease::{
 use arbiter_api::{LeaseCandidate, OnDepose};
 use arbiter_election::decide::{Action, Decision};
 
+/// The forced-exit phase of one pass, as a value: what it reads (the client, the caches, the
+/// metrics) and the worker's memory it keeps (the pods to force out, the Lease it writes their
+/// record on, the Events it reports), borrowed from the worker for the call.
+pub(crate) struct ForcedExits<'w> {
+    client: &'w kube::Client,
+    caches: &'w Caches,
+    metrics: &'w Metrics,
+    deposer: &'w mut Deposer,
+    leases: &'w mut LeaseMemory,
+    notices: &'w mut Notices,
+}
+
 impl Worker {
+    /// The forced-exit phase, over this worker's memory.
+    pub(crate) fn forced_exits(&mut self) -> ForcedExits<'_> {
+        ForcedExits {
+            client: &self.client,
+            caches: &self.caches,
+            metrics: &self.metrics,
+            deposer: &mut self.deposer,
+            leases: &mut self.leases,
+            notices: &mut self.notices,
+        }
+    }
+}
+
+impl ForcedExits<'_> {
     /// The pod of an ordinary lease's lapsed holder that kept running with the same
     /// containers (the pod its term was assigned in), to force out once `decision` deposes it:
     /// recorded by the write that deposes it.
@@ -45,7 +76,7 @@ impl Worker {
             return None;
         };
         let c = candidates.iter().find(|c| c.name_any() == *h)?;
-        let pod = self.pod_of(c)?;
+        let pod = pod_facts::pod_of(c, self.caches)?;
         let uid = pod.uid().unwrap_or_default();
         // The pod its term was assigned in: as this process recorded it, else as arbiter wrote
         // it on the Lease (a hand-written uid or count is no record).
@@ -112,7 +143,7 @@ impl Worker {
             };
             self.deposer
                 .attempt(
-                    &self.client,
+                    self.client,
                     key,
                     policy,
                     |name| pods.get(&ns, name).map(|p| (*p).clone()),

@@ -101,12 +101,8 @@ pub(crate) struct Worker {
     pub(crate) statuses: Written<Vec<Condition>>,
     /// What it wrote, saw and found foreign of each Lease.
     pub(crate) leases: LeaseMemory,
-    /// Unwrapped pods this worker evicted (or tried to) lately, by uid ([`unwrapped`]).
-    pub(crate) evicted_unwrapped: HashMap<String, std::time::Instant>,
-    /// Per lease, the unwrapped pods seen (uid → name, and since when they are gone without
-    /// proof that they stopped), until they are proven stopped ([`unwrapped`]).
-    pub(crate) unwrapped_seen:
-        HashMap<LeaseKey, HashMap<String, (String, Option<std::time::Instant>)>>,
+    /// What it remembers of pods that run their command unwrapped ([`unwrapped`]).
+    pub(crate) unwrapped: unwrapped::UnwrappedMemory,
 }
 
 impl Worker {
@@ -152,8 +148,8 @@ impl Worker {
             jiff::Timestamp::now(),
             &inputs.rules,
         );
-        let unwrapped = self.unwrapped(key);
-        Self::hold_for_unwrapped(&mut decision, &unwrapped);
+        let unwrapped = self.unwrapped_pods().running(key);
+        unwrapped::hold_for_unwrapped(&mut decision, &unwrapped);
         tracing::debug!(lease = %key, action = ?decision.action, standings = ?decision.standings, "decided");
         if let Some(again) = self.confirm(&pass, &decision) {
             return Ok(again);
@@ -190,10 +186,12 @@ impl Worker {
         }
         let policy = pass.policy(self.settings.on_depose);
         let forced = self
+            .forced_exits()
             .force_out(key, &pass.candidates, pass.plan.as_ref(), policy)
             .await;
         let unwrapped = self
-            .evict_unwrapped(key, &unwrapped, &decision, inputs.lease.as_ref())
+            .unwrapped_pods()
+            .evict(key, &unwrapped, &decision, inputs.lease.as_ref())
             .await;
         labelled?;
         Ok(requeue(

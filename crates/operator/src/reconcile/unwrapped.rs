@@ -5,6 +5,7 @@
 //! create them again through the webhook. Only this install's pods (`--instance`) in namespaces
 //! it arbitrates are counted; another install's are its business.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -13,10 +14,12 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::Worker;
-use crate::cache::{declared, pod_facts};
+use crate::Settings;
+use crate::cache::{Caches, declared, pod_facts};
 use crate::force::targets::evict;
 use crate::key::LeaseKey;
-use crate::metrics::ResultLabels;
+use crate::metrics::{Metrics, ResultLabels};
+use crate::report::Notices;
 use crate::workloads::unwrapped::{self, Step, Unwrapped};
 use arbiter_election::decide::{self, Action, Decision};
 
@@ -32,7 +35,48 @@ const LOOK_AGAIN: Duration = Duration::from_secs(5);
 /// period (30 s by default).
 pub(crate) const UNPROVEN_GRACE: Duration = Duration::from_secs(60);
 
+/// What a worker remembers of unwrapped pods between passes.
+#[derive(Default)]
+pub(crate) struct UnwrappedMemory {
+    /// The pods it evicted (or tried to) lately, by uid.
+    evicted: HashMap<String, Instant>,
+    /// Per lease, the unwrapped pods seen (uid → name, and since when they are gone without
+    /// proof that they stopped), until they are proven stopped.
+    seen: HashMap<LeaseKey, HashMap<String, (String, Option<Instant>)>>,
+}
+
+/// The unwrapped-pods phase of one pass, as a value: what it reads, and the worker's memory it
+/// keeps, borrowed for the call.
+pub(crate) struct UnwrappedPods<'w> {
+    client: &'w kube::Client,
+    caches: &'w Caches,
+    settings: &'w Settings,
+    metrics: &'w Metrics,
+    memory: &'w mut UnwrappedMemory,
+    notices: &'w mut Notices,
+}
+
 impl Worker {
+    /// The unwrapped-pods phase, over this worker's memory.
+    pub(crate) fn unwrapped_pods(&mut self) -> UnwrappedPods<'_> {
+        UnwrappedPods {
+            client: &self.client,
+            caches: &self.caches,
+            settings: &self.settings,
+            metrics: &self.metrics,
+            memory: &mut self.unwrapped,
+            notices: &mut self.notices,
+        }
+    }
+}
+
+/// The election held while `pods` run.
+pub(super) fn hold_for_unwrapped(decision: &mut Decision, pods: &[Unwrapped]) {
+    let action = std::mem::replace(&mut decision.action, Action::Nothing);
+    decision.action = decide::held_for_unwrapped(action, pods.len());
+}
+
+impl UnwrappedPods<'_> {
     /// The lease's unwrapped pods that may still run their command: none when this install
     /// does not enforce injection. A pod stops counting only once it is proven to have ended
     /// (a terminal phase the kubelet reported, or removed after its containers stopped: the
@@ -40,12 +84,12 @@ impl Worker {
     /// still counts (only reported from then on); one removed without proof (force-deleted, its
     /// Node deleted) counts for a further lease duration and [`UNPROVEN_GRACE`], on this
     /// worker's memory.
-    pub(super) fn unwrapped(&mut self, key: &LeaseKey) -> Vec<Unwrapped> {
+    pub(super) fn running(&mut self, key: &LeaseKey) -> Vec<Unwrapped> {
         if !self.settings.webhook.enforces_injection() {
             return Vec::new();
         }
         let names = self.caches.unwrapped.names(key);
-        if names.is_empty() && !self.unwrapped_seen.contains_key(key) {
+        if names.is_empty() && !self.memory.seen.contains_key(key) {
             return Vec::new();
         }
         let instance = self.caches.instance.as_deref();
@@ -62,8 +106,8 @@ impl Worker {
             .filter(|p| !pod_facts::terminal(p))
             .filter_map(|p| Unwrapped::of(&p))
             .collect();
-        let (caches, hold) = (&self.caches, self.settings.lease_duration + UNPROVEN_GRACE);
-        let memory = self.unwrapped_seen.entry(key.clone()).or_default();
+        let (caches, hold) = (self.caches, self.settings.lease_duration + UNPROVEN_GRACE);
+        let memory = self.memory.seen.entry(key.clone()).or_default();
         for p in &pods {
             memory.insert(p.uid.clone(), (p.name.clone(), None));
         }
@@ -99,22 +143,16 @@ impl Worker {
             true
         });
         if memory.is_empty() {
-            self.unwrapped_seen.remove(key);
+            self.memory.seen.remove(key);
         }
         pods.extend(more);
         pods
     }
 
-    /// The election held while `pods` run.
-    pub(super) fn hold_for_unwrapped(decision: &mut Decision, pods: &[Unwrapped]) {
-        let action = std::mem::replace(&mut decision.action, Action::Nothing);
-        decision.action = decide::held_for_unwrapped(action, pods.len());
-    }
-
     /// Evicts the next of `pods` ([`unwrapped::next`]); a successor is there when the lease
     /// is held (its holder's command already runs) or was held back from a live candidate.
     /// Returns when to look again while any is left.
-    pub(super) async fn evict_unwrapped(
+    pub(super) async fn evict(
         &mut self,
         key: &LeaseKey,
         pods: &[Unwrapped],
@@ -127,12 +165,13 @@ impl Worker {
         let successor = matches!(decision.action, Action::WaitForUnwrapped { .. })
             || lease.is_some_and(|l| l.holder.is_some() && !l.expired());
         let now = Instant::now();
-        self.evicted_unwrapped
+        self.memory
+            .evicted
             .retain(|_, at| now.duration_since(*at) < EVICTED_RECENTLY);
         // A pod evicted a moment ago is being removed, whether or not the cache shows it yet.
         let seen: Vec<Unwrapped> = (pods.iter())
             .map(|p| Unwrapped {
-                deleting: p.deleting || self.evicted_unwrapped.contains_key(&p.uid),
+                deleting: p.deleting || self.memory.evicted.contains_key(&p.uid),
                 ..p.clone()
             })
             .collect();
@@ -169,8 +208,7 @@ impl Worker {
         match evict(&pods, name, &key.namespace, uid).await {
             Ok(()) => {
                 count("evicted");
-                self.evicted_unwrapped
-                    .insert(uid.to_string(), Instant::now());
+                self.memory.evicted.insert(uid.to_string(), Instant::now());
                 tracing::info!(lease = %key, pod = name, "evicted a pod that ran its command without the agent, so that its owner creates it again through the webhook");
                 self.notices.add(
                     reference,
@@ -188,8 +226,7 @@ impl Worker {
                 count("refused");
                 // Tried again after a while, not at every look (a PodDisruptionBudget may
                 // refuse it for long); the others wait meanwhile, one at a time.
-                self.evicted_unwrapped
-                    .insert(uid.to_string(), Instant::now());
+                self.memory.evicted.insert(uid.to_string(), Instant::now());
                 tracing::warn!(lease = %key, pod = name, error = %e, "evicting a pod that runs its command without the agent was refused (retrying)");
                 self.notices.add(
                     reference,

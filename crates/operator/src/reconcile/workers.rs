@@ -75,8 +75,7 @@ impl Worker {
             reported: HashSet::new(),
             statuses: Written::default(),
             leases: super::lease_memory::LeaseMemory::default(),
-            evicted_unwrapped: HashMap::new(),
-            unwrapped_seen: HashMap::new(),
+            unwrapped: Default::default(),
         }
     }
 }

@@ -43,7 +43,7 @@ impl Worker {
         let deposed = match (&pass.plan, decision.action.elects()) {
             (Some(p), Some(holder)) => p.deposed(candidates, lease, Some(holder)),
             (Some(_), None) => None,
-            (None, _) => self.lapsed_target(key, lease, decision, candidates),
+            (None, _) => (self.forced_exits()).lapsed_target(key, lease, decision, candidates),
         };
         let owner = pass.plan.as_ref().map(|p| p.owner());
         let written = self
