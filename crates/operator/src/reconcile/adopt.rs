@@ -4,7 +4,7 @@
 //! team moved a client-go controller under `arbiter run` and kept its Lease name, or someone
 //! made the Lease by hand, or removed the label from one of arbiter's. The Lease watch sees
 //! only labelled Leases, so such a Lease shows up as a create that conflicts; from then on the
-//! worker reads it on every reconcile of its lease ([`Worker::foreign_lease`]).
+//! worker reads it on every reconcile of its lease ([`Adoption::foreign_lease`]).
 //!
 //! - **One of arbiter's that lost its label** (it carries the assignment mark arbiter wrote for
 //!   its holder and term, by arbiter's field manager): relabelled at once, by compare-and-swap;
@@ -24,11 +24,39 @@ use std::sync::Arc;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Resource;
 
+use super::lease_memory::LeaseMemory;
+use crate::cache::Caches;
 use crate::key::LeaseKey;
 use crate::reconcile::Worker;
+use crate::report::Notices;
 use arbiter_api::lease::{self, ASSIGNED_ANNOTATION, LeaseStore, MANAGED_LABEL};
 
+/// The reading and adoption of Leases arbiter did not make, as a value: what it reads, and the
+/// worker's memory it keeps (which Leases are someone else's, the Leases it writes, the Events
+/// it reports), borrowed from the worker for the call.
+pub(crate) struct Adoption<'w> {
+    client: &'w kube::Client,
+    caches: &'w Caches,
+    /// This install's `--instance`.
+    instance: Option<&'w str>,
+    leases: &'w mut LeaseMemory,
+    notices: &'w mut Notices,
+}
+
 impl Worker {
+    /// Adoption, over this worker's memory.
+    pub(crate) fn adoption(&mut self) -> Adoption<'_> {
+        Adoption {
+            client: &self.client,
+            caches: &self.caches,
+            instance: self.settings.instance.as_deref(),
+            leases: &mut self.leases,
+            notices: &mut self.notices,
+        }
+    }
+}
+
+impl Adoption<'_> {
     /// A create of `key`'s Lease conflicted: whether the Lease there is someone else's (then
     /// remembered, and reported once).
     pub(crate) async fn found_foreign(&mut self, key: &LeaseKey) -> anyhow::Result<bool> {
@@ -84,7 +112,7 @@ impl Worker {
             return Ok(Some(Arc::new(current)));
         }
         let mut relabelled = current.clone();
-        lease::label(&mut relabelled, self.settings.instance.as_deref());
+        lease::label(&mut relabelled, self.instance);
         let written = store.replace(&relabelled).await?;
         self.leases.not_foreign(key);
         let note = format!(
@@ -102,14 +130,13 @@ impl Worker {
     /// that names no instance (a client-go one) is no install's.
     pub(crate) fn theirs(&self, lease: &Lease) -> bool {
         let instance = lease::instance(lease);
-        instance != self.settings.instance.as_deref()
-            && (lease::managed(lease) || instance.is_some())
+        instance != self.instance && (lease::managed(lease) || instance.is_some())
     }
 
     /// Reports, once, that `key`'s Lease belongs to another install: it is never written.
     fn another_instance(&mut self, key: &LeaseKey, existing: &Lease) {
         let theirs = lease::instance(existing).unwrap_or("(none)");
-        let ours = self.settings.instance.as_deref().unwrap_or("(none)");
+        let ours = self.instance.unwrap_or("(none)");
         let note = format!(
             "Lease {} belongs to arbiter instance {theirs} (label {}), not to this one ({ours}): this install never writes it; its candidates labelled for this instance are not elected",
             key.name,

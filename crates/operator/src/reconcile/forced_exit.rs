@@ -10,14 +10,14 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Resource, ResourceExt};
 
+use super::lease_memory::LeaseMemory;
 use crate::cache::candidate_index::owner_pod;
+use crate::cache::{Caches, pod_facts};
 use crate::force::holder_pods;
+use crate::force::targets::Deposer;
 use crate::force::targets::{self, Target};
 use crate::key::LeaseKey;
 use crate::metrics::MethodLabels;
-use super::lease_memory::LeaseMemory;
-use crate::cache::{Caches, pod_facts};
-use crate::force::targets::Deposer;
 use crate::metrics::Metrics;
 use crate::reconcile::RETRY_FAILED_WRITE;
 use crate::reconcile::Worker;

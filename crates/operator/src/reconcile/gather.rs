@@ -99,12 +99,12 @@ impl Worker {
             .candidates(key, &self.caches.candidates);
         let lease = match self.leases.newest(&self.caches.leases, key) {
             Some(l) => Some(l),
-            None => self.foreign_lease(key).await?,
+            None => self.adoption().foreign_lease(key).await?,
         };
         // Another install's Lease (`--instance`): never written; looked at again now and then,
         // in case it is deleted or relabelled.
         if let Some(l) = &lease
-            && self.theirs(l)
+            && self.adoption().theirs(l)
         {
             return Ok(Gathered::Done(Reconciled::after(Some(
                 ANOTHER_INSTANCE_LOOK,
@@ -217,7 +217,7 @@ impl Worker {
             lease: mut lease_view,
             previous,
             term_ended,
-        } = self.view(
+        } = self.viewer().view(
             key,
             lease.as_deref(),
             candidates,

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
-use crate::cache::lease_records;
+use super::lease_memory::LeaseMemory;
+use crate::Settings;
+use crate::cache::{Caches, lease_records, pod_facts};
 use crate::key::LeaseKey;
 use crate::reconcile::{Worker, declared_duration};
 use crate::term::held;
@@ -27,7 +29,27 @@ pub(crate) struct View {
     pub term_ended: &'static str,
 }
 
+/// The reading of a lease's Lease, as a value: the caches and settings it reads, and the
+/// worker's memory of the Lease it keeps (when it first saw each record and term), borrowed
+/// from the worker for the call.
+pub(crate) struct Viewer<'w> {
+    caches: &'w Caches,
+    settings: &'w Settings,
+    leases: &'w mut LeaseMemory,
+}
+
 impl Worker {
+    /// The Lease's reader, over this worker's memory.
+    pub(crate) fn viewer(&mut self) -> Viewer<'_> {
+        Viewer {
+            caches: &self.caches,
+            settings: &self.settings,
+            leases: &mut self.leases,
+        }
+    }
+}
+
+impl Viewer<'_> {
     /// How long the Lease record has been unchanged, on this process's monotonic clock (since
     /// the watch delivered it: [`crate::cache::lease_records`]).
     /// Also how long this process has known the Lease's current term (its holder and
@@ -170,7 +192,7 @@ impl Worker {
         // Only the pod the term was seen taken in, and recorded at its assignment: a
         // candidate's owner reference can be pointed at a pod that never ran the term.
         let recorded = held.taken_in_recorded_pod(key, holder)?;
-        let pod = holder_candidate.and_then(|c| self.pod_of(c))?;
+        let pod = holder_candidate.and_then(|c| pod_facts::pod_of(c, self.caches))?;
         (h == holder
             && pod.uid().as_deref() == Some(recorded.as_str())
             && crate::cache::pod_facts::incarnation_ended(&pod, &incarnation))

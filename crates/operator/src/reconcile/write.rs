@@ -245,7 +245,7 @@ impl Worker {
         match store.create(&l).await {
             Ok(created) => Ok(Some(created)),
             // It exists: ours, and the cache has not shown it yet, or someone else's.
-            Err(CasError::Conflict(c)) => match self.found_foreign(key).await? {
+            Err(CasError::Conflict(c)) => match self.adoption().found_foreign(key).await? {
                 true => Ok(None),
                 false => Err(CasError::Conflict(c).into()),
             },
@@ -286,7 +286,7 @@ impl Worker {
         lease::label(&mut l, self.settings.instance.as_deref());
         let written = store.replace(&l).await?;
         if adopting {
-            self.adopted(key, current, &written);
+            self.adoption().adopted(key, current, &written);
         }
         Ok(written)
     }
