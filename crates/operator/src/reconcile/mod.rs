@@ -164,6 +164,7 @@ impl Worker {
         }
         let written = self.write(&pass, &inputs, &decision).await?;
         let reported = self
+            .reporting()
             .report_pass(&pass, &inputs, &decision, written.as_ref())
             .await;
         // A labelling or renewal that failed fails the reconcile (retried), after the forced

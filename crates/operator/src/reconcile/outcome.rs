@@ -2,6 +2,7 @@
 //! handovers, candidates' conditions, Events), and **requeue**: the one place that says when the
 //! lease is looked at again.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -10,10 +11,14 @@ use kube::ResourceExt;
 use super::gather::{Inputs, Pass};
 use super::view::look_again;
 use super::{RETRY_FAILED_WRITE, Reconciled, Worker};
+use crate::cache::written::Written;
 use crate::key::LeaseKey;
-use crate::report::{LeaseReport, report};
+use crate::metrics::Metrics;
+use crate::metrics::lease_timers::Timers;
+use crate::report::{LeaseReport, Notices, report};
 use arbiter_api::lease;
 use arbiter_election::decide::{self, Action, Decision};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 /// What the report said of the lease.
 pub(crate) struct Reported {
@@ -24,7 +29,31 @@ pub(crate) struct Reported {
     pub retry: Option<Duration>,
 }
 
+/// The report phase of one pass, as a value: the client and metrics it uses, and the worker's
+/// memory it keeps (each lease's timers, the statuses it wrote, the Events), borrowed from the
+/// worker for the call.
+pub(crate) struct Reporting<'w> {
+    client: &'w kube::Client,
+    metrics: &'w Metrics,
+    timers: &'w mut HashMap<LeaseKey, Timers>,
+    statuses: &'w mut Written<Vec<Condition>>,
+    notices: &'w mut Notices,
+}
+
 impl Worker {
+    /// The report phase, over this worker's memory.
+    pub(crate) fn reporting(&mut self) -> Reporting<'_> {
+        Reporting {
+            client: &self.client,
+            metrics: &self.metrics,
+            timers: &mut self.timers,
+            statuses: &mut self.statuses,
+            notices: &mut self.notices,
+        }
+    }
+}
+
+impl Reporting<'_> {
     /// Reports the pass: the lease's timers and metrics, then each candidate's conditions and
     /// the Events of what changed. Statuses that can wait are left for when this worker has no
     /// other lease due (`queue`).
@@ -75,14 +104,7 @@ impl Worker {
             duplicates: &inputs.duplicates,
             overruns: &overruns,
         };
-        let reported = report(
-            &self.client,
-            &mut self.notices,
-            &self.metrics,
-            r,
-            &mut self.statuses,
-        )
-        .await;
+        let reported = report(self.client, self.notices, self.metrics, r, self.statuses).await;
         Reported {
             holder: holder.map(str::to_string),
             term,
