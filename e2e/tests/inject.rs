@@ -336,7 +336,7 @@ async fn an_injected_deployment_runs_one_command_at_a_time_through_updates_rollb
     env: Arc<TestEnv>,
 ) {
     node::ready(&env).await;
-    let release = format!("inj{}", std::process::id());
+    let release = env.release("inj");
     let name = format!("{release}-arbiter");
     let settings: &[&str] = &[
         // Rotated once a minute: during the test.
@@ -635,7 +635,7 @@ async fn with_cert_manager_the_operator_serves_what_the_secret_holds_and_writes_
             .ok()
     })
     .await;
-    let release = format!("cm{}", std::process::id());
+    let release = env.release("cm");
     let name = format!("{release}-arbiter");
     let settings: &[&str] = &[
         "--set",
@@ -905,7 +905,7 @@ async fn a_force_deleted_unwrapped_pod_holds_its_lease_until_it_could_have_stopp
         .iter()
         .map(|p| p.name_any())
         .collect();
-    let release = format!("frc{}", std::process::id());
+    let release = env.release("frc");
     install(
         &env,
         &release,
@@ -1001,7 +1001,7 @@ async fn pods_created_before_the_webhook_are_evicted_down_to_one_command(env: Ar
     let log = shared.path().join("log");
     unwrapped_work(&env, 3, shared.path()).await;
 
-    let release = format!("unw{}", std::process::id());
+    let release = env.release("unw");
     install(
         &env,
         &release,

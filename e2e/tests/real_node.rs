@@ -153,7 +153,7 @@ async fn operator_leader(env: &TestEnv, lease: &str) -> String {
 async fn the_charts_operator_runs_in_the_cluster_and_fails_over(env: Arc<TestEnv>) {
     node::ready(&env).await;
     // Cluster-scoped objects (ClusterRoles) carry the release name: one per run.
-    let release = format!("live{}", std::process::id());
+    let release = env.release("live");
     let instance = format!("app.kubernetes.io/instance={release}");
     let ha_lease = format!("{release}-arbiter");
     let test_image = format!("test.image={BUSYBOX_IMAGE}");
@@ -235,7 +235,7 @@ async fn helm_uninstall_releases_the_operator_lease_and_a_reinstall_acts_at_once
     env: Arc<TestEnv>,
 ) {
     node::ready(&env).await;
-    let release = format!("again{}", std::process::id());
+    let release = env.release("again");
     let ha_lease = format!("{release}-arbiter");
     let ha = Duration::from_secs(60);
     let args = [

@@ -433,7 +433,7 @@ async fn elects(env: &TestEnv, lease: &str) {
 async fn helm_installs_the_chart_from_the_registry_and_its_pods_pull_and_elect(env: Arc<TestEnv>) {
     node::ready(&env).await;
     let reg = registry::get(&node::cluster_dir(&env.kubeconfig));
-    let release = format!("reg{}", std::process::id());
+    let release = env.release("reg");
     let mut args: Vec<String> = ["install", &release, &reg.chart(), "--version", VERSION]
         .iter()
         .map(|s| s.to_string())
@@ -568,7 +568,7 @@ fn record_leases(env: &TestEnv) -> (Seen, tokio::task::JoinHandle<()>) {
 async fn an_upgrade_from_the_previous_chart_keeps_every_holder_and_term(env: Arc<TestEnv>) {
     node::ready(&env).await;
     let reg = registry::get(&node::cluster_dir(&env.kubeconfig));
-    let release = format!("up{}", std::process::id());
+    let release = env.release("up");
     let instance = format!("app.kubernetes.io/instance={release}");
     let ns = env.ns.clone();
     // The previous chart names its image by repository and tag only.

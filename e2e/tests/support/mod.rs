@@ -144,6 +144,15 @@ impl TestEnv {
         }
     }
 
+    /// A Helm release name for this test: `prefix`, the process and this test's number (its
+    /// namespace's last two parts). A chart's cluster-scoped objects carry the release name, so
+    /// two tests (or two copies of one, `ARBITER_E2E_REPEAT`) never share one.
+    pub fn release(&self, prefix: &str) -> String {
+        let mut parts = self.ns.rsplit('-');
+        let (n, pid) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        format!("{prefix}{pid}x{n}")
+    }
+
     pub fn api<K>(&self) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
