@@ -160,9 +160,7 @@ impl Written<LeaseVersion, LeaseKey> {
         let shown: &str = cached.borrow();
         let before = shown == base
             || shown.is_empty()
-            || self.writes.get(key).is_some_and(|w| {
-                w.behind(shown) || w.wrote.last().is_some_and(|l| l.version == shown)
-            });
+            || self.writes.get(key).is_some_and(|w| w.behind(shown));
         if before {
             self.record(key, cached, wrote, now);
         } else {
@@ -340,34 +338,26 @@ mod tests {
         // The write itself shown already: nothing to remember either.
         w.record_lease(&key, "9", lease_at("10").only_version(), lease_at("10"), t0);
         assert_eq!(w.current(&key, "10", t0), None);
+        // (base, version the cache shows, version written), then what stands for a cache
+        // showing `shown`.
+        let mut write = |base: &str, shown: &str, wrote: &str| {
+            w.record_lease(
+                &key,
+                base,
+                lease_at(shown).only_version(),
+                lease_at(wrote),
+                t0,
+            );
+        };
         // Shown as the base: the write stands until the cache moves.
-        w.record_lease(
-            &key,
-            "10",
-            lease_at("10").only_version(),
-            lease_at("11"),
-            t0,
-        );
-        assert_eq!(
-            w.current(&key, "10", t0).map(|l| l.version),
-            Some("11".into())
-        );
+        write("10", "10", "11");
         // Written again over the write the cache does not show yet: the chain goes on.
-        w.record_lease(
-            &key,
-            "11",
-            lease_at("10").only_version(),
-            lease_at("12"),
-            t0,
-        );
-        assert_eq!(
-            w.current(&key, "10", t0).map(|l| l.version),
-            Some("12".into())
-        );
-        assert_eq!(
-            w.current(&key, "11", t0).map(|l| l.version),
-            Some("12".into())
-        );
+        write("11", "10", "12");
+        let standing = |w: &mut Written<LeaseVersion, LeaseKey>, shown: &str| {
+            w.current(&key, shown, t0).map(|l| l.version)
+        };
+        assert_eq!(standing(&mut w, "10"), Some("12".into()));
+        assert_eq!(standing(&mut w, "11"), Some("12".into()));
         // A remembered write the cache then passed: someone's later record counts.
         w.record_lease(
             &key,
@@ -376,7 +366,7 @@ mod tests {
             lease_at("13"),
             t0,
         );
-        assert_eq!(w.current(&key, "14", t0), None);
+        assert_eq!(standing(&mut w, "14"), None);
         // Created while the cache showed none: stands for a cache without it.
         let other = LeaseKey::new("ns", "m");
         w.record_lease(&other, "", LeaseVersion::of(None), lease_at("20"), t0);
