@@ -46,12 +46,32 @@ pub(crate) struct Adoption<'w> {
 impl Worker {
     /// Adoption, over this worker's memory.
     pub(crate) fn adoption(&mut self) -> Adoption<'_> {
+        let instance = self.settings.instance.as_deref();
+        Adoption::over(
+            &self.client,
+            &self.caches,
+            instance,
+            &mut self.leases,
+            &mut self.notices,
+        )
+    }
+}
+
+impl<'w> Adoption<'w> {
+    /// Adoption over what a phase borrowed (the write phase adopts by its own writes).
+    pub(crate) fn over(
+        client: &'w kube::Client,
+        caches: &'w Caches,
+        instance: Option<&'w str>,
+        leases: &'w mut LeaseMemory,
+        notices: &'w mut Notices,
+    ) -> Adoption<'w> {
         Adoption {
-            client: &self.client,
-            caches: &self.caches,
-            instance: self.settings.instance.as_deref(),
-            leases: &mut self.leases,
-            notices: &mut self.notices,
+            client,
+            caches,
+            instance,
+            leases,
+            notices,
         }
     }
 }

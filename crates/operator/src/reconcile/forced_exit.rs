@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Resource, ResourceExt};
 
+use super::gather::Pass;
 use super::lease_memory::LeaseMemory;
 use crate::cache::candidate_index::owner_pod;
 use crate::cache::{Caches, pod_facts};
@@ -54,10 +55,22 @@ impl Worker {
 }
 
 impl ForcedExits<'_> {
+    /// The pod a new holder deposes, to force out per policy, recorded on the Lease by the
+    /// write that deposes it: a single-active workload's active pod, or an ordinary lease's
+    /// lapsed holder's that still runs ([`ForcedExits::lapsed_target`]).
+    pub(crate) fn deposed(&self, pass: &Pass, decision: &Decision) -> Option<Target> {
+        let (key, candidates, lease) = (&pass.key, &pass.candidates, pass.lease.as_deref());
+        match (&pass.plan, decision.action.elects()) {
+            (Some(p), Some(holder)) => p.deposed(candidates, lease, Some(holder)),
+            (Some(_), None) => None,
+            (None, _) => self.lapsed_target(key, lease, decision, candidates),
+        }
+    }
+
     /// The pod of an ordinary lease's lapsed holder that kept running with the same
     /// containers (the pod its term was assigned in), to force out once `decision` deposes it:
     /// recorded by the write that deposes it.
-    pub(crate) fn lapsed_target(
+    fn lapsed_target(
         &self,
         key: &LeaseKey,
         lease: Option<&Lease>,

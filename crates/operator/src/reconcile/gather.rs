@@ -81,10 +81,19 @@ impl Worker {
     /// candidate that expired is deleted first; a single-active workload's pods are made
     /// candidates.
     pub(crate) async fn gather(&mut self, key: &LeaseKey) -> anyhow::Result<Gathered> {
+        // A single-active lease's reconcile (its role labels) never interleaves with another
+        // of the namespace's, whatever worker runs it: its lock is taken first, so that the
+        // namespace check below is the pass's one.
+        let serial = match self.caches.workloads.governing(key) {
+            Some(_) => Some(self.caches.single_active_locks.lock(&key.namespace).await),
+            None => None,
+        };
         // A namespace this install does not arbitrate (`--namespace-selector`): nothing is
-        // written there; its leases are enqueued again if its labels come to match. (Checked
-        // again after the namespace's lock and before the Lease write: a pass that saw it match
-        // finishes only what it had begun.)
+        // written there; its leases are enqueued again if its labels come to match. Checked
+        // once per pass: a pass that saw it match finishes what it began (the cache lags the
+        // Namespace's labels anyway, so a later check would only narrow a window that stays
+        // open; the protocol holds with two arbiters writing for a while, as in an operator
+        // failover: every Lease write is a compare-and-swap).
         match self.caches.arbitrated.covers(&key.namespace) {
             Some(true) => {}
             Some(false) => return Ok(Gathered::Done(Reconciled::after(None))),
@@ -111,15 +120,10 @@ impl Worker {
             ))));
         }
         let next_expiry = self.expire_candidates(key, &mut candidates).await;
-        // A single-active lease's reconcile (its role labels) never interleaves with another
-        // of the namespace's, whatever worker runs it.
-        let serial = match self.caches.workloads.governing(key) {
-            Some(_) => Some(self.caches.single_active_locks.lock(&key.namespace).await),
-            None => None,
-        };
-        // The namespace may have stopped matching while this waited for its lock.
-        if serial.is_some() && self.caches.arbitrated.covers(&key.namespace) != Some(true) {
-            return Ok(Gathered::Done(Reconciled::after(None)));
+        // A workload that came to govern the lease since the pass began: looked at again at
+        // once, under its namespace's lock.
+        if serial.is_none() && self.caches.workloads.governing(key).is_some() {
+            return Ok(Gathered::Done(Reconciled::after(Some(Duration::ZERO))));
         }
         let prepared = single_active::prepare(
             &self.client,
@@ -238,7 +242,14 @@ impl Worker {
         let mut rules = self.settings.rules.clone();
         let agent_took = lease.as_deref().is_some_and(lease::incarnation_stamped);
         if let Some(p) = plan {
-            self.as_pods_agent(p, key, candidates, agent_took, &mut inputs, &mut lease_view);
+            (self.pods_agent()).adjust_inputs(
+                p,
+                key,
+                candidates,
+                agent_took,
+                &mut inputs,
+                &mut lease_view,
+            );
             rules.max_skew = p.workload.max_skew.or(rules.max_skew);
         }
         Inputs {

@@ -43,7 +43,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::report::{Notices, Recorder};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{Client, ResourceExt};
 
@@ -106,18 +105,15 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn pod_of(&self, candidate: &LeaseCandidate) -> Option<Arc<Pod>> {
-        pod_facts::pod_of(candidate, &self.caches)
-    }
-
     /// Whether `candidate`'s pod, as the caches stand now, can still take a term: running (and,
     /// for a single-active workload's pod, ready), or no pod at all.
     fn still_electable(&self, candidate: &LeaseCandidate) -> bool {
         match pod_facts::state(candidate, &self.caches) {
             decide::PodState::NoPod => true,
-            decide::PodState::Running if crate::workloads::sync::managed(candidate) => self
-                .pod_of(candidate)
-                .is_some_and(|p| crate::workloads::pod_ready(&p)),
+            decide::PodState::Running if crate::workloads::sync::managed(candidate) => {
+                pod_facts::pod_of(candidate, &self.caches)
+                    .is_some_and(|p| crate::workloads::pod_ready(&p))
+            }
             decide::PodState::Running => true,
             _ => false,
         }
@@ -154,22 +150,24 @@ impl Worker {
         if let Some(again) = self.confirm(&pass, &decision) {
             return Ok(again);
         }
-        // The namespace stopped matching during the pass (`--namespace-selector`): no Lease
-        // write (a handover's release included).
-        if self.caches.arbitrated.covers(&key.namespace) != Some(true) {
-            return Ok(Reconciled::after(None));
-        }
-        if let Some(done) = self.hand_over_for_pod(&pass, &inputs, &decision).await? {
+        if let Some(done) = self
+            .pods_agent()
+            .hand_over(&pass, &inputs, &decision)
+            .await?
+        {
             return Ok(done);
         }
-        let written = self.write(&pass, &inputs, &decision).await?;
+        let deposed = self.forced_exits().deposed(&pass, &decision);
+        let written = (self.writer())
+            .write(&pass, &inputs, &decision, deposed)
+            .await?;
         let reported = self
             .reporting()
             .report_pass(&pass, &inputs, &decision, written.as_ref())
             .await;
         // A labelling or renewal that failed fails the reconcile (retried), after the forced
         // exits below: a pod the write deposed is forced out even while labels cannot be written.
-        let labelled = self
+        let labelled = (self.pods_agent())
             .keep_roles(
                 &pass,
                 &inputs,
@@ -182,8 +180,12 @@ impl Worker {
         if written.is_some()
             && let Some(old) = pass.lease.as_deref()
         {
-            self.report_abandoned_handover(key, old, &decision.action, &pass.candidates)
-                .await;
+            (self.reporting()).report_abandoned_handover(
+                key,
+                old,
+                &decision.action,
+                &pass.candidates,
+            );
         }
         let policy = pass.policy(self.settings.on_depose);
         let forced = self

@@ -3,10 +3,11 @@
 //! lease is looked at again.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 
 use super::gather::{Inputs, Pass};
 use super::view::look_again;
@@ -16,6 +17,7 @@ use crate::key::LeaseKey;
 use crate::metrics::Metrics;
 use crate::metrics::lease_timers::Timers;
 use crate::report::{LeaseReport, Notices, report};
+use arbiter_api::LeaseCandidate;
 use arbiter_api::lease;
 use arbiter_election::decide::{self, Action, Decision};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -149,6 +151,48 @@ impl Reporting<'_> {
         });
         self.metrics
             .lease_state(key, since, lease.map(|l| l.duration.as_secs()));
+    }
+
+    /// A handover was asked for (`preferredHolder`) and the lease is now going elsewhere: its
+    /// target did not take it (it stopped answering, withdrew, or is no longer the best). The
+    /// arbiter falls back to the best live candidate; this says so (Event `HandoverAbandoned`,
+    /// counter `arbiter_handovers_abandoned_total`).
+    pub(crate) fn report_abandoned_handover(
+        &mut self,
+        key: &LeaseKey,
+        old: &Lease,
+        action: &Action,
+        candidates: &[Arc<LeaseCandidate>],
+    ) {
+        let (Some(target), holder) = (lease::preferred_holder(old), lease::holder(old)) else {
+            return;
+        };
+        if holder == Some(target) {
+            return;
+        }
+        let instead = match action {
+            Action::Assign { holder: h, .. } if h != target => format!("{h} was elected instead"),
+            Action::RequestHandover { to } if to != target => {
+                format!("asking for a handover to {to} instead")
+            }
+            Action::ClearPreferredHolder => {
+                format!("{} keeps it", holder.unwrap_or("nobody"))
+            }
+            _ => return,
+        };
+        self.metrics.handovers_abandoned.inc();
+        let note = format!(
+            "the handover of lease {} to {target} was abandoned: {target} did not take it (no answer, withdrawn, or no longer the best); {instead}",
+            key.name
+        );
+        tracing::warn!(lease = %key, %target, "{note}");
+        // On the candidate that was asked to hand over (the holder, or who released).
+        let subject = holder
+            .or(lease::released_by(old))
+            .and_then(|h| candidates.iter().find(|c| c.name_any() == h))
+            .map(|c| c.object_ref(&()))
+            .unwrap_or_else(|| old.object_ref(&()));
+        self.notices.warning(subject, "HandoverAbandoned", note);
     }
 }
 

@@ -1,12 +1,13 @@
 //! What a single-active workload's lease adds to a reconcile: the operator is its pods' agent
-//! (see [`crate::single_active`]). Four hooks, each a no-op for an ordinary lease:
+//! (see [`crate::single_active`]). Four hooks, each a no-op for an ordinary lease, three of
+//! them on the value [`PodsAgent`]:
 //!
-//! - [`Worker::as_pods_agent`] (inputs): a pod is alive while Running and Ready, and a holder
-//!   pod judged not running ends its term, as an agent's release would;
-//! - [`Worker::hand_over_for_pod`] (before the write): a handover is done on the pod's behalf
+//! - [`PodsAgent::adjust_inputs`] (inputs): a pod is alive while Running and Ready, and a
+//!   holder pod judged not running ends its term, as an agent's release would;
+//! - [`PodsAgent::hand_over`] (before the write): a handover is done on the pod's behalf
 //!   (demote, release, force the pod out);
-//! - [`Worker::demote_deposed`] (after the write): every pod but the new holder's is demoted;
-//! - [`Worker::keep_roles`] (after the report): the role labels follow the lease, and the
+//! - [`demote_deposed`] (after the write): every pod but the new holder's is demoted;
+//! - [`PodsAgent::keep_roles`] (after the report): the role labels follow the lease, and the
 //!   operator renews it for the active pod.
 //!
 //! Only for a term no agent took: an agent's term is the agent's (see
@@ -18,17 +19,48 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 
 use super::gather::{Inputs, Pass};
+use super::lease_memory::LeaseMemory;
 use super::{Reconciled, Worker};
+use crate::cache::Caches;
+use crate::force::targets::Deposer;
 use crate::key::LeaseKey;
+use crate::metrics::Metrics;
+use crate::report::Notices;
 use crate::single_active::{self, Plan};
 use arbiter_api::LeaseCandidate;
 use arbiter_api::lease;
 use arbiter_election::decide::{self, Action, Decision};
 
+/// The operator as a single-active workload's pods' agent, as a value: what it reads (the
+/// client, the caches, the metrics) and the worker's memory it keeps (the Leases it writes for
+/// the pods, the pods to force out, the Events), borrowed from the worker for the call.
+pub(crate) struct PodsAgent<'w> {
+    client: &'w kube::Client,
+    caches: &'w Caches,
+    metrics: &'w Metrics,
+    leases: &'w mut LeaseMemory,
+    deposer: &'w mut Deposer,
+    notices: &'w mut Notices,
+}
+
 impl Worker {
+    /// The pods' agent, over this worker's memory.
+    pub(crate) fn pods_agent(&mut self) -> PodsAgent<'_> {
+        PodsAgent {
+            client: &self.client,
+            caches: &self.caches,
+            metrics: &self.metrics,
+            leases: &mut self.leases,
+            deposer: &mut self.deposer,
+            notices: &mut self.notices,
+        }
+    }
+}
+
+impl PodsAgent<'_> {
     /// The election's inputs as the pods' agent sees them: liveness from the pods, and a holder
     /// pod it judged not running ends its term. Counts the pods labelled active.
-    pub(crate) fn as_pods_agent(
+    pub(crate) fn adjust_inputs(
         &self,
         p: &Plan,
         key: &LeaseKey,
@@ -68,7 +100,7 @@ impl Worker {
 
     /// A handover asked of a holder pod the operator is the agent of: it demotes the pod,
     /// releases the lease and forces the pod out, on the pod's behalf. `Some` when it did.
-    pub(crate) async fn hand_over_for_pod(
+    pub(crate) async fn hand_over(
         &mut self,
         pass: &Pass,
         inputs: &Inputs,
@@ -87,7 +119,7 @@ impl Worker {
         }
         let deposed = p.deposed(candidates, Some(current), None);
         let released = p
-            .release_for(&self.client, key, current, &h, deposed.as_ref())
+            .release_for(self.client, key, current, &h, deposed.as_ref())
             .await?;
         self.leases
             .wrote(&self.caches.leases, key, Some(current), released);
@@ -98,26 +130,6 @@ impl Worker {
         self.notices
             .normal(single_active::workload_ref(&p.workload), "Deposed", note);
         Ok(Some(Reconciled::after(Some(std::time::Duration::ZERO))))
-    }
-
-    /// Once the new holder's term is written (not before: a decision on a view the
-    /// compare-and-swap refuses must not touch the pods), every pod but the new holder's is
-    /// demoted at once. (The labelling after the report demotes again before it promotes
-    /// anyone, and fails the reconcile if it cannot.)
-    pub(crate) async fn demote_deposed(
-        &self,
-        pass: &Pass,
-        decision: &Decision,
-        written: Option<&Lease>,
-    ) {
-        let (true, Some(p), Some(holder)) =
-            (written.is_some(), &pass.plan, decision.action.elects())
-        else {
-            return;
-        };
-        if let Err(e) = p.demote_all_but(&self.client, Some(holder)).await {
-            tracing::warn!(lease = %pass.key, error = %format!("{e:#}"), "demoting the deposed pod failed; trying again before anyone is promoted");
-        }
     }
 
     /// The role labels follow the lease (demote first, then promote `holder`), with an
@@ -139,7 +151,7 @@ impl Worker {
         let current = written.or(pass.lease.as_deref());
         // The Event below reports the assignment, which is done: a failed labelling (retried)
         // must not lose it.
-        let mut labelled = p.label(&self.client, holder).await;
+        let mut labelled = p.label(self.client, holder).await;
         if let Some(w) = written
             && let Some(h) = lease::holder(w)
             && decision.action.elects().is_some()
@@ -161,7 +173,7 @@ impl Worker {
             && !inputs.agent_took
             && lease::holder(l).is_some_and(|h| p.holds_for(candidates, h))
         {
-            match p.renew_for(&self.client, key, l, v.unchanged_for).await {
+            match p.renew_for(self.client, key, l, v.unchanged_for).await {
                 Ok(Some(renewed)) => self
                     .leases
                     .wrote(&self.caches.leases, key, Some(l), renewed),
@@ -170,5 +182,24 @@ impl Worker {
             }
         }
         labelled
+    }
+}
+
+/// Once the new holder's term is written (not before: a decision on a view the
+/// compare-and-swap refuses must not touch the pods), every pod but the new holder's is
+/// demoted at once. (The labelling after the report demotes again before it promotes
+/// anyone, and fails the reconcile if it cannot.)
+pub(crate) async fn demote_deposed(
+    client: &kube::Client,
+    pass: &Pass,
+    decision: &Decision,
+    written: Option<&Lease>,
+) {
+    let (true, Some(p), Some(holder)) = (written.is_some(), &pass.plan, decision.action.elects())
+    else {
+        return;
+    };
+    if let Err(e) = p.demote_all_but(client, Some(holder)).await {
+        tracing::warn!(lease = %pass.key, error = %format!("{e:#}"), "demoting the deposed pod failed; trying again before anyone is promoted");
     }
 }

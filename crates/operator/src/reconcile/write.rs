@@ -1,6 +1,6 @@
-//! The **write** phase of a reconcile, carrying out a decision: the one Lease write the election asked for (every one a
-//! compare-and-swap), with the term recorded first and the holder's pod noted, and the Event
-//! for a handover that was abandoned.
+//! The **write** phase of a reconcile, carrying out a decision: the one Lease write the
+//! election asked for (every one a compare-and-swap), with the term recorded first and the
+//! holder's pod noted.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,38 +13,78 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::CONCURRENT_WRITES;
+use super::adopt::Adoption;
+use super::gather::{Inputs, Pass};
+use super::lease_memory::LeaseMemory;
+use super::workload::demote_deposed;
+use super::{Worker, declared_duration};
 use crate::cache::candidate_index::owner_pod;
-use crate::force::targets;
+use crate::cache::{Caches, pod_facts};
+use crate::force::targets::{self, Deposer};
 use crate::key::LeaseKey;
-use crate::metrics::ReasonLabels;
-use crate::reconcile::gather::{Inputs, Pass};
-use crate::reconcile::{Worker, declared_duration};
+use crate::metrics::{Metrics, ReasonLabels};
+use crate::report::Notices;
+use crate::term::ledger::TermLedger;
+use crate::{CONCURRENT_WRITES, Settings};
 use arbiter_api::LeaseCandidate;
 use arbiter_api::lease::RESTARTS_ANNOTATION;
 use arbiter_api::lease::{self, CasError, HOLDER_POD_ANNOTATION, LeaseStore};
 use arbiter_election::decide::{Action, Decision};
 
+/// The write phase of one pass, as a value: what it reads (the client, the caches, the
+/// settings, the metrics) and the worker's memory it keeps (the term ledger, the pods to force
+/// out, the Leases it wrote, the Events), borrowed from the worker for the call.
+pub(crate) struct Writer<'w> {
+    client: &'w kube::Client,
+    caches: &'w Caches,
+    settings: &'w Settings,
+    metrics: &'w Metrics,
+    terms: &'w mut TermLedger,
+    deposer: &'w mut Deposer,
+    leases: &'w mut LeaseMemory,
+    notices: &'w mut Notices,
+}
+
 impl Worker {
-    /// The **write** phase: carries out the decision, the one Lease write (the pod it deposes
-    /// recorded by the same write), kept as this worker's latest; a new term is noted in the
-    /// memory of holders and counted at once; a single-active workload's other pods are then
-    /// demoted.
+    /// The write phase, over this worker's memory.
+    pub(crate) fn writer(&mut self) -> Writer<'_> {
+        Writer {
+            client: &self.client,
+            caches: &self.caches,
+            settings: &self.settings,
+            metrics: &self.metrics,
+            terms: &mut self.terms,
+            deposer: &mut self.deposer,
+            leases: &mut self.leases,
+            notices: &mut self.notices,
+        }
+    }
+}
+
+impl Writer<'_> {
+    /// Adoption, over the memory this phase borrowed.
+    fn adoption(&mut self) -> Adoption<'_> {
+        Adoption::over(
+            self.client,
+            self.caches,
+            self.settings.instance.as_deref(),
+            self.leases,
+            self.notices,
+        )
+    }
+
+    /// The **write** phase: carries out the decision, the one Lease write (the pod it deposes,
+    /// `deposed`, recorded by the same write), kept as this worker's latest; a new term is
+    /// noted in the memory of holders and counted at once; a single-active workload's other
+    /// pods are then demoted.
     pub(crate) async fn write(
         &mut self,
         pass: &Pass,
         inputs: &Inputs,
         decision: &Decision,
+        deposed: Option<targets::Target>,
     ) -> anyhow::Result<Option<Lease>> {
         let (key, candidates, lease) = (&pass.key, &pass.candidates, pass.lease.as_deref());
-        // The pod a new holder deposes (single-active: the active pod; otherwise a lapsed
-        // holder's that still runs) is forced out per policy, recorded on the Lease by the
-        // write that deposes it.
-        let deposed = match (&pass.plan, decision.action.elects()) {
-            (Some(p), Some(holder)) => p.deposed(candidates, lease, Some(holder)),
-            (Some(_), None) => None,
-            (None, _) => (self.forced_exits()).lapsed_target(key, lease, decision, candidates),
-        };
         let owner = pass.plan.as_ref().map(|p| p.owner());
         let written = self
             .act(key, lease, candidates, decision, owner, deposed.as_ref())
@@ -89,7 +129,7 @@ impl Worker {
             // (A single-active workload's election is reported on the workload: keep_roles.)
             if pass.plan.is_none() {
                 elected(
-                    &mut self.notices,
+                    self.notices,
                     key,
                     candidates,
                     w,
@@ -99,7 +139,7 @@ impl Worker {
                 );
             }
         }
-        self.demote_deposed(pass, decision, written.as_ref()).await;
+        demote_deposed(self.client, pass, decision, written.as_ref()).await;
         Ok(written)
     }
 
@@ -110,7 +150,7 @@ impl Worker {
         lease: Option<&Lease>,
         candidates: &[Arc<LeaseCandidate>],
         decision: &Decision,
-        owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+        owner: Option<OwnerReference>,
         deposed: Option<&targets::Target>,
     ) -> anyhow::Result<Option<Lease>> {
         let store = LeaseStore::new(self.client.clone(), &key.namespace);
@@ -180,7 +220,7 @@ impl Worker {
         let Some(c) = candidates.iter().find(|c| c.name_any() == holder) else {
             return Ok(None);
         };
-        match self.pod_of(c) {
+        match pod_facts::pod_of(c, self.caches) {
             Some(p)
                 if crate::cache::declared::declares_holder(&p, &key.name, holder)
                     || self.caches.workloads.selecting(&p).contains(key) =>
@@ -346,50 +386,6 @@ impl Worker {
             }
         }
         Ok(())
-    }
-}
-
-impl Worker {
-    /// A handover was asked for (`preferredHolder`) and the lease is now going elsewhere: its
-    /// target did not take it (it stopped answering, withdrew, or is no longer the best). The
-    /// arbiter falls back to the best live candidate; this says so (Event `HandoverAbandoned`,
-    /// counter `arbiter_handovers_abandoned_total`).
-    pub(crate) async fn report_abandoned_handover(
-        &mut self,
-        key: &LeaseKey,
-        old: &Lease,
-        action: &Action,
-        candidates: &[Arc<LeaseCandidate>],
-    ) {
-        let (Some(target), holder) = (lease::preferred_holder(old), lease::holder(old)) else {
-            return;
-        };
-        if holder == Some(target) {
-            return;
-        }
-        let instead = match action {
-            Action::Assign { holder: h, .. } if h != target => format!("{h} was elected instead"),
-            Action::RequestHandover { to } if to != target => {
-                format!("asking for a handover to {to} instead")
-            }
-            Action::ClearPreferredHolder => {
-                format!("{} keeps it", holder.unwrap_or("nobody"))
-            }
-            _ => return,
-        };
-        self.metrics.handovers_abandoned.inc();
-        let note = format!(
-            "the handover of lease {} to {target} was abandoned: {target} did not take it (no answer, withdrawn, or no longer the best); {instead}",
-            key.name
-        );
-        tracing::warn!(lease = %key, %target, "{note}");
-        // On the candidate that was asked to hand over (the holder, or who released).
-        let subject = holder
-            .or(lease::released_by(old))
-            .and_then(|h| candidates.iter().find(|c| c.name_any() == h))
-            .map(|c| c.object_ref(&()))
-            .unwrap_or_else(|| old.object_ref(&()));
-        self.notices.warning(subject, "HandoverAbandoned", note);
     }
 }
 
