@@ -312,12 +312,22 @@ fn replay_regressions() {
         );
         if case.system.mutation.is_none() {
             let gather = case.system.settle > 0;
-            let broken = states.iter().position(|s| !s.promises_hold(gather));
-            assert!(
-                broken.is_none(),
-                "regression {}: a promise is broken at step {broken:?}",
-                case.name
-            );
+            if let Some(k) = states.iter().position(|s| !s.promises_hold(gather)) {
+                let s = &states[k];
+                panic!(
+                    "regression {}: a promise is broken at step {k} (t={}): overlap {}, term reused {}, two writers {}, live {}, in order {}, gathered {}, wrong eviction {}, unheard elected {}",
+                    case.name,
+                    s.t,
+                    s.overlap,
+                    s.term_reused,
+                    s.two_writers,
+                    s.live(),
+                    s.in_order(),
+                    s.gathered(),
+                    s.wrong_eviction,
+                    s.unheard_elected
+                );
+            }
         }
     }
     println!(

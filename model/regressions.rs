@@ -103,6 +103,36 @@ fn guard_frozen() -> Vec<Step> {
     .concat()
 }
 
+/// As [`pod_replaced_before_the_take`] with the edit, but the active replica is paused before
+/// the new pod's agent takes the term, and the Lease is deleted by hand before it runs again:
+/// its watch then delivers the Lease gone and never the take (a relist after a disconnect
+/// does the same). c1, cut off from the API server, runs its term out on its own deadline.
+fn take_missed_lease_deleted() -> Vec<Step> {
+    [
+        vec![Operate(0), Operate(1), Register(1), Tick],
+        vec![
+            Operate(0),
+            Operate(1),
+            Register(0),
+            ReplacePod(1),
+            Register(1),
+            EditHolderPod,
+            PauseOperator(0),
+            Tick,
+        ],
+        vec![
+            Cut(1),
+            DeleteLease,
+            ResumeOperator(0),
+            Operate(0),
+            Operate(1),
+            Tick,
+        ],
+        seconds(4),
+    ]
+    .concat()
+}
+
 /// `n` calm seconds: both replicas operate, time moves on.
 fn seconds(n: usize) -> Vec<Step> {
     (0..n)
@@ -295,6 +325,15 @@ pub fn cases() -> Vec<Case> {
             system: two(None, 2),
             steps: pod_replaced_before_the_take(true),
             end: |s| s.max_term == 1 && s.lease.as_ref().is_some_and(|l| l.released_by == Some(1)),
+        },
+        Case {
+            // The replica never saw c1's take in the new pod, and the Lease is gone: the
+            // recorded pod's stop proves nothing (`proof::stop_proof`'s `with_lease` half), so
+            // the remembered term is waited out and c0 leads only once c1's CMD is dead.
+            name: "a take the replica never saw, its Lease deleted: the recorded pod's stop proves nothing",
+            system: two(None, 5),
+            steps: take_missed_lease_deleted(),
+            end: |s| s.cands[1].cmd.is_none() && s.cands[0].cmd.is_some(),
         },
         Case {
             // c1 holds; its agent is frozen (CMD runs on); c0 registers and c1 is asked to
