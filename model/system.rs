@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use arbiter_election::decide::{self, Action, Candidate, PodState, Rules};
 use arbiter_election::heard::{Heard, Version};
-use arbiter_election::proof::stop_proof;
+use arbiter_election::proof::{forced_exit_due, stop_proof};
+use arbiter_election::standing::{Process, Record, Standing, standing};
 use arbiter_election::strategy::OLDEST_EMULATION_VERSION;
 use arbiter_election::terms::{Block, next_term};
 use arbiter_election::timings::kill_grace_fits;
@@ -960,10 +961,14 @@ impl System {
         if n.cands[i as usize].cut || sent >= n.t {
             return false;
         }
-        let ours = n
-            .lease
-            .as_ref()
-            .is_some_and(|l| l.holder == Some(i) && l.term == term);
+        // Its term, or its term with a handover asked for (the release follows: [`release`]).
+        let ours = n.lease.as_ref().is_some_and(|l| {
+            let c = &n.cands[i as usize];
+            matches!(
+                standing_of(l, c, i, Some(term), false),
+                Standing::Ours | Standing::HandoverTo(_)
+            )
+        });
         let c = &mut n.cands[i as usize];
         if !ours {
             // Deleted, reassigned, or its holder cleared: stop CMD (SIGTERM now, SIGKILL a kill
@@ -1322,8 +1327,14 @@ impl System {
         if self.mutation == Some(Mutation::OwnerPod) {
             return Some(pod);
         }
+        // The record of the term it held ([`arbiter_election::proof::forced_exit_due`]); the
+        // model's pods never end every container without a restart.
         let record = &op.record.as_ref()?.0;
-        (record.holder == Some(h) && record.holder_pod == Some((pod, restarts))).then_some(pod)
+        let (assigned_in, recorded) = match record.holder_pod {
+            Some((p, r)) if record.holder == Some(h) => (Some(p), Some(r)),
+            _ => (None, None),
+        };
+        forced_exit_due(assigned_in, recorded, pod, restarts, false).then_some(pod)
     }
 }
 
@@ -1495,14 +1506,12 @@ fn take_term(n: &mut State, i: u8, any_pod: bool) -> bool {
     };
     let c = &mut n.cands[i as usize];
     // An assignment to its name that no other process took (a take whose answer was lost is
-    // taken again), made for the pod it runs in (any pod under [`Mutation::TakeInAnyPod`]),
-    // and not a term whose leadership it ended.
+    // taken again), made for the pod it runs in (any pod under [`Mutation::TakeInAnyPod`]):
+    // the candidate library's rule. And not a term whose leadership it ended (the library's
+    // loop waits for the lease to move on).
     if c.cut
-        || l.holder != Some(i)
-        || l.assigned != Some((i, l.term))
-        || l.incarnation.is_some_and(|x| x != c.inc)
+        || standing_of(l, c, i, Some(l.term), any_pod) != Standing::Ours
         || matches!(c.agent, Agent::Ended { term } if term == l.term)
-        || (!any_pod && l.holder_pod.is_some_and(|(p, _)| p != c.pod))
         || c.cmd.is_some()
         || c.in_flight.is_some()
         || matches!(c.agent, Agent::Holding { .. })
@@ -1529,6 +1538,50 @@ fn take_term(n: &mut State, i: u8, any_pod: bool) -> bool {
     c.deadline = n.t + RENEW_DEADLINE;
     c.cmd = Some(l.term);
     true
+}
+
+/// What the Lease says of candidate `i`'s process, taking or leading `took`: the candidate
+/// library's rule ([`arbiter_election::standing::standing`]), given the record as the Lease
+/// carries it (under [`Mutation::TakeInAnyPod`], with `any_pod`, without the recorded pod).
+fn standing_of(l: &LeaseObj, c: &Cand, i: u8, took: Option<i32>, any_pod: bool) -> Standing {
+    let record = Record {
+        holder: l.holder.map(label::name),
+        term: l.term,
+        incarnation: l.incarnation.map(label::number),
+        assigned_by_arbiter: l.holder.is_some() && l.assigned == l.holder.map(|h| (h, l.term)),
+        assigned_in: l
+            .holder_pod
+            .filter(|_| !any_pod)
+            .map(|(p, _)| label::number(p)),
+        preferred_holder: l.preferred.map(label::name),
+    };
+    let me = Process {
+        identity: label::name(i),
+        incarnation: label::number(c.inc),
+        pod: Some(label::number(c.pod)),
+        took,
+    };
+    standing(&record, &me)
+}
+
+/// Names and numbers as the Lease's strings, made once (the model asks for them in every step).
+mod label {
+    use std::sync::LazyLock;
+
+    static NAMES: LazyLock<Vec<String>> =
+        LazyLock::new(|| (0..=u8::MAX).map(super::name).collect());
+    static NUMBERS: LazyLock<Vec<String>> =
+        LazyLock::new(|| (0..=u8::MAX).map(|i| i.to_string()).collect());
+
+    /// Candidate `i`'s name.
+    pub fn name(i: u8) -> &'static str {
+        &NAMES[i as usize]
+    }
+
+    /// An incarnation or a pod uid.
+    pub fn number(i: u8) -> &'static str {
+        &NUMBERS[i as usize]
+    }
 }
 
 /// Candidate `i`'s CMD writes to the protected resource with its term: accepted at or above the
@@ -1570,7 +1623,11 @@ fn release(n: &mut State, i: u8) -> bool {
     let Some(l) = n.lease.as_mut() else {
         return false;
     };
-    if c.cut || l.holder != Some(i) || l.term != term || l.preferred.is_none() {
+    let asked = matches!(
+        standing_of(l, c, i, Some(term), false),
+        Standing::HandoverTo(_)
+    );
+    if c.cut || !asked {
         return false;
     }
     // Asked to hand over: CMD stops first, then the release.

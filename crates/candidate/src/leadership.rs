@@ -15,68 +15,27 @@ use arbiter_api::lease::{
     self, CasError, HOLDER_POD_ANNOTATION, INCARNATION_ANNOTATION, LeaseStore,
     TAKEN_IN_POD_ANNOTATION,
 };
+use arbiter_election::standing::{Process, Record, Standing};
 
-/// What the lease says about this process.
-enum Standing {
-    /// Not assigned to this identity.
-    Other,
-    /// Assigned to this identity and free to take (a fresh assignment, or already ours).
-    Ours,
-    /// Assigned to this identity but held by an earlier process of it: must not be resumed.
-    Stale,
-    /// A fresh assignment to this identity made for another pod of that name (the pod uid the
-    /// arbiter recorded is not this process's): the arbiter ends that term when that pod is
-    /// seen stopped, so this process must never run under it.
-    OtherPod(String),
-    /// Names this identity, but the arbiter did not assign it (no label and assignment mark:
-    /// a client-go Lease kept under `arbiter run`, one made or edited by hand): someone else's.
-    Unassigned,
-    /// Ours, and the arbiter asks us to hand over to someone else.
-    HandoverTo(String),
-}
-
-/// `took`: the term this process is taking or leads (none while it follows): a Lease that
-/// carries this process's incarnation is its own only at that term; at any other, the term was
-/// edited in by hand under its stamp, and is nobody's assignment.
+/// What `l` says about this process ([`arbiter_election::standing`], the rule the protocol
+/// model runs too). `took`: the term this process is taking or leads (none while it follows).
 fn standing(l: &Lease, config: &Config, incarnation: &str, took: Option<i32>) -> Standing {
-    if lease::holder(l) != Some(config.identity.as_str()) {
-        return Standing::Other;
-    }
-    match l
-        .annotations()
-        .get(INCARNATION_ANNOTATION)
-        .map(String::as_str)
-    {
-        Some(i) if !i.is_empty() && i != incarnation => return Standing::Stale,
-        Some(i) if i == incarnation && took != Some(lease::term(l)) => {
-            return Standing::Unassigned;
-        }
-        // Taken by this process already: its term, whatever marks were edited since.
-        Some(i) if i == incarnation => {}
-        // A fresh assignment: only the arbiter's, and only in the pod it was made for.
-        _ if !lease::assigned_by_arbiter(l) => return Standing::Unassigned,
-        _ => {
-            if let Some(uid) = assigned_in_another_pod(l, config) {
-                return Standing::OtherPod(uid);
-            }
-        }
-    }
-    match lease::preferred_holder(l) {
-        Some(p) if p != config.identity => Standing::HandoverTo(p.to_string()),
-        _ => Standing::Ours,
-    }
-}
-
-/// The pod uid the arbiter recorded with its assignment (`arbiter.dev/holder-pod-uid`), when it
-/// is not this process's: a StatefulSet pod deleted and created again under the same name
-/// (the same identity) must not take a term assigned while the old pod ran, since that pod's
-/// stop is what the arbiter takes for the term's end.
-fn assigned_in_another_pod(l: &Lease, config: &Config) -> Option<String> {
-    let uid = l
-        .annotations()
-        .get(HOLDER_POD_ANNOTATION)
-        .filter(|u| !u.is_empty())?;
-    (config.pod_uid.as_deref() != Some(uid.as_str())).then(|| uid.clone())
+    let annotation = |name: &str| l.annotations().get(name).map(String::as_str);
+    let record = Record {
+        holder: lease::holder(l),
+        term: lease::term(l),
+        incarnation: annotation(INCARNATION_ANNOTATION),
+        assigned_by_arbiter: lease::assigned_by_arbiter(l),
+        assigned_in: annotation(HOLDER_POD_ANNOTATION),
+        preferred_holder: lease::preferred_holder(l),
+    };
+    let me = Process {
+        identity: &config.identity,
+        incarnation,
+        pod: config.pod_uid.as_deref(),
+        took,
+    };
+    arbiter_election::standing::standing(&record, &me)
 }
 
 /// One renew by compare-and-swap: the lease must still be ours. Returns the term.

@@ -16,12 +16,14 @@
 //! - [`terms`]: the next term above a mark and a Lease, and the blocks of terms a mark write
 //!   reserves.
 //! - [`proof`]: which pod's confirmed stop proves a term over.
+//! - [`standing`]: whether the term a Lease names is a candidate process's to take or keep.
 //! - [`timings`]: the renew deadline and kill grace a lease duration leaves room for.
 
 pub mod decide;
 pub mod heard;
 pub mod oldest_emulation;
 pub mod proof;
+pub mod standing;
 pub mod strategy;
 pub mod terms;
 pub mod timings;

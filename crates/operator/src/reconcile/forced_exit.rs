@@ -27,6 +27,7 @@ use arbiter_api::lease::{
 };
 use arbiter_api::{LeaseCandidate, OnDepose};
 use arbiter_election::decide::{Action, Decision};
+use arbiter_election::proof::forced_exit_due;
 
 /// The forced-exit phase of one pass, as a value: what it reads (the client, the caches, the
 /// metrics) and the worker's memory it keeps (the pods to force out, the Lease it writes their
@@ -105,22 +106,19 @@ impl ForcedExits<'_> {
             .get(RESTARTS_ANNOTATION)
             .filter(|_| by_arbiter(RESTARTS_ANNOTATION))
             .and_then(|v| v.parse::<i64>().ok());
-        tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = crate::cache::pod_facts::restarts(&pod), "lapsed holder's pod still exists");
+        tracing::debug!(lease = %key, lapsed = %h, ?recorded, restarts = pod_facts::restarts(&pod), "lapsed holder's pod still exists");
         // The pod the term was assigned in (as recorded then: a term assigned without a pod
         // has none to force out), with the same containers, and not all of them reported
-        // ended (one in crash-loop back-off after its process exited runs nothing). Whether
-        // the pod declares the lease is checked before anything is done to it.
-        (assigned_in.is_some_and(|a| a == uid)
-            && recorded == Some(crate::cache::pod_facts::restarts(&pod))
-            && !crate::cache::pod_facts::nothing_runs(&pod))
-        .then(|| {
-            Target::new(
-                h,
-                &pod.name_any(),
-                &uid,
-                crate::cache::pod_facts::restarts(&pod),
-            )
-        })
+        // ended. Whether the pod declares the lease is checked before anything is done to it.
+        let restarts = pod_facts::restarts(&pod);
+        forced_exit_due(
+            assigned_in.as_deref(),
+            recorded,
+            uid.as_str(),
+            restarts,
+            pod_facts::nothing_runs(&pod),
+        )
+        .then(|| Target::new(h, &pod.name_any(), &uid, restarts))
     }
 
     /// Forces out what was deposed and carries on pending forced exits (recorded on the Lease,
