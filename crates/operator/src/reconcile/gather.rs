@@ -120,11 +120,6 @@ impl Worker {
             ))));
         }
         let next_expiry = self.expire_candidates(key, &mut candidates).await;
-        // A workload that came to govern the lease since the pass began: looked at again at
-        // once, under its namespace's lock.
-        if serial.is_none() && self.caches.workloads.governing(key).is_some() {
-            return Ok(Gathered::Done(Reconciled::after(Some(Duration::ZERO))));
-        }
         let prepared = single_active::prepare(
             &self.client,
             &self.caches,
@@ -143,7 +138,13 @@ impl Worker {
                 return Ok(Gathered::Done(Reconciled::after(soon)));
             }
             Prepared::Ordinary => None,
-            Prepared::Workload(p) => Some(*p),
+            Prepared::Workload(p) if serial.is_some() => Some(*p),
+            // A workload that came to govern the lease since the pass began (`prepare` reads
+            // the workloads again): looked at again at once, under its namespace's lock, since
+            // role labels are written only under it.
+            Prepared::Workload(_) => {
+                return Ok(Gathered::Done(Reconciled::after(Some(Duration::ZERO))));
+            }
         };
         self.metrics.candidates(key, candidates.len());
         let unknown_term = self.unknown_term(key, lease.as_deref(), &candidates).await;
