@@ -51,6 +51,8 @@ struct Server {
     pods: Arc<Mutex<Vec<Pod>>>,
     /// The term marks a read of a shard returns (none: the shard does not exist).
     marks: Arc<Mutex<Option<BTreeMap<String, String>>>>,
+    /// Labelling a pod fails (a server error).
+    pod_patches_fail: Arc<std::sync::atomic::AtomicBool>,
     api: FakeApi,
 }
 
@@ -65,12 +67,14 @@ impl Server {
         let lease = Arc::new(Mutex::new(None));
         let pods: Arc<Mutex<Vec<Pod>>> = Arc::default();
         let marks: Arc<Mutex<Option<BTreeMap<String, String>>>> = Arc::default();
-        let (state, next, last, listed, shard) = (
+        let pod_patches_fail: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let (state, next, last, listed, shard, failing) = (
             known.clone(),
             version.clone(),
             lease.clone(),
             pods.clone(),
             marks.clone(),
+            pod_patches_fail.clone(),
         );
         let (client, api) = FakeApi::new(move |r: &Request| {
             let mut next = next.lock().unwrap();
@@ -123,8 +127,13 @@ impl Server {
                     "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": rv},
                     "items": *listed.lock().unwrap(),
                 })),
-                // A label on a pod: the pod as patched.
-                ("PATCH", p) if p.contains("/pods/") => Answer::echo(r, 200),
+                // A label on a pod: the pod as patched (or an error, when the test says so).
+                ("PATCH", p) if p.contains("/pods/") => {
+                    match failing.load(std::sync::atomic::Ordering::SeqCst) {
+                        true => Answer::status(500, "InternalError", "pod patches fail"),
+                        false => Answer::echo(r, 200),
+                    }
+                }
                 _ => Answer::status(404, "NotFound", "not scripted"),
             }
         });
@@ -135,6 +144,7 @@ impl Server {
                 lease,
                 pods,
                 marks,
+                pod_patches_fail,
                 api,
             },
         )
@@ -643,8 +653,10 @@ fn kv_pod(name: &str, image: &str) -> Pod {
     .unwrap()
 }
 
-#[tokio::test]
-async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_written() {
+/// Workload `kv`'s pods kv-a (1.31.0) and kv-b (1.30.0), listed after a first reconcile that
+/// must wait for them, made candidates by the operator, and those candidates delivered: the
+/// next reconcile elects kv-b.
+async fn kv_ready_to_elect() -> (Feed, Server, Worker) {
     let (a, b) = (kv_pod("kv-a", "kv:1.31.0"), kv_pod("kv-b", "kv:1.30.0"));
     let mut feed = Feed::new();
     feed.deployment(&single_active_deployment());
@@ -681,6 +693,12 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
         c.metadata.creation_timestamp = Some(Time(jiff::Timestamp::now()));
         feed.candidate(&c);
     }
+    (feed, server, worker)
+}
+
+#[tokio::test]
+async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_written() {
+    let (_feed, server, mut worker) = kv_ready_to_elect().await;
     worker.reconcile(&key()).await.unwrap();
     let lease = created(&server);
     assert_eq!(arbiter_api::lease::holder(&lease), Some("kv-b"));
@@ -707,6 +725,24 @@ async fn a_single_active_workload_s_oldest_pod_is_promoted_once_its_term_is_writ
             && r.body
                 .contains(&format!("\"{}\"", crate::workloads::ACTIVE))),
         "kv-a never labelled active"
+    );
+}
+
+/// A pass that fails part way (here the role labels cannot be written after the term was)
+/// still sends the Events it decided: the election is done, and reported.
+#[tokio::test]
+async fn a_pass_that_fails_part_way_still_sends_its_events() {
+    let (_feed, server, mut worker) = kv_ready_to_elect().await;
+    (server.pod_patches_fail).store(true, std::sync::atomic::Ordering::SeqCst);
+    let failed = worker.reconcile(&key()).await;
+    assert!(failed.is_err(), "the labelling failed the reconcile");
+    assert_eq!(arbiter_api::lease::holder(&created(&server)), Some("kv-b"));
+    let events = events_sent(&server, 1).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("\"reason\":\"Elected\"") && e.contains("pod kv-b")),
+        "{events:?}"
     );
 }
 
