@@ -1548,7 +1548,7 @@ fn standing_of(l: &LeaseObj, c: &Cand, i: u8, took: Option<i32>, any_pod: bool) 
         holder: l.holder.map(label::name),
         term: l.term,
         incarnation: l.incarnation.map(label::number),
-        assigned_by_arbiter: l.holder.is_some() && l.assigned == l.holder.map(|h| (h, l.term)),
+        assigned_by_arbiter: l.holder.is_some_and(|h| l.assigned == Some((h, l.term))),
         assigned_in: l
             .holder_pod
             .filter(|_| !any_pod)

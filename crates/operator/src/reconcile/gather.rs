@@ -243,7 +243,7 @@ impl Worker {
         let mut rules = self.settings.rules.clone();
         let agent_took = lease.as_deref().is_some_and(lease::incarnation_stamped);
         if let Some(p) = plan {
-            (self.pods_agent()).adjust_inputs(
+            self.pods_agent().adjust_inputs(
                 p,
                 key,
                 candidates,

@@ -158,7 +158,8 @@ impl Worker {
             return Ok(done);
         }
         let deposed = self.forced_exits().deposed(&pass, &decision);
-        let written = (self.writer())
+        let written = self
+            .writer()
             .write(&pass, &inputs, &decision, deposed)
             .await?;
         let reported = self
@@ -167,7 +168,8 @@ impl Worker {
             .await;
         // A labelling or renewal that failed fails the reconcile (retried), after the forced
         // exits below: a pod the write deposed is forced out even while labels cannot be written.
-        let labelled = (self.pods_agent())
+        let labelled = self
+            .pods_agent()
             .keep_roles(
                 &pass,
                 &inputs,
@@ -180,7 +182,7 @@ impl Worker {
         if written.is_some()
             && let Some(old) = pass.lease.as_deref()
         {
-            (self.reporting()).report_abandoned_handover(
+            self.reporting().report_abandoned_handover(
                 key,
                 old,
                 &decision.action,
