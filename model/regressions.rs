@@ -371,17 +371,40 @@ pub fn cases() -> Vec<Case> {
             },
         },
         Case {
-            // c0 is written by hand with a renewTime a minute ahead and no process behind it;
-            // taking that timestamp as the answer to every ping, the operator elects it again
-            // and again while c1 waits.
+            // c1 leads; c0 (older) is written by hand with a renewTime a minute ahead and no
+            // process behind it, and c1 hands over to it. Taking that timestamp as the answer
+            // to every ping, the operator keeps the term it assigned c0, which nobody takes,
+            // while c1 waits.
             name: "future-renew-as-answer: a candidate written by hand answers every ping",
-            system: two(Some(Mutation::FutureRenewAsAnswer), 1),
+            system: System {
+                settle: crate::system::SETTLE,
+                ..two(Some(Mutation::FutureRenewAsAnswer), 1)
+            },
             steps: [
-                vec![Operate(0), Operate(1), Ghost(0), Register(1), Tick],
-                seconds(11),
+                vec![Operate(0), Operate(1), Register(1), Tick],
+                seconds(1),
+                vec![Operate(0), Operate(1), Ghost(0), Tick],
+                seconds(10),
             ]
             .concat(),
             end: |s| !s.live(),
+        },
+        Case {
+            // The same with the protocol: the term assigned to the hand-written candidate
+            // lapses untaken (it never answers a ping), and c1 leads again.
+            name: "a live holder handing over to a candidate written by hand leads again",
+            system: System {
+                settle: crate::system::SETTLE,
+                ..two(None, 1)
+            },
+            steps: [
+                vec![Operate(0), Operate(1), Register(1), Tick],
+                seconds(1),
+                vec![Operate(0), Operate(1), Ghost(0), Tick],
+                seconds(10),
+            ]
+            .concat(),
+            end: |s| s.cands[1].cmd.is_some() && s.live(),
         },
         Case {
             // The same with the protocol: the hand-written candidate is elected once (its
@@ -397,15 +420,17 @@ pub fn cases() -> Vec<Case> {
             end: |s| s.cands[1].cmd.is_some() && s.live(),
         },
         Case {
-            // The protocol's own worst case for liveness (docs/model.md): c0 registers and
-            // crashes, the active replica is paused in the same second; the standby takes
-            // over after 3 s, elects c0 (its registration counts as alive), waits its term
-            // out, and hands the next term to c1, whose CMD runs 9 s after the last fault.
-            name: "liveness: a takeover that elects a candidate which has just crashed",
+            // The protocol's own worst case for liveness (docs/model.md): c0 registers and is
+            // frozen, the active replica is paused in the same second; the standby takes over
+            // after 3 s, elects c0 (its registration counts as alive, and its pod runs), waits
+            // its term out, and hands the next term to c1, whose CMD runs 9 s after the last
+            // fault. (A candidate that crashes instead is not elected: its container restarted
+            // since it registered.)
+            name: "liveness: a takeover that elects a candidate which has just frozen",
             system: two(None, 2),
             steps: [
                 seconds(4),
-                vec![Register(1), Register(0), Crash(0), Operate(0), Operate(1)],
+                vec![Register(1), Register(0), Pause(0), Operate(0), Operate(1)],
                 vec![PauseOperator(0), Tick],
                 [Operate(1), Tick].repeat(8),
             ]

@@ -54,9 +54,9 @@ pub const OP_LEASE: u8 = 3;
 pub const OP_RENEW_DEADLINE: u8 = 2;
 /// Liveness: once nothing has happened for this long (no fault, no recovery, no registration),
 /// a live candidate runs CMD and no term is assigned any more. The worst case the checker
-/// found: the active replica is paused just after a candidate registered and crashed; the
+/// found: the active replica is paused just after a candidate registered and froze; the
 /// standby takes over once the HA lease was unchanged for its duration (3 s), elects the
-/// crashed candidate (its registration, seen within the ack validity, counts as alive), waits
+/// frozen candidate (its registration, seen within the ack validity, counts as alive), waits
 /// its term out (4 s), and assigns and hands the term to a live candidate (2 s): 9 s, after the
 /// second in which the last fault fell.
 pub const CALM: u8 = 10;
@@ -253,6 +253,10 @@ pub struct CandObj {
     pub registrations: u8,
     /// The pod it names as its owner (the one its latest process runs in).
     pub owner_pod: u8,
+    /// That pod's container restarts when it registered: a later restart is the registering
+    /// process's end (production reads the kubelet's termination message for its incarnation:
+    /// `pod_facts::registered_process_exited`).
+    pub restarts: u8,
 }
 
 /// The operator's own HA lease: the replica it names, and its resourceVersion.
@@ -363,6 +367,9 @@ pub struct Op {
     /// The pod each candidate names, as its candidate watch delivered it, and that pod's
     /// container restarts as its pod watch did (pods live as long as the model: never absent).
     pub pods: Vec<Option<(u8, u8)>>,
+    /// The state of the pod each candidate names, as its watches delivered it
+    /// (`pod_facts::state`): what `decide` is given.
+    pub pod_states: Vec<PodState>,
     /// The Lease record as last delivered, and when (tick) a record with its content was first.
     pub record: Option<(LeaseObj, u8)>,
     /// The holder it last saw or assigned (what makes hand edits harmless:
@@ -1349,6 +1356,7 @@ impl Op {
             heard: vec![Heard::default(); n],
             registrations: vec![0; n],
             pods: vec![None; n],
+            pod_states: vec![PodState::Missing; n],
             record: None,
             held: None,
             gone: vec![0; n],
@@ -1396,6 +1404,7 @@ fn deliver(n: &mut State, r: usize) {
             // The pod it names, and that pod's restarts while it exists.
             let c = &n.cands[i];
             op.pods[i] = (c.pod == o.owner_pod).then_some((c.pod, c.restarts));
+            op.pod_states[i] = pod_state(c, o);
         }
     }
     match &n.lease {
@@ -1448,7 +1457,7 @@ fn candidate(n: &State, r: u8, i: u8, rules: Rules, mutation: Option<Mutation>) 
         created: wall(0),
         ping: judged.ping,
         renewed_lately: judged.renewed_lately,
-        pod: PodState::NoPod,
+        pod: n.ops[r as usize].pod_states[i as usize],
         withdrawn: false,
         registered: judged.registered,
     }
@@ -1472,6 +1481,7 @@ fn register(n: &mut State, i: u8) -> bool {
         pinged_at_rv: None,
         registrations: registrations + 1,
         owner_pod: c.pod,
+        restarts: c.restarts,
     });
     n.calm_since = n.t;
     let first = *n.first_registration.get_or_insert(n.t);
@@ -1612,6 +1622,7 @@ fn ghost(n: &mut State, i: u8) {
         pinged_at_rv: None,
         registrations: old.map_or(0, |o| o.registrations) + 1,
         owner_pod: c.pod,
+        restarts: c.restarts,
     });
 }
 
@@ -1638,6 +1649,24 @@ fn release(n: &mut State, i: u8) -> bool {
     l.holder = None;
     l.released_by = Some(i);
     true
+}
+
+/// The state of the pod candidate `c`'s object `o` names, as `pod_facts::state` judges it from
+/// the pod watch: gone through the kubelet is Stopped; replaced without that (force-deleted)
+/// is Missing; evicted and terminating is NotRunning; restarted since the candidate registered
+/// is ProcessExited.
+fn pod_state(c: &Cand, o: &CandObj) -> PodState {
+    if o.owner_pod < c.confirmed {
+        PodState::Stopped
+    } else if o.owner_pod != c.pod {
+        PodState::Missing
+    } else if c.evicted {
+        PodState::NotRunning
+    } else if o.restarts != c.restarts {
+        PodState::ProcessExited
+    } else {
+        PodState::Running
+    }
 }
 
 /// The pod is deleted (its processes die with it) and its workload controller makes another.

@@ -10,7 +10,7 @@ use jiff::{SignedDuration, Timestamp};
 use super::Ping;
 
 /// What the arbiter knows of the pod a candidate belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PodState {
     /// The candidate is not owned by a pod: its liveness alone counts.
     NoPod,
