@@ -53,6 +53,11 @@ impl Model for System {
             // No term goes to a candidate written by hand with a renewTime ahead and no
             // process behind it: nothing it wrote counts as a renewal seen now.
             Property::<Self>::always("unheard", |_, s: &State| !s.unheard_elected),
+            // No term goes to a candidate whose pod the assigning replica saw gone or
+            // terminating, or whose registering process it saw exit.
+            Property::<Self>::always("gone passed over", |_, s: &State| !s.gone_elected),
+            // A holder is asked to hand over only to a candidate that outranks it.
+            Property::<Self>::always("handover upward", |_, s: &State| !s.handover_down),
             // Sanity: the model reaches a CMD running, and a term after a first one.
             Property::<Self>::sometimes("a CMD runs", |_, s: &State| {
                 s.cands.iter().any(|c| c.cmd.is_some())
@@ -211,7 +216,7 @@ fn system((candidates, replicas, max_time, faults): Bound, mutation: Option<Muta
 }
 
 /// The promises checked (always), and what the model must reach (sometimes) to prove anything.
-const PROMISES: [&str; 7] = [
+const PROMISES: [&str; 9] = [
     "exclusion",
     "fencing",
     "liveness",
@@ -219,6 +224,8 @@ const PROMISES: [&str; 7] = [
     "started together",
     "forced exits",
     "unheard",
+    "gone passed over",
+    "handover upward",
 ];
 const SANITY: [&str; 6] = [
     "a CMD runs",
@@ -315,7 +322,7 @@ fn replay_regressions() {
             if let Some(k) = states.iter().position(|s| !s.promises_hold(gather)) {
                 let s = &states[k];
                 panic!(
-                    "regression {}: a promise is broken at step {k} (t={}): overlap {}, term reused {}, two writers {}, live {}, in order {}, gathered {}, wrong eviction {}, unheard elected {}",
+                    "regression {}: a promise is broken at step {k} (t={}): overlap {}, term reused {}, two writers {}, live {}, in order {}, gathered {}, wrong eviction {}, unheard elected {}, gone elected {}, handover down {}",
                     case.name,
                     s.t,
                     s.overlap,
@@ -325,7 +332,9 @@ fn replay_regressions() {
                     s.in_order(),
                     s.gathered(),
                     s.wrong_eviction,
-                    s.unheard_elected
+                    s.unheard_elected,
+                    s.gone_elected,
+                    s.handover_down
                 );
             }
         }

@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use arbiter_election::decide::{self, Action, Candidate, PodState, Rules};
+use arbiter_election::decide::{self, Action, Candidate, PodSeen, PodState, Rules};
 use arbiter_election::heard::{Heard, Version};
 use arbiter_election::proof::{forced_exit_due, stop_proof};
 use arbiter_election::standing::{Process, Record, Standing, standing};
@@ -367,9 +367,9 @@ pub struct Op {
     /// The pod each candidate names, as its candidate watch delivered it, and that pod's
     /// container restarts as its pod watch did (pods live as long as the model: never absent).
     pub pods: Vec<Option<(u8, u8)>>,
-    /// The state of the pod each candidate names, as its watches delivered it
-    /// (`pod_facts::state`): what `decide` is given.
-    pub pod_states: Vec<PodState>,
+    /// What its watches showed of the pod each candidate names (`pod_facts::seen`): `decide`
+    /// is given the state production judges from it ([`PodState::of`]).
+    pub pods_seen: Vec<PodSeen>,
     /// The Lease record as last delivered, and when (tick) a record with its content was first.
     pub record: Option<(LeaseObj, u8)>,
     /// The holder it last saw or assigned (what makes hand edits harmless:
@@ -439,6 +439,12 @@ pub struct State {
     /// Sticky: a term went to a candidate written by hand with a `renewTime` ahead and no
     /// process behind it ([`Step::Ghost`]), whom the arbiter cannot have heard from.
     pub unheard_elected: bool,
+    /// Sticky: a replica assigned a term to a candidate whose pod its watches showed gone or
+    /// terminating, or whose registering process they showed exited.
+    pub gone_elected: bool,
+    /// Sticky: a replica asked a holder to hand over to a candidate that does not outrank it
+    /// (a newer version).
+    pub handover_down: bool,
     /// When the last thing happened that the election must react to: a fault, a recovery, a
     /// registration.
     pub calm_since: u8,
@@ -483,6 +489,8 @@ impl State {
             && (!gather || self.gathered())
             && !self.wrong_eviction
             && !self.unheard_elected
+            && !self.gone_elected
+            && !self.handover_down
     }
 
     /// Started together: with no fault, the first term goes to a candidate that none of those
@@ -650,6 +658,8 @@ impl System {
             max_term: 0,
             wrong_eviction: false,
             unheard_elected: false,
+            gone_elected: false,
+            handover_down: false,
             evicted: false,
             calm_since: 0,
             assigned_at: 0,
@@ -1123,6 +1133,10 @@ impl System {
                     n.lease_rv += 1;
                     l.rv = n.lease_rv;
                     l.preferred = Some(index(&to));
+                    // Older versions rank first: c0 outranks c1.
+                    if l.holder.is_none_or(|h| index(&to) >= h) {
+                        n.handover_down = true;
+                    }
                 }
             }
             _ => {}
@@ -1299,6 +1313,17 @@ impl System {
         {
             n.unheard_elected = true;
         }
+        // Its pod as this replica's watches showed it: gone, terminating, or its registering
+        // process ended.
+        let running = PodSeen::Present {
+            terminal: false,
+            deleting: false,
+            running: true,
+            registered_process_exited: false,
+        };
+        if n.ops[ri].pods_seen[holder as usize] != running {
+            n.gone_elected = true;
+        }
         n.first_holder.get_or_insert(holder);
         n.lease_rv += 1;
         n.lease = Some(LeaseObj {
@@ -1356,7 +1381,7 @@ impl Op {
             heard: vec![Heard::default(); n],
             registrations: vec![0; n],
             pods: vec![None; n],
-            pod_states: vec![PodState::Missing; n],
+            pods_seen: vec![PodSeen::Absent { stopped: false }; n],
             record: None,
             held: None,
             gone: vec![0; n],
@@ -1404,7 +1429,7 @@ fn deliver(n: &mut State, r: usize) {
             // The pod it names, and that pod's restarts while it exists.
             let c = &n.cands[i];
             op.pods[i] = (c.pod == o.owner_pod).then_some((c.pod, c.restarts));
-            op.pod_states[i] = pod_state(c, o);
+            op.pods_seen[i] = pod_seen(c, o);
         }
     }
     match &n.lease {
@@ -1457,7 +1482,7 @@ fn candidate(n: &State, r: u8, i: u8, rules: Rules, mutation: Option<Mutation>) 
         created: wall(0),
         ping: judged.ping,
         renewed_lately: judged.renewed_lately,
-        pod: n.ops[r as usize].pod_states[i as usize],
+        pod: PodState::of(n.ops[r as usize].pods_seen[i as usize]),
         withdrawn: false,
         registered: judged.registered,
     }
@@ -1651,21 +1676,23 @@ fn release(n: &mut State, i: u8) -> bool {
     true
 }
 
-/// The state of the pod candidate `c`'s object `o` names, as `pod_facts::state` judges it from
-/// the pod watch: gone through the kubelet is Stopped; replaced without that (force-deleted)
-/// is Missing; evicted and terminating is NotRunning; restarted since the candidate registered
-/// is ProcessExited.
-fn pod_state(c: &Cand, o: &CandObj) -> PodState {
-    if o.owner_pod < c.confirmed {
-        PodState::Stopped
-    } else if o.owner_pod != c.pod {
-        PodState::Missing
-    } else if c.evicted {
-        PodState::NotRunning
-    } else if o.restarts != c.restarts {
-        PodState::ProcessExited
+/// What a pod watch shows of the pod candidate `c`'s object `o` names: gone through the
+/// kubelet (its stop recorded), gone without that (force-deleted), or there: terminating once
+/// evicted, always running, and its container restarted since the candidate registered (the
+/// model's restart count stands for the kubelet's termination message with the registering
+/// process's incarnation).
+fn pod_seen(c: &Cand, o: &CandObj) -> PodSeen {
+    if o.owner_pod != c.pod {
+        PodSeen::Absent {
+            stopped: o.owner_pod < c.confirmed,
+        }
     } else {
-        PodState::Running
+        PodSeen::Present {
+            terminal: false,
+            deleting: c.evicted,
+            running: true,
+            registered_process_exited: o.restarts != c.restarts,
+        }
     }
 }
 

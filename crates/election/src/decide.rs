@@ -75,6 +75,7 @@ mod eligibility;
 mod handover;
 mod inputs;
 mod outcome;
+mod pod_state;
 mod settle;
 mod term;
 
@@ -86,8 +87,9 @@ use super::strategy::{OLDEST_EMULATION_VERSION, Resolution};
 pub use assignment::held_for_unwrapped;
 pub use eligibility::liveness;
 pub use handover::switchover_target;
-pub use inputs::{Candidate, Lease, PodState, Previous, Rules, Switchover};
+pub use inputs::{Candidate, Lease, Previous, Rules, Switchover};
 pub use outcome::{Action, Decision, Liveness, Reason, SkewViolation, Standing};
+pub use pod_state::{PodSeen, PodState};
 
 use eligibility::{Field, holder_judged_by_its_term, skew_violations, standings};
 use term::Foreign;

@@ -7,35 +7,7 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::Ping;
-
-/// What the arbiter knows of the pod a candidate belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PodState {
-    /// The candidate is not owned by a pod: its liveness alone counts.
-    NoPod,
-    /// The pod is running and not being deleted.
-    Running,
-    /// The pod exists but is pending, not ready or terminating: not electable, and its
-    /// processes may still run.
-    NotRunning,
-    /// The pod reached a terminal phase, or was removed after its containers stopped: proof
-    /// that its processes are gone.
-    Stopped,
-    /// The pod is not known (not yet seen, or force-deleted): not electable, and no proof.
-    Missing,
-    /// The pod runs, but the process that registered the candidate exited: the kubelet
-    /// reported its container's end with that process's termination message. Not electable
-    /// until a new process registers: a ping would wait out the ack window for nobody. (No
-    /// proof that a term ended: only [`PodState::Stopped`] is.)
-    ProcessExited,
-}
-
-impl PodState {
-    pub(super) fn electable(self) -> bool {
-        matches!(self, PodState::NoPod | PodState::Running)
-    }
-}
+use super::{Ping, PodState};
 
 /// A candidate as the arbiter sees it.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use super::Caches;
 use super::candidate_index::owner_pod;
 use arbiter_api::LeaseCandidate;
-use arbiter_election::decide::PodState;
+use arbiter_election::decide::{PodSeen, PodState};
 
 /// The candidate's pod in the cache: the one its owner reference names, with that uid (a pod
 /// recreated under the name is another).
@@ -21,25 +21,28 @@ pub(crate) fn pod_of(candidate: &LeaseCandidate, caches: &Caches) -> Option<Arc<
     (pod.uid().as_deref() == Some(uid.as_str())).then_some(pod)
 }
 
-/// The arbiter's view of a candidate's pod.
+/// The arbiter's view of a candidate's pod: what the caches show of it, judged by the
+/// election's rule ([`PodState::of`], which the model runs too).
 pub(crate) fn state(c: &LeaseCandidate, caches: &Caches) -> PodState {
+    PodState::of(seen(c, caches))
+}
+
+/// What the caches show of the pod `c` names (the one with the uid its owner reference gives).
+fn seen(c: &LeaseCandidate, caches: &Caches) -> PodSeen {
     let Some((name, uid)) = owner_pod(c) else {
-        return PodState::NoPod;
+        return PodSeen::NotOwned;
     };
     let ns = c.namespace().unwrap_or_default();
     match caches.pods.get(&ns, &name) {
-        Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            match phase {
-                _ if terminal(&pod) => PodState::Stopped,
-                _ if pod.metadata.deletion_timestamp.is_some() => PodState::NotRunning,
-                Some("Running") if registered_process_exited(c, &pod) => PodState::ProcessExited,
-                Some("Running") => PodState::Running,
-                _ => PodState::NotRunning,
-            }
-        }
-        _ if caches.stopped_pods.contains(&ns, &uid) => PodState::Stopped,
-        _ => PodState::Missing,
+        Some(pod) if pod.uid().as_deref() == Some(uid.as_str()) => PodSeen::Present {
+            terminal: terminal(&pod),
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            running: pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+            registered_process_exited: registered_process_exited(c, &pod),
+        },
+        _ => PodSeen::Absent {
+            stopped: caches.stopped_pods.contains(&ns, &uid),
+        },
     }
 }
 
