@@ -209,8 +209,9 @@ pub struct LeaseObj {
     /// assigned the term (`arbiter.dev/holder-pod-uid`, `arbiter.dev/holder-restarts`).
     pub holder_pod: Option<(u8, u8)>,
     /// What really happened, for the forced-exit property: the pod the holder ran in when the
-    /// term was assigned, and the pod whose agent took it.
-    pub truth: (u8, Option<u8>),
+    /// term was assigned and its container restarts then, and the same of the pod whose agent
+    /// took the term, when it took it.
+    pub truth: (u8, u8, Option<(u8, u8)>),
     /// The process that took the term (`arbiter.dev/incarnation`; none on a fresh assignment).
     pub incarnation: Option<u8>,
     /// The pod it took the term in (`arbiter.dev/taken-in-pod`).
@@ -432,7 +433,8 @@ pub struct State {
     /// The highest term ever assigned.
     pub max_term: i32,
     /// Sticky: a pod was forced out that neither ran the deposed holder when its term was
-    /// assigned nor took the term.
+    /// assigned nor took the term, or that the evicting replica saw restart since the term was
+    /// taken there (or assigned, untaken).
     pub wrong_eviction: bool,
     /// Sticky: a pod was forced out (the model reaches that).
     pub evicted: bool,
@@ -1335,7 +1337,11 @@ impl System {
             preferred: None,
             renew: (n.t, 0),
             holder_pod: n.ops[ri].pods[holder as usize],
-            truth: (n.cands[holder as usize].pod, None),
+            truth: (
+                n.cands[holder as usize].pod,
+                n.cands[holder as usize].restarts,
+                None,
+            ),
             incarnation: None,
             taken_in: None,
         });
@@ -1353,11 +1359,11 @@ impl System {
     /// The pod of lapsed holder `h` to force out, as replica `r` sees it: the pod its
     /// candidate names, if that is the pod the Lease record says its term was assigned in,
     /// with the same container restarts (nothing in it exited).
-    fn forced_exit_target(&self, n: &State, r: u8, h: u8) -> Option<u8> {
+    fn forced_exit_target(&self, n: &State, r: u8, h: u8) -> Option<(u8, u8)> {
         let op = &n.ops[r as usize];
         let (pod, restarts) = op.pods[h as usize]?;
         if self.mutation == Some(Mutation::OwnerPod) {
-            return Some(pod);
+            return Some((pod, restarts));
         }
         // The record of the term it held ([`arbiter_election::proof::forced_exit_due`]); the
         // model's pods never end every container without a restart.
@@ -1366,7 +1372,7 @@ impl System {
             Some((p, r)) if record.holder == Some(h) => (Some(p), Some(r)),
             _ => (None, None),
         };
-        forced_exit_due(assigned_in, recorded, pod, restarts, false).then_some(pod)
+        forced_exit_due(assigned_in, recorded, pod, restarts, false).then_some((pod, restarts))
     }
 }
 
@@ -1557,7 +1563,7 @@ fn take_term(n: &mut State, i: u8, any_pod: bool) -> bool {
     n.lease_rv += 1;
     l.rv = n.lease_rv;
     l.renew = renewed_after(l.renew, c.wall(n.t));
-    l.truth.1 = Some(c.pod);
+    l.truth.2 = Some((c.pod, c.restarts));
     l.incarnation = Some(c.inc);
     l.taken_in = Some(c.pod);
     if c.slow {
@@ -1713,16 +1719,22 @@ fn replace_pod(c: &mut Cand) {
 }
 
 /// Evicts `pod` of candidate `h`, deposed from `deposed`, with the pod's uid as a
-/// precondition (a pod since replaced is not hit); it terminates at a later step. The
-/// forced-exit property: it must be the pod that held the deposed term (assigned in it, or
-/// taken by its agent).
-fn force_out(n: &mut State, h: u8, pod: u8, deposed: &LeaseObj) {
+/// precondition (a pod since replaced is not hit); it terminates at a later step. `seen`: the
+/// pod's container restarts as the evicting replica's watch showed them. The forced-exit
+/// property: it must be the pod that held the deposed term (assigned in it, or taken by its
+/// agent), and not one the replica saw restart since the term was taken there (or, untaken,
+/// assigned): the process that held the term exited, and the eviction would stop its
+/// successor for nothing.
+fn force_out(n: &mut State, h: u8, (pod, seen): (u8, u8), deposed: &LeaseObj) {
     let c = &mut n.cands[h as usize];
     if c.pod != pod || c.evicted {
         return;
     }
-    let (assigned_in, taken_by) = deposed.truth;
-    if pod != assigned_in && Some(pod) != taken_by {
+    let (assigned_in, restarts, taken) = deposed.truth;
+    let (last_pod, last_restarts) = taken.unwrap_or((assigned_in, restarts));
+    let held = pod == assigned_in || pod == last_pod;
+    let restarted = pod == last_pod && seen > last_restarts;
+    if !held || restarted {
         n.wrong_eviction = true;
     }
     n.evicted = true;
