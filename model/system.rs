@@ -444,9 +444,6 @@ pub struct State {
     /// Sticky: a replica assigned a term to a candidate whose pod its watches showed gone or
     /// terminating, or whose registering process they showed exited.
     pub gone_elected: bool,
-    /// Sticky: a replica asked a holder to hand over to a candidate that does not outrank it
-    /// (a newer version).
-    pub handover_down: bool,
     /// When the last thing happened that the election must react to: a fault, a recovery, a
     /// registration.
     pub calm_since: u8,
@@ -492,7 +489,6 @@ impl State {
             && !self.wrong_eviction
             && !self.unheard_elected
             && !self.gone_elected
-            && !self.handover_down
     }
 
     /// Started together: with no fault, the first term goes to a candidate that none of those
@@ -661,7 +657,6 @@ impl System {
             wrong_eviction: false,
             unheard_elected: false,
             gone_elected: false,
-            handover_down: false,
             evicted: false,
             calm_since: 0,
             assigned_at: 0,
@@ -1135,10 +1130,6 @@ impl System {
                     n.lease_rv += 1;
                     l.rv = n.lease_rv;
                     l.preferred = Some(index(&to));
-                    // Older versions rank first: c0 outranks c1.
-                    if l.holder.is_none_or(|h| index(&to) >= h) {
-                        n.handover_down = true;
-                    }
                 }
             }
             _ => {}
