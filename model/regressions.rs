@@ -133,6 +133,26 @@ fn take_missed_lease_deleted() -> Vec<Step> {
     .concat()
 }
 
+/// As [`two`], with the settle on (the traces recorded since the model has it).
+fn settled(mutation: Option<Mutation>, faults: u8) -> System {
+    System {
+        settle: crate::system::SETTLE,
+        ..two(mutation, faults)
+    }
+}
+
+/// c1 registers and leads; in its second second, c0 (older) is written by hand with a
+/// `renewTime` a minute ahead; ten more seconds.
+fn ghost_after_a_leader() -> Vec<Step> {
+    [
+        vec![Operate(0), Operate(1), Register(1), Tick],
+        seconds(1),
+        vec![Operate(0), Operate(1), Ghost(0), Tick],
+        seconds(10),
+    ]
+    .concat()
+}
+
 /// `n` calm seconds: both replicas operate, time moves on.
 fn seconds(n: usize) -> Vec<Step> {
     (0..n)
@@ -146,10 +166,7 @@ pub fn cases() -> Vec<Case> {
             // c1 (1.31) registers; with no settle it is elected at once, and c0 (1.30),
             // started with it, registers in the next second: a newer version leads first.
             name: "no-settle: the first to register leads first, an older one a second behind",
-            system: System {
-                settle: crate::system::SETTLE,
-                ..two(Some(Mutation::NoSettle), 0)
-            },
+            system: settled(Some(Mutation::NoSettle), 0),
             steps: [
                 vec![Operate(0), Operate(1), Register(1), Tick],
                 vec![Operate(0), Register(0)],
@@ -161,10 +178,7 @@ pub fn cases() -> Vec<Case> {
             // The same with the protocol: the first election waits for the pool to settle,
             // and c0 leads from term 1; then c1 never takes a term.
             name: "candidates started together elect the oldest from the first term",
-            system: System {
-                settle: crate::system::SETTLE,
-                ..two(None, 0)
-            },
+            system: settled(None, 0),
             steps: [
                 vec![Operate(0), Operate(1), Register(1), Tick],
                 vec![Operate(0), Register(0), Operate(1), Tick],
@@ -376,34 +390,16 @@ pub fn cases() -> Vec<Case> {
             // to every ping, the operator keeps the term it assigned c0, which nobody takes,
             // while c1 waits.
             name: "future-renew-as-answer: a candidate written by hand answers every ping",
-            system: System {
-                settle: crate::system::SETTLE,
-                ..two(Some(Mutation::FutureRenewAsAnswer), 1)
-            },
-            steps: [
-                vec![Operate(0), Operate(1), Register(1), Tick],
-                seconds(1),
-                vec![Operate(0), Operate(1), Ghost(0), Tick],
-                seconds(10),
-            ]
-            .concat(),
+            system: settled(Some(Mutation::FutureRenewAsAnswer), 1),
+            steps: ghost_after_a_leader(),
             end: |s| !s.live(),
         },
         Case {
             // The same with the protocol: the term assigned to the hand-written candidate
             // lapses untaken (it never answers a ping), and c1 leads again.
             name: "a live holder handing over to a candidate written by hand leads again",
-            system: System {
-                settle: crate::system::SETTLE,
-                ..two(None, 1)
-            },
-            steps: [
-                vec![Operate(0), Operate(1), Register(1), Tick],
-                seconds(1),
-                vec![Operate(0), Operate(1), Ghost(0), Tick],
-                seconds(10),
-            ]
-            .concat(),
+            system: settled(None, 1),
+            steps: ghost_after_a_leader(),
             end: |s| s.cands[1].cmd.is_some() && s.live(),
         },
         Case {
